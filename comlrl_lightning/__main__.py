@@ -1,0 +1,3 @@
+from comlrl_lightning.cli import main
+
+main()

@@ -1,0 +1,101 @@
+"""Group-baseline advantages for the MAGRPO family, and joint-action bookkeeping.
+
+A *group* is the K sibling samples of one agent at one node of the rollout tree (same episode,
+same turn, same history). Formulas (design.md, "Algorithm reference"; CoMLRL ``advantage_mode``):
+
+- ``mean`` (MAGRPO):       A_k = R_k − mean(R)
+- ``max``  (MAReMax):      A_k = R_k − max(R)
+- ``rloo`` (MARLOO):       A_k = R_k − mean(R without k) = (K·R_k − ΣR) / (K − 1)
+- ``raw``  (MAREINFORCE):  A_k = R_k
+
+``scale_advantages="group"`` then divides by ``std(R) + eps`` (unbiased std over the group, as TRL
+does); a group whose returns are all equal gets advantage exactly 0 in every mode.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+ADVANTAGE_MODES = ("mean", "max", "rloo", "raw")
+SCALE_MODES = ("group", "none")
+JOINT_MODES = ("aligned", "cross")
+
+
+def group_advantages(
+    returns: torch.Tensor, mode: str = "mean", scale: str = "group", eps: float = 1e-4
+) -> torch.Tensor:
+    """Advantages of ``G`` groups of ``K`` samples.
+
+    Args:
+        returns: ``[G, K]`` returns (float).
+        mode: one of :data:`ADVANTAGE_MODES`.
+        scale: ``"group"`` (divide by the group's std + ``eps``) or ``"none"``.
+        eps: std floor, ≥ 1e-4 recommended so near-equal groups do not explode.
+
+    Returns:
+        ``[G, K]`` advantages; rows with zero std are exactly 0 when ``scale="group"``.
+
+    Raises:
+        ValueError: unknown ``mode``/``scale``, or ``K < 2`` for ``rloo``.
+    """
+    if mode not in ADVANTAGE_MODES:
+        raise ValueError(f"advantage_mode: got {mode!r}, allowed: {list(ADVANTAGE_MODES)}")
+    if scale not in SCALE_MODES:
+        raise ValueError(f"scale_advantages: got {scale!r}, allowed: {list(SCALE_MODES)}")
+    returns = returns.float()
+    k = returns.shape[-1]
+    if mode == "mean":
+        adv = returns - returns.mean(-1, keepdim=True)
+    elif mode == "max":
+        adv = returns - returns.max(-1, keepdim=True).values
+    elif mode == "rloo":
+        if k < 2:
+            raise ValueError("advantage_mode='rloo' needs num_generations >= 2")
+        adv = (k * returns - returns.sum(-1, keepdim=True)) / (k - 1)
+    else:
+        adv = returns.clone()
+    if scale == "group":
+        std = returns.std(-1, keepdim=True) if k > 1 else torch.zeros_like(returns[..., :1])
+        adv = torch.where(std > 0, adv / (std + eps), torch.zeros_like(adv))
+    return adv
+
+
+def joint_action_indices(num_agents: int, num_generations: int, joint_mode: str) -> torch.Tensor:
+    """Which sample of each agent forms each joint action at a node.
+
+    Returns:
+        ``[J, N]`` long: row ``j`` gives the sample index of every agent in joint action ``j``.
+        ``aligned``: ``J = K``, row ``j = (j, …, j)``; ``cross``: ``J = K^N``, the Cartesian product
+        in lexicographic order (agent 0 slowest).
+
+    Raises:
+        ValueError: unknown ``joint_mode``.
+    """
+    if joint_mode == "aligned":
+        return torch.arange(num_generations)[:, None].expand(num_generations, num_agents).clone()
+    if joint_mode == "cross":
+        return torch.tensor(list(itertools.product(range(num_generations), repeat=num_agents)), dtype=torch.long)
+    raise ValueError(f"joint_mode: got {joint_mode!r}, allowed: {list(JOINT_MODES)}")
+
+
+def agent_sample_returns(joint_returns: torch.Tensor, joint_index: torch.Tensor, agent: int, num_generations: int) -> torch.Tensor:
+    """Each of an agent's K samples' return: the mean return of the joint actions it took part in.
+
+    Args:
+        joint_returns: ``[G, J]`` returns of each node's joint actions.
+        joint_index: ``[J, N]`` from :func:`joint_action_indices`.
+        agent: the agent.
+        num_generations: K.
+
+    Returns:
+        ``[G, K]``. In aligned mode this is ``joint_returns`` itself; in cross mode, sample ``k`` of
+        agent ``i`` averages the ``K^(N-1)`` joint actions that contain it (CoMLRL sums them, which
+        only rescales; the mean keeps rewards on their own scale).
+    """
+    members = joint_index[:, agent]  # [J]
+    sums = torch.zeros(joint_returns.shape[0], num_generations, dtype=joint_returns.dtype)
+    sums.index_add_(1, members, joint_returns)
+    counts = torch.bincount(members, minlength=num_generations).to(joint_returns.dtype)
+    return sums / counts

@@ -1,0 +1,145 @@
+"""Agents: `AgentSpec` (what to load) and loading a causal LM plus its tokenizer.
+
+``AgentSpec.model`` accepts a hub id (``"HuggingFaceTB/SmolLM2-135M-Instruct"``), a local folder, or
+``builtin:<name>`` for models that need no network: ``builtin:tiny-gpt2`` (a ~0.1M-parameter GPT-2
+built from a config over a byte-level vocabulary, for tests and the toy task) and the names in
+:mod:`comlrl_lightning.builtin` (e.g. ``builtin:smollm2-135m-instruct``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+BUILTIN_PREFIX = "builtin:"
+TINY_MODELS = ("tiny-gpt2",)
+
+
+@dataclass
+class AgentSpec:
+    """How to build one agent.
+
+    Attributes:
+        model: hub id, local path, or ``builtin:<name>``.
+        tokenizer: tokenizer source if different from ``model`` (same forms as ``model``).
+        dtype: parameter dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        device: device for this agent under the agent-parallel strategy (``None``: the strategy decides).
+        share_weights_with: index of an earlier agent whose weights this agent uses (one copy of the
+            weights, its own optimizer state).
+        generation: per-agent overrides of the module's sampling knobs (``temperature``, ``top_p``,
+            ``top_k``, ``max_new_tokens``).
+        chat_template: wrap prompts in the tokenizer's chat template when it has one.
+        learning_rate: overrides the optimizer's learning rate for this agent.
+        model_kwargs: extra keyword arguments for ``from_pretrained`` (or config fields for
+            ``builtin:tiny-gpt2``, e.g. ``{"n_layer": 2, "n_embd": 64}``).
+    """
+
+    model: str
+    tokenizer: str | None = None
+    dtype: str = "float32"
+    device: str | None = None
+    share_weights_with: int | None = None
+    generation: dict[str, Any] = field(default_factory=dict)
+    chat_template: bool = True
+    learning_rate: float | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens")
+
+
+def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
+    """Check an AgentSpec without loading anything.
+
+    Raises:
+        ValueError: naming the field (``agents[i].<field>``), the bad value and what is allowed.
+    """
+    where = f"agents[{index}]"
+    if not isinstance(spec.model, str) or not spec.model:
+        raise ValueError(f"{where}.model: give a hub id, a local path or 'builtin:<name>', got {spec.model!r}")
+    if spec.dtype not in _DTYPES:
+        raise ValueError(f"{where}.dtype: got {spec.dtype!r}, allowed: {sorted(_DTYPES)}")
+    bad = sorted(set(spec.generation) - set(GENERATION_KEYS))
+    if bad:
+        raise ValueError(f"{where}.generation: unknown keys {bad}, allowed: {list(GENERATION_KEYS)}")
+    if spec.share_weights_with is not None and not 0 <= spec.share_weights_with < index:
+        raise ValueError(
+            f"{where}.share_weights_with: must be the index of an earlier agent (0..{index - 1}), "
+            f"got {spec.share_weights_with}"
+        )
+    if spec.learning_rate is not None and spec.learning_rate <= 0:
+        raise ValueError(f"{where}.learning_rate: must be > 0, got {spec.learning_rate}")
+    if spec.model.startswith(BUILTIN_PREFIX):
+        name = spec.model[len(BUILTIN_PREFIX) :]
+        from comlrl_lightning.builtin import BUILTIN_MODELS
+
+        known = sorted([*TINY_MODELS, *BUILTIN_MODELS])
+        if name not in known:
+            raise ValueError(f"{where}.model: unknown builtin {name!r}, known: {known}")
+
+
+def byte_tokenizer() -> Any:
+    """A byte-level tokenizer built without files (ByT5's: 384 ids, pad 0, eos 1, no chat template)."""
+    from transformers import ByT5Tokenizer
+
+    return ByT5Tokenizer()
+
+
+def build_tiny_gpt2(tokenizer: Any, **overrides: Any) -> nn.Module:
+    """A randomly initialised GPT-2 sized for CPU tests (2 layers, width 64: ~0.14M parameters)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = dict(n_positions=512, n_embd=64, n_layer=2, n_head=2)
+    cfg.update(overrides)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **cfg,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def _resolve_source(source: str) -> str:
+    from comlrl_lightning.builtin import resolve_model_spec
+
+    return resolve_model_spec(source)
+
+
+def load_tokenizer(spec: AgentSpec) -> Any:
+    """Load the agent's tokenizer; sets ``pad_token = eos_token`` when it has no pad token."""
+    source = spec.tokenizer or spec.model
+    if source == BUILTIN_PREFIX + "tiny-gpt2":
+        tok = byte_tokenizer()
+    else:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(_resolve_source(source))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_agent(spec: AgentSpec) -> tuple[nn.Module, Any]:
+    """Load ``(model, tokenizer)`` for one spec, on CPU, in ``spec.dtype``.
+
+    Raises:
+        ValueError: unknown builtin name.
+        OSError: the hub id or path cannot be found (transformers' error; offline without a cache).
+    """
+    tok = load_tokenizer(spec)
+    dtype = _DTYPES[spec.dtype]
+    if spec.model == BUILTIN_PREFIX + "tiny-gpt2":
+        model = build_tiny_gpt2(tok, **spec.model_kwargs).to(dtype)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(_resolve_source(spec.model), dtype=dtype, **spec.model_kwargs)
+    if getattr(model.generation_config, "pad_token_id", None) is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok

@@ -1,0 +1,123 @@
+"""The Dec-POMDP protocol: episodes, observations (per-agent prompts), shared reward, transitions.
+
+An :class:`Episode` is one dataset row. At turn 0 every agent observes its own prompt, made by its
+formatter from the row. The team's joint action (one completion per agent) gets one shared reward.
+With ``num_turns > 1`` a :class:`Transition` reads the histories and writes each agent's next prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from comlrl_lightning.rewards import RewardFunction, RewardOutput, WeightedReward, as_weighted_reward
+
+
+@dataclass
+class Episode:
+    """One Dec-POMDP episode: the dataset row it starts from.
+
+    Attributes:
+        index: the row's index in its split (stable across epochs; used in logs and for resume).
+        data: the row's fields, e.g. ``{"prompt": ..., "test": ...}``.
+    """
+
+    index: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+Formatter = Callable[[dict[str, Any]], str]
+"""Maps a dataset row to one agent's turn-0 prompt text (before any chat template)."""
+
+
+class PromptTemplate:
+    """A formatter from a ``str.format`` template over the row's fields.
+
+    Example: ``PromptTemplate("Write a helper for:\\n{prompt}")``. A missing field raises
+    ``KeyError`` naming the field and the fields the row has.
+    """
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+
+    def __call__(self, example: dict[str, Any]) -> str:
+        try:
+            return self.template.format(**example)
+        except KeyError as err:
+            raise KeyError(
+                f"PromptTemplate {self.template[:40]!r}... uses field {err.args[0]!r}; the row has {sorted(example)}"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"PromptTemplate({self.template!r})"
+
+
+@runtime_checkable
+class Transition(Protocol):
+    """Writes each agent's next prompt after a turn (multi-turn Dec-POMDP).
+
+    Called as ``transition(episode, turn, prompts, completions)`` after turn ``turn`` (0-based), where
+    ``prompts[i]`` lists agent ``i``'s prompts for turns ``0..turn`` and ``completions[i]`` its
+    completions for the same turns; the joint action just taken is ``[c[-1] for c in completions]``.
+    Returns one prompt per agent for turn ``turn + 1``, or ``None`` to end the episode.
+    """
+
+    def __call__(
+        self, episode: Episode, turn: int, prompts: Sequence[Sequence[str]], completions: Sequence[Sequence[str]]
+    ) -> Sequence[str] | None: ...
+
+
+class DecPOMDP:
+    """A text Dec-POMDP: per-agent formatters, a shared reward, an optional transition.
+
+    Args:
+        formatters: one :data:`Formatter` (or template string) per agent; their count is the number
+            of agents.
+        reward: a reward function, a list of them (summed), or a :class:`WeightedReward`.
+        transition: a :class:`Transition` for multi-turn episodes; ``None`` for single-turn tasks.
+
+    Raises:
+        ValueError: no formatter given.
+    """
+
+    def __init__(
+        self,
+        formatters: Sequence[Formatter | str],
+        reward: RewardFunction | WeightedReward | Sequence[RewardFunction],
+        transition: Transition | None = None,
+    ) -> None:
+        if not formatters:
+            raise ValueError("DecPOMDP.formatters: give one formatter per agent (got none)")
+        self.formatters = [PromptTemplate(f) if isinstance(f, str) else f for f in formatters]
+        self.reward_fn = as_weighted_reward(reward)
+        self.transition_fn = transition
+
+    @property
+    def num_agents(self) -> int:
+        """The number of agents (one per formatter)."""
+        return len(self.formatters)
+
+    def observe(self, episode: Episode, agent: int) -> str:
+        """Agent ``agent``'s turn-0 prompt for ``episode``."""
+        return self.formatters[agent](episode.data)
+
+    def reward(
+        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int, step: int = -1
+    ) -> RewardOutput:
+        """Shared rewards for ``J`` joint actions (``joint_actions[j][i]``: agent i's text). See WeightedReward."""
+        return self.reward_fn(joint_actions, episodes, turn, step=step)
+
+    def transition(
+        self, episode: Episode, turn: int, prompts: Sequence[Sequence[str]], completions: Sequence[Sequence[str]]
+    ) -> Sequence[str] | None:
+        """Next prompts per agent after ``turn``, or ``None`` when the episode ends (see Transition)."""
+        if self.transition_fn is None:
+            return None
+        nxt = self.transition_fn(episode, turn, prompts, completions)
+        if nxt is not None and len(nxt) != self.num_agents:
+            raise ValueError(
+                f"transition {type(self.transition_fn).__name__} returned {len(nxt)} prompts for "
+                f"{self.num_agents} agents at turn {turn}"
+            )
+        return nxt

@@ -1,0 +1,117 @@
+"""Per-token log-probabilities of completions and the policy-gradient loss.
+
+Shapes: ``R`` rows (samples), ``P`` prompt tokens (left-padded), ``C`` completion tokens
+(right-padded), ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from comlrl_lightning.rollout import position_ids_from_mask
+
+LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean")
+
+
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_rows: int = 8) -> torch.Tensor:
+    """``log_softmax(logits)[..., index]`` without keeping a full-vocabulary log-softmax.
+
+    ``logit[index] − logsumexp(logits)``, computed ``chunk_rows`` rows at a time (same trick as TRL's
+    ``selective_log_softmax``). Args: ``logits [R, C, V]``, ``index [R, C]``. Returns ``[R, C]``.
+    """
+    out = []
+    for lg, ix in zip(logits.split(chunk_rows), index.split(chunk_rows)):
+        picked = lg.gather(-1, ix.unsqueeze(-1)).squeeze(-1)
+        out.append(picked.float() - torch.logsumexp(lg.float(), dim=-1))
+    return torch.cat(out)
+
+
+def completion_logprobs(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Per-token log π(completion token | prefix) under ``logits / temperature``.
+
+    One forward over ``prompt ⊕ completion``; only the last ``C + 1`` positions' logits are made
+    (``logits_to_keep``). Every completion token is scored, the EOS included (CoMLRL drops the last
+    token; that is fixed here). Padding gets 0.
+
+    Args:
+        prompt_ids, prompt_mask: ``[R, P]`` left-padded prompts.
+        completion_ids, completion_mask: ``[R, C]``; mask 1 up to and including EOS.
+        temperature: the sampling temperature (> 0).
+
+    Returns:
+        ``[R, C]`` float32 log-probs, 0 where ``completion_mask`` is 0.
+    """
+    device = next(model.parameters()).device
+    input_ids = torch.cat([prompt_ids, completion_ids], 1).to(device)
+    attn = torch.cat([prompt_mask, completion_mask], 1).to(device)
+    c = completion_ids.shape[1]
+    logits = model(
+        input_ids=input_ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), logits_to_keep=c + 1, use_cache=False
+    ).logits[:, :-1]
+    if temperature != 1.0:
+        logits = logits / temperature
+    logps = selective_log_softmax(logits, completion_ids.to(device))
+    return logps * completion_mask.to(device)
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: str, num_rows: int, num_tokens: int) -> torch.Tensor:
+    """Reduce per-token values ``[R, C]`` of a micro-batch to the scalar share of the full batch.
+
+    ``num_rows``/``num_tokens`` are totals over the whole batch, so micro-batch shares add up to:
+    - ``sequence_sum``: mean over samples of the per-sample token sum (CoMLRL, MAGRPO paper);
+    - ``sequence_mean``: mean over samples of the per-sample token mean (GRPO paper);
+    - ``token_mean``: sum over all tokens / number of tokens (DAPO, TRL's default "dapo"-style).
+
+    Raises:
+        ValueError: unknown ``aggregation``.
+    """
+    mask = mask.to(values.dtype)
+    if aggregation == "sequence_sum":
+        return (values * mask).sum() / num_rows
+    if aggregation == "sequence_mean":
+        return ((values * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / num_rows
+    if aggregation == "token_mean":
+        return (values * mask).sum() / max(num_tokens, 1)
+    raise ValueError(f"loss_aggregation: got {aggregation!r}, allowed: {list(LOSS_AGGREGATIONS)}")
+
+
+def policy_loss_terms(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    epsilon: float,
+    epsilon_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped policy-gradient loss (PPO/GRPO surrogate).
+
+    ``loss_t = −min(ρ_t·A, clip(ρ_t, 1−ε, 1+ε_high)·A)``, ``ρ_t = exp(logπ_t − logπ_old,t)``. When
+    ``old_logps`` is None (on-policy, one iteration) ``ρ = exp(logπ − sg(logπ)) = 1`` and the gradient
+    is the REINFORCE gradient ``−A·∇logπ``.
+
+    Args:
+        logps: ``[R, C]``; old_logps: ``[R, C]`` or None; advantages: ``[R]``.
+
+    Returns:
+        ``(loss [R, C], clipped [R, C] bool)``.
+    """
+    old = logps.detach() if old_logps is None else old_logps
+    ratio = torch.exp(logps - old)
+    adv = advantages[:, None].to(logps.dtype)
+    unclipped = ratio * adv
+    clipped_ratio = ratio.clamp(1 - epsilon, 1 + epsilon_high)
+    loss = -torch.min(unclipped, clipped_ratio * adv)
+    return loss, (clipped_ratio * adv < unclipped)
+
+
+def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(π‖π_ref): ``exp(r) − r − 1`` with ``r = logπ_ref − logπ`` (Schulman 2020)."""
+    r = ref_logps - logps
+    return torch.exp(r) - r - 1

@@ -1,0 +1,168 @@
+"""Shared rewards: the `RewardFunction` protocol, `WeightedReward` and reward processors.
+
+A reward function scores a batch of joint actions. Every agent of the team gets the same number
+for a joint action (the Dec-POMDP's shared reward); nothing here is per agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from comlrl_lightning.envs.base import Episode
+
+
+@runtime_checkable
+class RewardFunction(Protocol):
+    """Scores joint actions with one shared float each.
+
+    Called as ``fn(joint_actions, episodes, turn)`` where ``joint_actions[j][i]`` is agent ``i``'s
+    completion text in joint action ``j`` and ``episodes[j]`` the episode it belongs to (episodes
+    repeat when a node has several joint actions). Returns ``len(joint_actions)`` floats.
+    Implementations should set ``name`` (used for the ``rewards/<name>/mean`` metric).
+    """
+
+    name: str
+
+    def __call__(
+        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
+    ) -> Sequence[float]: ...
+
+
+class RewardError(RuntimeError):
+    """A reward function raised, returned the wrong number of values, or returned NaN/inf."""
+
+
+@dataclass
+class RewardProcessor:
+    """Affine transform then clip, applied to the weighted total: ``clip(scale * r + shift)``.
+
+    Args:
+        scale: multiplies the reward.
+        shift: added after scaling.
+        clip_min: lower bound after the affine map (``None``: unbounded).
+        clip_max: upper bound after the affine map (``None``: unbounded).
+    """
+
+    scale: float = 1.0
+    shift: float = 0.0
+    clip_min: float | None = None
+    clip_max: float | None = None
+
+    def __call__(self, rewards: torch.Tensor) -> torch.Tensor:
+        out = rewards * self.scale + self.shift
+        if self.clip_min is not None or self.clip_max is not None:
+            out = out.clamp(min=self.clip_min, max=self.clip_max)
+        return out
+
+
+def reward_name(fn: object) -> str:
+    """The metric name of a reward function: its ``name`` attribute, else its class/function name."""
+    name = getattr(fn, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+@dataclass
+class RewardOutput:
+    """The result of scoring J joint actions.
+
+    Attributes:
+        total: ``[J]`` float32, the shared reward after weighting and processing.
+        components: reward-function name -> ``[J]`` raw (unweighted) values, for logging.
+    """
+
+    total: torch.Tensor
+    components: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class WeightedReward:
+    """A weighted sum of reward functions, then an optional processor.
+
+    ``total_j = processor(sum_f w_f * f(joint_actions)_j)``. Each function's raw values are kept in
+    :attr:`RewardOutput.components` so they can be logged as ``rewards/<name>/mean`` (TRL's name).
+
+    Args:
+        functions: the reward functions (see :class:`RewardFunction`).
+        weights: one weight per function; default all 1.0.
+        processor: optional :class:`RewardProcessor` applied to the weighted sum.
+        skip_invalid: if False (default) a function that raises, returns the wrong count or a
+            non-finite value raises :class:`RewardError` naming it; if True such values become NaN
+            in the components, the joint action gets reward ``invalid_reward`` and the count is
+            reported as ``num_invalid``.
+        invalid_reward: reward given to joint actions with an invalid value when ``skip_invalid``.
+
+    Raises:
+        ValueError: ``weights`` has a different length than ``functions``, or no function given.
+    """
+
+    def __init__(
+        self,
+        functions: Sequence[RewardFunction],
+        weights: Sequence[float] | None = None,
+        processor: RewardProcessor | None = None,
+        skip_invalid: bool = False,
+        invalid_reward: float = 0.0,
+    ) -> None:
+        self.functions = list(functions)
+        if not self.functions:
+            raise ValueError("WeightedReward.functions: give at least one reward function")
+        self.weights = [1.0] * len(self.functions) if weights is None else [float(w) for w in weights]
+        if len(self.weights) != len(self.functions):
+            raise ValueError(
+                f"WeightedReward.weights: got {len(self.weights)} weights for {len(self.functions)} functions"
+            )
+        self.processor = processor
+        self.skip_invalid = skip_invalid
+        self.invalid_reward = invalid_reward
+        self.num_invalid = 0
+
+    def __call__(
+        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int, step: int = -1
+    ) -> RewardOutput:
+        """Score ``J = len(joint_actions)`` joint actions. ``step`` is only used in error messages."""
+        n = len(joint_actions)
+        total = torch.zeros(n, dtype=torch.float32)
+        invalid = torch.zeros(n, dtype=torch.bool)
+        components: dict[str, torch.Tensor] = {}
+        for fn, w in zip(self.functions, self.weights):
+            name = reward_name(fn)
+            try:
+                values = fn(joint_actions, episodes, turn)
+                values = torch.as_tensor([float(v) for v in values], dtype=torch.float32)
+                if values.numel() != n:
+                    raise RewardError(f"returned {values.numel()} values for {n} joint actions")
+            except Exception as err:  # noqa: BLE001 - re-raised with context below
+                if not self.skip_invalid:
+                    raise RewardError(f"reward function {name!r} failed at step {step}, turn {turn}: {err}") from err
+                values = torch.full((n,), float("nan"))
+            bad = ~torch.isfinite(values)
+            if bad.any() and not self.skip_invalid:
+                raise RewardError(
+                    f"reward function {name!r} returned a non-finite value at step {step}, turn {turn} "
+                    f"(joint actions {bad.nonzero().flatten().tolist()})"
+                )
+            invalid |= bad
+            components[name] = values
+            total += w * torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+        if self.processor is not None:
+            total = self.processor(total)
+        if invalid.any():
+            self.num_invalid += int(invalid.sum())
+            total[invalid] = self.invalid_reward
+        return RewardOutput(total=total, components=components)
+
+
+def as_weighted_reward(reward: RewardFunction | WeightedReward | Sequence[RewardFunction]) -> WeightedReward:
+    """Wrap a single function or a list of functions into a :class:`WeightedReward`."""
+    if isinstance(reward, WeightedReward):
+        return reward
+    if isinstance(reward, (list, tuple)):
+        return WeightedReward(reward)
+    return WeightedReward([reward])
+

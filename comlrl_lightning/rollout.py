@@ -1,0 +1,182 @@
+"""Rollout: turning an agent's prompt history into text, and one batched ``generate`` per agent.
+
+Shapes: ``B`` prompts, ``K`` samples each (``num_generations``), ``P`` padded prompt tokens,
+``C`` padded completion tokens (at most ``max_new_tokens``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling knobs for one agent (TRL/CoMLRL names).
+
+    Attributes:
+        temperature: softmax temperature (> 0); log-probs for the loss use the same temperature.
+        top_p: nucleus sampling mass in (0, 1].
+        top_k: keep the k most likely tokens; ``0`` or ``None`` disables.
+        max_new_tokens: completion budget in tokens.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    max_new_tokens: int = 64
+
+
+@dataclass
+class Generation:
+    """Completions of ``B·K`` rows (row ``b·K + k`` is sample ``k`` of prompt ``b``).
+
+    Attributes:
+        prompt_ids: ``[B·K, P]`` left-padded prompt tokens.
+        prompt_mask: ``[B·K, P]`` 1 for real prompt tokens.
+        completion_ids: ``[B·K, C]`` generated tokens, right-padded.
+        completion_mask: ``[B·K, C]`` 1 for tokens up to and including the first EOS.
+        texts: ``B·K`` decoded completions (special tokens removed).
+        clipped: ``[B·K]`` True where no EOS was produced within ``max_new_tokens``.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    texts: list[str]
+    clipped: torch.Tensor
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """``[B·K]`` completion lengths in tokens (EOS included)."""
+        return self.completion_mask.sum(-1)
+
+    def rows(self, index: torch.Tensor) -> Generation:
+        """A sub-batch of the rows in ``index`` (``[R]`` long), extra prompt/completion padding trimmed."""
+        pm, cm = self.prompt_mask[index], self.completion_mask[index]
+        p0 = self.prompt_ids.shape[1] - int(pm.sum(-1).max())
+        c_keep = max(int(cm.sum(-1).max()), 1)
+        return Generation(
+            prompt_ids=self.prompt_ids[index][:, p0:],
+            prompt_mask=pm[:, p0:],
+            completion_ids=self.completion_ids[index][:, :c_keep],
+            completion_mask=cm[:, :c_keep],
+            texts=[self.texts[i] for i in index.tolist()],
+            clipped=self.clipped[index],
+        )
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    """Whether the tokenizer carries a chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render_prompt(tokenizer: Any, prompts: Sequence[str], completions: Sequence[str], use_chat: bool) -> str:
+    """The text an agent conditions on at a turn: its prompts and its own earlier completions.
+
+    With a chat template (and ``use_chat``) the history is ``user, assistant, user, ...`` ending in a
+    generation prompt; otherwise the turns are joined with blank lines (``p0 c0\\n\\np1 ...``).
+
+    Args:
+        prompts: this agent's prompts for turns ``0..t`` (``t + 1`` strings).
+        completions: this agent's completions for turns ``0..t-1`` (``t`` strings).
+    """
+    if len(prompts) != len(completions) + 1:
+        raise ValueError(f"render_prompt: need one more prompt than completions, got {len(prompts)}/{len(completions)}")
+    if use_chat and has_chat_template(tokenizer):
+        messages: list[dict[str, str]] = []
+        for i, p in enumerate(prompts):
+            messages.append({"role": "user", "content": p})
+            if i < len(completions):
+                messages.append({"role": "assistant", "content": completions[i]})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    parts = []
+    for i, p in enumerate(prompts):
+        parts.append(p)
+        if i < len(completions):
+            parts.append(completions[i])
+    return "\n\n".join(parts) if len(parts) > 1 else parts[0]
+
+
+def _special_tokens_ok(tokenizer: Any) -> bool:
+    """False for tokenizers (e.g. ByT5) that append EOS to every encoding: a prompt must not end in EOS."""
+    sample = tokenizer("a", add_special_tokens=True)["input_ids"]
+    return not (sample and sample[-1] == tokenizer.eos_token_id)
+
+
+def tokenize_prompts(tokenizer: Any, texts: Sequence[str], chat_rendered: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``(input_ids, attention_mask)``, each ``[B, P]`` (long)."""
+    add_special = not chat_rendered and _special_tokens_ok(tokenizer)
+    enc = tokenizer(
+        list(texts), padding=True, padding_side="left", add_special_tokens=add_special, return_tensors="pt"
+    )
+    return enc["input_ids"], enc["attention_mask"]
+
+
+def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask of tokens up to and including the first EOS, and whether each row was clipped.
+
+    Args:
+        completion_ids: ``[R, C]`` generated tokens (after the first EOS, generate pads).
+        eos_token_id: one id or several (any ends a completion).
+
+    Returns:
+        ``(mask [R, C] long, clipped [R] bool)``; a row without EOS keeps all ``C`` tokens.
+    """
+    eos_ids = torch.as_tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+    is_eos = torch.isin(completion_ids, eos_ids.to(completion_ids.device))
+    has_eos = is_eos.any(-1)
+    first = torch.where(has_eos, is_eos.float().argmax(-1), torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long))
+    positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+    mask = (positions[None, :] <= first[:, None]) & (positions[None, :] < completion_ids.shape[1])
+    return mask.long(), ~has_eos
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as ``generate`` uses: ``cumsum(mask) - 1`` clamped at 0."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    tokenizer: Any,
+    prompt_texts: Sequence[str],
+    num_generations: int,
+    sampling: SamplingConfig,
+    chat_rendered: bool,
+    do_sample: bool = True,
+) -> Generation:
+    """One batched ``generate`` call: ``K = num_generations`` samples for each of ``B`` prompts.
+
+    The model is put in eval mode (KV cache on) and restored afterwards. Tensors come back on CPU.
+    """
+    device = next(model.parameters()).device
+    ids, mask = tokenize_prompts(tokenizer, prompt_texts, chat_rendered)
+    ids = ids.repeat_interleave(num_generations, 0)
+    mask = mask.repeat_interleave(num_generations, 0)
+    was_training = model.training
+    model.eval()
+    eos = model.generation_config.eos_token_id
+    eos = tokenizer.eos_token_id if eos is None else eos
+    kwargs: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
+    if do_sample:
+        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    try:
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **kwargs)
+    finally:
+        model.train(was_training)
+    completion_ids = out[:, ids.shape[1] :].cpu().clone()  # a normal tensor: inference tensors cannot enter autograd
+    if completion_ids.shape[1] == 0:  # nothing generated (max_new_tokens=0 or immediate stop)
+        completion_ids = torch.full((ids.shape[0], 1), tokenizer.pad_token_id, dtype=torch.long)
+    completion_mask, clipped = completion_mask_from_ids(completion_ids, eos)
+    texts = tokenizer.batch_decode(completion_ids * completion_mask + tokenizer.pad_token_id * (1 - completion_mask), skip_special_tokens=True)
+    return Generation(ids, mask, completion_ids, completion_mask, texts, clipped)

@@ -1,0 +1,6 @@
+"""LightningDataModules that yield Dec-POMDP episodes (installed as ``comlrl_lightning.datamodules``)."""
+
+from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule, load_rows
+from comlrl_lightning.datamodules.toy import LengthRatioDataModule
+
+__all__ = ["DecPOMDPDataModule", "LengthRatioDataModule", "load_rows"]

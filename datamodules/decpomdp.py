@@ -1,0 +1,157 @@
+"""`DecPOMDPDataModule`: Dec-POMDP episodes from a `datasets.Dataset`, plus the env that scores them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader
+
+from comlrl_lightning.envs.base import DecPOMDP, Formatter, Transition
+from comlrl_lightning.rewards import RewardFunction, WeightedReward
+from comlrl_lightning.datamodules.loader import EpisodeDataset, ResumableSampler, collate_episodes
+
+_LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def load_rows(source: Any, split: str = "train") -> Any:
+    """Rows from a hub dataset name, a local json/jsonl/parquet/csv file, a ``datasets.Dataset`` or a list.
+
+    Raises:
+        ValueError: an unsupported local file extension.
+        FileNotFoundError/ConnectionError: from ``datasets`` when a hub name cannot be reached.
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        return source
+    import datasets
+
+    path = os.fspath(source)
+    stem = path[:-3] if path.endswith(".gz") else path
+    ext = os.path.splitext(stem)[1]
+    if os.path.exists(path):
+        if ext not in _LOCAL_FORMATS:
+            raise ValueError(f"dataset: unsupported file {path!r}; allowed extensions: {sorted(_LOCAL_FORMATS)} (+ .gz)")
+        return datasets.load_dataset(_LOCAL_FORMATS[ext], data_files=path, split="train")
+    return datasets.load_dataset(path, split=split)
+
+
+class DecPOMDPDataModule(pl.LightningDataModule):
+    """Batches of episodes (lists of :class:`Episode`) and the :class:`DecPOMDP` env.
+
+    Args:
+        dataset: hub dataset name, local json/jsonl/parquet/csv path, ``datasets.Dataset`` or list of dicts.
+        formatters: one formatter (callable or ``str.format`` template over the row) per agent.
+        reward: reward function(s) or a :class:`WeightedReward` (shared reward of a joint action).
+        transition: optional :class:`Transition` for multi-turn episodes.
+        num_agents: if given, checked against the number of formatters.
+        train_split: split name for hub datasets.
+        val_dataset: separate validation source (same forms as ``dataset``); else ``val_fraction``.
+        val_split: split name of ``val_dataset`` for hub datasets.
+        val_fraction: fraction of ``dataset`` held out for validation when ``val_dataset`` is None.
+        batch_size: episodes per training batch.
+        val_batch_size: episodes per validation batch (default ``batch_size``).
+        max_train_samples: cap on training episodes (None: all).
+        max_val_samples: cap on validation episodes (None: all).
+        shuffle: shuffle training episodes each epoch (seeded).
+        seed: seed of the split and the shuffle.
+        num_workers: DataLoader workers.
+
+    Raises:
+        ValueError: formatter count ≠ ``num_agents``, or a bad fraction/size, naming the field.
+    """
+
+    def __init__(
+        self,
+        dataset: Any = None,
+        formatters: Sequence[Formatter | str] = (),
+        reward: RewardFunction | WeightedReward | Sequence[RewardFunction] | None = None,
+        transition: Transition | None = None,
+        num_agents: int | None = None,
+        train_split: str = "train",
+        val_dataset: Any = None,
+        val_split: str = "validation",
+        val_fraction: float = 0.0,
+        batch_size: int = 4,
+        val_batch_size: int | None = None,
+        max_train_samples: int | None = None,
+        max_val_samples: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if num_agents is not None and len(formatters) != num_agents:
+            raise ValueError(f"data.formatters: got {len(formatters)} formatters for num_agents={num_agents}; give one per agent")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction: got {val_fraction}, must be in [0, 1)")
+        if batch_size < 1:
+            raise ValueError(f"data.batch_size: got {batch_size}, must be >= 1")
+        if reward is None:
+            raise ValueError("data.reward: give a reward function (or a list, or a WeightedReward)")
+        self.env = DecPOMDP(formatters, reward, transition)
+        self.dataset, self.val_dataset = dataset, val_dataset
+        self.train_split, self.val_split = train_split, val_split
+        self.val_fraction, self.seed = val_fraction, seed
+        self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
+        self.max_train_samples, self.max_val_samples = max_train_samples, max_val_samples
+        self.shuffle, self.num_workers = shuffle, num_workers
+        self.train_rows: Any = None
+        self.val_rows: Any = None
+        self._sampler: ResumableSampler | None = None
+        self._resume_batches = 0
+
+    def load_train_val(self) -> tuple[Any, Any]:
+        """``(train_rows, val_rows)``; subclasses override this to build task data."""
+        rows = load_rows(self.dataset, self.train_split)
+        if self.val_dataset is not None:
+            return rows, load_rows(self.val_dataset, self.val_split)
+        if self.val_fraction > 0:
+            n_val = max(1, round(len(rows) * self.val_fraction))
+            if hasattr(rows, "train_test_split"):
+                parts = rows.train_test_split(test_size=n_val, seed=self.seed, shuffle=True)
+                return parts["train"], parts["test"]
+            return rows[n_val:], rows[:n_val]
+        return rows, None
+
+    def setup(self, stage: str) -> None:
+        if self.train_rows is not None:
+            return
+        train, val = self.load_train_val()
+        self.train_rows = _cap(train, self.max_train_samples)
+        self.val_rows = _cap(val, self.max_val_samples) if val is not None else None
+
+    def train_dataloader(self) -> DataLoader:
+        ds = EpisodeDataset(self.train_rows)
+        self._sampler = ResumableSampler(ds, shuffle=self.shuffle, seed=self.seed)
+        if self._resume_batches:
+            self._sampler.skip(self._resume_batches * self.batch_size)
+            self._resume_batches = 0
+        return DataLoader(ds, batch_size=self.batch_size, sampler=self._sampler, collate_fn=collate_episodes,
+                          num_workers=self.num_workers)  # fmt: skip
+
+    def val_dataloader(self) -> DataLoader | list:
+        if self.val_rows is None:
+            return []
+        return DataLoader(EpisodeDataset(self.val_rows), batch_size=self.val_batch_size, shuffle=False,
+                          collate_fn=collate_episodes, num_workers=self.num_workers)  # fmt: skip
+
+    # Exact resume: remember how many batches of the current epoch were trained.
+    def state_dict(self) -> dict[str, Any]:
+        trainer = self.trainer
+        if trainer is None:
+            return {}
+        progress = trainer.fit_loop.epoch_loop.batch_progress.current
+        num_batches = trainer.num_training_batches
+        done = progress.processed
+        return {"batches_in_epoch": done if done < num_batches else 0, "epoch": trainer.current_epoch}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resume_batches = int(state_dict.get("batches_in_epoch", 0))
+
+
+def _cap(rows: Any, n: int | None) -> Any:
+    if n is None or len(rows) <= n:
+        return rows
+    return rows.select(range(n)) if hasattr(rows, "select") else rows[:n]

@@ -1,0 +1,27 @@
+"""The length-coordination toy task as a DataModule (see :mod:`comlrl_lightning.envs.toy`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from comlrl_lightning.envs.toy import LengthRatioReward, length_ratio_rows
+from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
+
+
+class LengthRatioDataModule(DecPOMDPDataModule):
+    """Two agents write about a topic; agent 1 should write 2–3× as many characters as agent 0.
+
+    Args:
+        num_train: synthetic training episodes.
+        num_val: synthetic validation episodes.
+        lo, hi: the target ratio band.
+        **kwargs: passed to :class:`DecPOMDPDataModule` (batch_size, seed, ...).
+    """
+
+    def __init__(self, num_train: int = 256, num_val: int = 16, lo: float = 2.0, hi: float = 3.0, **kwargs: Any) -> None:
+        kwargs.setdefault("formatters", ["Short note on {topic}:", "Longer note on {topic}:"])
+        super().__init__(reward=LengthRatioReward(lo, hi), **kwargs)
+        self.num_train, self.num_val = num_train, num_val
+
+    def load_train_val(self) -> tuple[Any, Any]:
+        return length_ratio_rows(self.num_train, self.seed), length_ratio_rows(self.num_val, self.seed + 1)
