@@ -25,10 +25,10 @@ class CoMLRLCLI(LightningCLI):
         parser.link_arguments("model.init_args.num_agents", "data.init_args.num_agents", apply_on="parse")
 
 
-def main(args: list[str] | None = None) -> CoMLRLCLI:
+def main(args: list[str] | None = None) -> None:
     """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return CoMLRLCLI(
+    CoMLRLCLI(
         MAGRPO,
         DecPOMDPDataModule,
         subclass_mode_model=True,

@@ -23,14 +23,14 @@ class RewardFunction(Protocol):
     Called as ``fn(joint_actions, episodes, turn)`` where ``joint_actions[j][i]`` is agent ``i``'s
     completion text in joint action ``j`` and ``episodes[j]`` the episode it belongs to (episodes
     repeat when a node has several joint actions). Returns ``len(joint_actions)`` floats.
-    Implementations should set ``name`` (used for the ``rewards/<name>/mean`` metric).
+    Implementations should set a class attribute ``name`` (used for the ``rewards/<name>/mean``
+    metric; default: the class or function name). It is not a protocol member so that
+    LightningCLI/jsonargparse can check the protocol from the call signature alone.
     """
-
-    name: str
 
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
-    ) -> Sequence[float]: ...
+    ) -> list[float]: ...
 
 
 class RewardError(RuntimeError):

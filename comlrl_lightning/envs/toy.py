@@ -49,3 +49,23 @@ def length_ratio_rows(num_rows: int, seed: int = 0) -> list[dict[str, str]]:
     """Synthetic episodes: ``{"topic": ...}`` rows drawn with a fixed seed."""
     rng = random.Random(seed)
     return [{"topic": rng.choice(TOPICS) + " " + rng.choice(TOPICS)} for _ in range(num_rows)]
+
+
+class TargetLengthReward:
+    """Single-agent toy reward: ``exp(-|len(c) - target| / target)`` for a completion ``c`` (characters).
+
+    Uses agent 0's completion only, so it works for ``num_agents=1`` (plain GRPO).
+
+    Raises:
+        ValueError: ``target < 1``.
+    """
+
+    name = "target_length"
+
+    def __init__(self, target: int = 16) -> None:
+        if target < 1:
+            raise ValueError(f"TargetLengthReward.target: got {target}, must be >= 1")
+        self.target = target
+
+    def __call__(self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int) -> list[float]:
+        return [math.exp(-abs(len(ja[0]) - self.target) / self.target) for ja in joint_actions]

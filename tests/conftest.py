@@ -1,0 +1,25 @@
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import lightning.pytorch as pl  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+def tiny_trainer(max_steps: int, **kwargs) -> pl.Trainer:
+    """A quiet CPU trainer for tests."""
+    defaults = dict(
+        accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+    )  # fmt: skip
+    defaults.update(kwargs)
+    return pl.Trainer(max_steps=max_steps, **defaults)
+
+
+@pytest.fixture
+def trainer_factory():
+    return tiny_trainer

@@ -1,0 +1,55 @@
+"""The CLI end to end on the tiny model: 2-agent and 1-agent fits, --print_config, bad keys."""
+
+import glob
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from comlrl_lightning.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fit(config, tmp_path, *extra):
+    os.chdir(ROOT)  # configs use paths relative to the repository root
+    main(["fit", "--config", str(ROOT / "configs" / config), "--trainer.enable_progress_bar=false",
+          f"--trainer.logger.init_args.save_dir={tmp_path}", *extra])  # fmt: skip
+    return glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)
+
+
+def test_two_agent_toy_fit_writes_tensorboard_events(tmp_path):
+    events = fit("toy_length_ratio.yaml", tmp_path, "--trainer.max_steps=6", "--trainer.val_check_interval=2",
+                 "--trainer.log_every_n_steps=1")
+    assert events
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(events[0])
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"reward", "agent_0/loss", "agent_1/loss", "val/reward"} <= tags
+    assert len(acc.Scalars("reward")) >= 1
+
+
+def test_single_agent_grpo_fit(tmp_path):
+    assert fit("toy_grpo.yaml", tmp_path, "--trainer.max_steps=3", "--trainer.limit_val_batches=1")
+
+
+def test_print_config_round_trips(tmp_path, capsys):
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", "configs/toy_length_ratio.yaml", "--print_config"])
+    assert exit_info.value.code == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["model"]["class_path"] == "comlrl_lightning.MAGRPO"
+    assert cfg["model"]["init_args"]["num_generations"] == 4
+    assert [a["model"] for a in cfg["model"]["init_args"]["agents"]] == ["builtin:tiny-gpt2"] * 2
+
+
+def test_a_stray_optimizer_key_is_rejected_not_silently_applied(tmp_path, capsys):
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", "configs/toy_length_ratio.yaml", "--optimizer=torch.optim.SGD", "--optimizer.lr=0.1"])
+    assert exit_info.value.code != 0
+    assert "optimizer" in capsys.readouterr().err

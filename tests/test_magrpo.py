@@ -1,0 +1,143 @@
+import pytest
+import torch
+
+import comlrl_lightning.magrpo as magrpo_mod
+from comlrl_lightning import MAGRPO, MAReMax, MAREINFORCE, MARLOO
+from comlrl_lightning.datamodules import DecPOMDPDataModule, LengthRatioDataModule
+from comlrl_lightning.envs.toy import TargetLengthReward, length_ratio_rows
+
+
+def tiny(num_agents=2, **kw):
+    kw.setdefault("max_new_tokens", 12)
+    kw.setdefault("learning_rate", 1e-3)
+    return MAGRPO(agents="builtin:tiny-gpt2", num_agents=num_agents, num_generations=kw.pop("k", 2), **kw)
+
+
+class RecordingAdamW(torch.optim.AdamW):
+    """Records, at each step, which agents' parameters the step changed."""
+
+    log: list = []
+    module = None
+
+    def step(self, closure=None):
+        before = [[p.detach().clone() for p in a.parameters()] for a in RecordingAdamW.module.agents]
+        out = super().step(closure)
+        changed = [any(not torch.equal(b, p) for b, p in zip(bs, a.parameters()))
+                   for bs, a in zip(before, RecordingAdamW.module.agents)]  # fmt: skip
+        RecordingAdamW.log.append((id(self), changed))
+        return out
+
+
+def test_one_training_step_changes_each_agent_only_through_its_own_optimizer(trainer_factory):
+    RecordingAdamW.log = []
+    model = tiny(optimizer=lambda params: RecordingAdamW(params, lr=1e-2))
+    RecordingAdamW.module = model
+    initial = None
+
+    class Snap(__import__("lightning").pytorch.Callback):
+        def on_train_start(self, trainer, pl_module):
+            nonlocal initial
+            initial = [[p.detach().clone() for p in a.parameters()] for a in pl_module.agents]
+
+    trainer = trainer_factory(max_steps=2, callbacks=[Snap()])
+    trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=8))
+    opts = trainer.optimizers
+    assert [entry[0] for entry in RecordingAdamW.log] == [id(opts[0]), id(opts[1])]
+    assert RecordingAdamW.log[0][1] == [True, False]  # agent 0's optimizer moved only agent 0
+    assert RecordingAdamW.log[1][1] == [False, True]
+    for before, agent in zip(initial, model.agents):
+        assert any(not torch.equal(b, p) for b, p in zip(before, agent.parameters()))
+
+
+@pytest.mark.parametrize("num_agents,max_steps,batches", [(2, 6, 3), (1, 6, 6)])
+def test_max_steps_counts_every_agents_optimizer_step(trainer_factory, num_agents, max_steps, batches):
+    seen = []
+
+    class Count(__import__("lightning").pytorch.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(batch_idx)
+
+    if num_agents == 2:
+        dm = LengthRatioDataModule(batch_size=2, num_train=32)
+    else:
+        dm = DecPOMDPDataModule(length_ratio_rows(32), ["Note on {topic}:"], TargetLengthReward(8), batch_size=2)
+    trainer = trainer_factory(max_steps=max_steps, callbacks=[Count()])
+    trainer.fit(tiny(num_agents), dm)
+    assert len(seen) == batches
+    assert trainer.global_step == max_steps == MAGRPO.max_steps_for(batches, num_agents)
+
+
+def test_training_step_returns_rewards_lengths_and_texts_for_callbacks(trainer_factory):
+    got = {}
+
+    class Grab(__import__("lightning").pytorch.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            got.update(outputs)
+
+    trainer = trainer_factory(max_steps=2, callbacks=[Grab()])
+    trainer.fit(tiny(k=3), LengthRatioDataModule(batch_size=2, num_train=8))
+    assert got["rewards"].shape == (2 * 3,)  # 2 episodes x K=3 aligned joint actions
+    assert set(got["reward_components"]) == {"length_ratio"}
+    assert len(got["completions"]) == 2 and len(got["completions"][0]) == 6
+    assert all(0 < length <= 12 for length in got["completion_lengths"][1].tolist())
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "agent_0/loss", "agent_1/loss", "completions/mean_length"):
+        assert key in trainer.callback_metrics, key
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(num_generations=1), "num_generations"),
+        (dict(joint_mode="crossed"), "joint_mode"),
+        (dict(advantage_mode="median"), "advantage_mode"),
+        (dict(loss_aggregation="mean"), "loss_aggregation"),
+        (dict(scale_advantages="batch"), "scale_advantages"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(agents=[{"model": "builtin:tiny-gpt2", "dtype": "fp8"}] * 2), r"agents\[0\].dtype"),
+        (dict(agents=["builtin:nope", "builtin:tiny-gpt2"]), r"agents\[0\].model"),
+        (dict(num_generations=8, num_turns=3, joint_mode="cross"), "max_generations_per_episode"),
+    ],
+)
+def test_config_errors_raise_before_any_model_loads(monkeypatch, kwargs, field):
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(magrpo_mod, "load_agent", boom)
+    args = dict(agents="builtin:tiny-gpt2", num_agents=2, num_generations=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        MAGRPO(**args)
+
+
+def test_formatter_count_must_match_num_agents():
+    with pytest.raises(ValueError, match="data.formatters"):
+        LengthRatioDataModule(num_agents=3)
+
+
+def test_env_with_other_agent_count_fails_in_setup_before_loading(trainer_factory, monkeypatch):
+    monkeypatch.setattr(magrpo_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("loaded")))
+    with pytest.raises(ValueError, match="num_agents=3"):
+        trainer_factory(max_steps=1).fit(tiny(3), LengthRatioDataModule(batch_size=2, num_train=4))
+
+
+def test_aliases_only_change_the_advantage_mode():
+    assert MAREINFORCE(agents="builtin:tiny-gpt2").hparams.advantage_mode == "raw"
+    assert MARLOO(agents="builtin:tiny-gpt2").hparams.advantage_mode == "rloo"
+    assert MAReMax(agents="builtin:tiny-gpt2").hparams.advantage_mode == "max"
+
+
+def test_beta_keeps_a_frozen_reference_and_reports_kl(trainer_factory):
+    got = {}
+
+    class Grab(__import__("lightning").pytorch.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            got.update(outputs)
+
+    model = tiny(beta=0.1, num_iterations=2)
+    trainer_factory(max_steps=2 * 2 * 2, callbacks=[Grab()]).fit(model, LengthRatioDataModule(batch_size=2, num_train=8))
+    assert len(model.reference_models) == 2
+    assert not any(p.requires_grad for p in model.reference_models.parameters())
+    # the reference stays at the initial weights while the agent moved: the KL is positive
+    assert all(s["kl"] > 0 for s in got["agent_stats"])
+    ref0, agent0 = model.reference_models[0], model.agents[0]
+    assert any(not torch.equal(a, b) for a, b in zip(ref0.parameters(), agent0.parameters()))

@@ -1,0 +1,71 @@
+import math
+
+import pytest
+import torch
+
+from comlrl_lightning.envs.base import Episode
+from comlrl_lightning.envs.toy import LengthRatioReward
+from comlrl_lightning.rewards import RewardError, RewardProcessor, WeightedReward
+
+EPS = [Episode(0), Episode(0)]
+
+
+def const(name, values):
+    def fn(joint_actions, episodes, turn):
+        return values
+
+    fn.name = name
+    return fn
+
+
+def test_weighted_sum_and_components():
+    wr = WeightedReward([const("a", [1.0, 2.0]), const("b", [10.0, 0.0])], weights=[2.0, 0.5])
+    out = wr([["x"], ["y"]], EPS, 0)
+    assert out.total.tolist() == [7.0, 4.0]
+    assert out.components["a"].tolist() == [1.0, 2.0] and out.components["b"].tolist() == [10.0, 0.0]
+
+
+def test_processor_scales_shifts_then_clips():
+    wr = WeightedReward([const("a", [1.0, 5.0])], processor=RewardProcessor(scale=2.0, shift=-1.0, clip_max=4.0))
+    assert wr([["x"], ["y"]], EPS, 0).total.tolist() == [1.0, 4.0]
+
+
+@pytest.mark.parametrize(
+    "fn,msg",
+    [
+        (const("nan_fn", [1.0, float("nan")]), "'nan_fn' returned a non-finite value at step 7"),
+        (const("short_fn", [1.0]), "'short_fn' failed at step 7.*returned 1 values for 2"),
+    ],
+)
+def test_bad_reward_fails_loudly_with_name_and_step(fn, msg):
+    with pytest.raises(RewardError, match=msg):
+        WeightedReward([fn])([["x"], ["y"]], EPS, 0, step=7)
+
+
+def test_raising_reward_names_the_function():
+    def broken(joint_actions, episodes, turn):
+        raise KeyError("boom")
+
+    with pytest.raises(RewardError, match="'broken' failed at step 3"):
+        WeightedReward([broken])([["x"]], EPS[:1], 0, step=3)
+
+
+def test_skip_invalid_counts_and_assigns_the_invalid_reward():
+    wr = WeightedReward([const("a", [1.0, float("nan")])], skip_invalid=True, invalid_reward=-1.0)
+    out = wr([["x"], ["y"]], EPS, 0)
+    assert out.total.tolist() == [1.0, -1.0]
+    assert wr.num_invalid == 1
+    assert math.isnan(out.components["a"][1])
+
+
+def test_weight_count_mismatch_names_the_field():
+    with pytest.raises(ValueError, match="WeightedReward.weights"):
+        WeightedReward([const("a", [1.0])], weights=[1.0, 2.0])
+
+
+def test_length_ratio_reward_is_one_inside_the_band_and_decays_outside():
+    r = LengthRatioReward(2.0, 3.0)
+    assert r.score("ab", "abcde") == 1.0  # ratio 2.5
+    assert math.isclose(r.score("ab", "ab"), math.exp(-1.0))  # ratio 1, distance 1 to the band
+    assert math.isclose(r.score("a", "abcdef"), math.exp(-3.0))  # ratio 6
+    assert torch.tensor(r([["ab", "abcde"], ["ab", "ab"]], EPS, 0)).tolist()[0] == 1.0
