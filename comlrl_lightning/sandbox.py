@@ -2,35 +2,44 @@
 
 Generated code may loop forever, fork-bomb, allocate without bound, kill its parent, write
 anywhere, exit early or print a fake result. None of that may stop, slow (beyond its timeout) or
-corrupt training. Layers, each applied where the OS allows it (what was applied is reported in
-:attr:`TestReport.isolation`):
+corrupt training. Layers, each applied where the OS allows it (what was applied is listed in
+:attr:`TestReport.isolation`); the process side lives in :mod:`comlrl_lightning.sandbox_runner`,
+the in-child test harness in :mod:`comlrl_lightning.sandbox_harness`:
 
-- **Intermediate launcher.** The training process starts ``python sandbox_runner.py`` in a new
-  session (``start_new_session=True``) and never forks the untrusted code itself, so the code's
-  parent is the launcher, not training, and it shares no process group with training.
+- **Intermediate launcher.** Training starts ``python sandbox_runner.py`` in a new session and
+  never forks the untrusted code itself: the code's parent is not training, and it shares no
+  process group with it. No ``preexec_fn`` runs in the (threaded) training process.
 - **PID namespace** (root, or an unprivileged user namespace): the code runs under a PID-1 init
-  of its own namespace; on timeout the launcher SIGKILLs that init and the kernel kills every
-  process of the namespace, including ones that escaped with ``setsid``. Training's PIDs do not
-  exist in there, so ``os.kill(os.getppid(), SIGKILL)`` reaches nothing outside.
+  of its own; on timeout the launcher SIGKILLs that init and the kernel kills every process of the
+  namespace, including ones that escaped with ``setsid``. Training's PIDs do not exist in there.
+  Without it, the init and the launcher are child subreapers and kill what is left.
 - **Mount and network namespaces**: private tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and
-  over the working directory (all vanish with the namespace), fresh ``/proc``; a network
-  namespace with no interfaces up. In-process, ``socket.socket`` is also patched to raise.
-- **Dropped uid** (when run as root): the code runs as an unused uid (random, checked against
-  the passwd/group databases; ``nobody`` as fallback), so it cannot signal training or write
-  root-owned files, and ``RLIMIT_NPROC`` (not enforced for root) bounds fork bombs. Without a PID
-  namespace the launcher kills every process of that uid afterwards (safe: no one else uses it).
-- **Resource limits** (``setrlimit``): address space (``memory_mb``), CPU time, file size, number
-  of processes, open files; no core dumps.
-- **Scrubbed environment** (``PATH``, ``HOME``, ``PYTHONHASHSEED``, ``LANG`` only), interpreter
-  flags ``-s -S -P``: ``python -I`` minus ``-E``, so that ``PYTHONHASHSEED`` keeps results
-  reproducible (the environment is scrubbed, so ``-E`` has nothing left to ignore).
+  the working directory (all vanish with the namespace), a fresh ``/proc``; a network namespace
+  with no interface up. In-process, ``socket.socket`` is also patched to raise.
+- **Dropped uid** (when run as root): an unused uid (random, checked against the passwd/group
+  databases; ``nobody`` as fallback; never root). It cannot signal training or write root-owned
+  files, and ``RLIMIT_NPROC`` (not enforced for root) bounds fork bombs; stray processes are
+  killed by a helper doing ``kill(-1, SIGKILL)`` as that uid. If the interpreter lives where that
+  uid cannot read (e.g. ``/root``), the standard library is bind-mounted readable (or, without a
+  mount namespace, common modules are imported before the drop).
+- **Resource limits** (``setrlimit``): address space, CPU time, file size (stdout included),
+  processes, open files; no core dumps. A wall-clock deadline in the launcher, another in the
+  parent, and a per-step ``setitimer`` inside the child.
+- **Scrubbed environment** (``PATH``, ``HOME`` = the working directory, ``PYTHONHASHSEED``,
+  ``LANG``), interpreter flags ``-s -S -P``: ``python -I`` minus ``-E`` so that ``PYTHONHASHSEED``
+  keeps results reproducible (with a scrubbed environment ``-E`` has nothing else to ignore).
 - **Result channel**: per-step JSON records go through a dedicated pipe (not stdout), carry a
-  random nonce and must arrive in order; anything else marks the run ``tampered`` (no test
-  passes). ``sys.exit``/``os._exit`` before the tests leave them unreported, hence not passed.
+  random nonce and must arrive in order; anything else marks the run ``tampered`` (nothing
+  passes). ``sys.exit`` is an error; ``os._exit`` leaves steps unreported, hence not passed.
+- **Setup handshake**: the init and the worker report over a pipe that is closed before any
+  untrusted code runs; if the isolation could not be set up, :class:`SandboxError` is raised
+  instead of silently scoring zero.
 
-Limits (best effort, documented): code in the same process as the harness can in principle find
-the nonce in memory, or return an object whose ``__eq__`` is always true; without root and
-without user namespaces, only time, process-group and rlimit isolation remain.
+Limits (best effort): the harness shares its process with the code, so a program that
+deliberately introspects it (``gc``, frames, closures) could forge records, and a function may
+return an object whose ``__eq__`` is always true. Without root and without user namespaces only
+the launcher, process-group, time and rlimit layers remain, and the code runs as the training
+user.
 """
 
 from __future__ import annotations
@@ -50,6 +59,8 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+from comlrl_lightning.sandbox_harness import parse_records
 
 _RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_runner.py")
 _UID_RANGE = (2_000_000_000, 2_100_000_000)
@@ -83,7 +94,7 @@ class SandboxConfig:
             before killing its whole process group.
 
     Raises:
-        ValueError: a limit is not positive.
+        ValueError: a limit is not positive, or ``uid`` is root.
     """
 
     timeout_s: float = 5.0
@@ -107,6 +118,10 @@ class SandboxConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"SandboxConfig.{name}: got {value!r}; must be a positive number")
+        if self.startup_grace_s < 0:
+            raise ValueError(f"SandboxConfig.startup_grace_s: got {self.startup_grace_s!r}; must be >= 0")
+        if self.uid is not None and not 0 < self.uid < 2**32 - 1:
+            raise ValueError(f"SandboxConfig.uid: got {self.uid!r}; must be a non-root uid (or None)")
         if self.cpu_time_s is not None and self.cpu_time_s <= 0:
             raise ValueError(f"SandboxConfig.cpu_time_s: got {self.cpu_time_s!r}; must be positive or None")
 
@@ -247,8 +262,8 @@ def run_tests(
         job_path = os.path.join(base, "job.json")
         with open(os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump(job, f)
-        killed_by_parent = _launch(job_path, base, workdir, cfg, uid, unique)
-        report = _build_report(base, cfg, nonce, len(tests), killed_by_parent)
+        killed_by_parent, launcher_rc = _launch(job_path, base, workdir, cfg, uid, unique)
+        report = _build_report(base, cfg, nonce, len(tests), killed_by_parent, launcher_rc)
         report.sandbox_uid = uid
         report.duration_s = time.monotonic() - t0
         report.program.duration_s = report.duration_s
@@ -283,8 +298,10 @@ def _pick_uid(cfg: SandboxConfig) -> tuple[int | None, bool]:
     return 65534, False
 
 
-def _launch(job_path: str, base: str, workdir: str, cfg: SandboxConfig, uid: int | None, unique: bool) -> bool:
-    """Start the launcher and wait for it; returns True if the parent had to kill it."""
+def _launch(
+    job_path: str, base: str, workdir: str, cfg: SandboxConfig, uid: int | None, unique: bool
+) -> tuple[bool, int]:
+    """Start the launcher and wait for it: (whether the parent had to kill it, its return code)."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
     if cfg.hash_seed is not None:
         env["PYTHONHASHSEED"] = str(cfg.hash_seed)
@@ -298,11 +315,10 @@ def _launch(job_path: str, base: str, workdir: str, cfg: SandboxConfig, uid: int
         except OSError as exc:
             raise SandboxError(f"could not start the sandbox launcher: {exc}") from exc
         try:
-            proc.wait(timeout=cfg.timeout_s + cfg.startup_grace_s)
-            return False
+            return False, proc.wait(timeout=cfg.timeout_s + cfg.startup_grace_s)
         except subprocess.TimeoutExpired:
             _kill_stuck(proc, base, uid if unique else None)
-            return True
+            return True, proc.returncode
 
 
 def _kill_stuck(proc: subprocess.Popen, base: str, unique_uid: int | None) -> None:
@@ -317,10 +333,10 @@ def _kill_stuck(proc: subprocess.Popen, base: str, unique_uid: int | None) -> No
     except OSError:
         pass
     proc.wait()
-    if unique_uid is not None:
-        from comlrl_lightning.sandbox_runner import kill_uid
-
-        kill_uid(unique_uid, reap=False)  # never reap the training process's other children
+    if unique_uid is not None:  # in a fresh process: forking the (threaded) training process is unsafe
+        quiet = subprocess.DEVNULL
+        cmd = [sys.executable, "-s", "-S", _RUNNER, "--kill-uid", str(unique_uid)]
+        subprocess.run(cmd, env={}, timeout=30, stdin=quiet, stdout=quiet, stderr=quiet, check=False)
 
 
 def _tail(path: str, limit: int) -> str:
@@ -332,7 +348,9 @@ def _tail(path: str, limit: int) -> str:
         return ""
 
 
-def _build_report(base: str, cfg: SandboxConfig, nonce: str, num_tests: int, killed_by_parent: bool) -> TestReport:
+def _build_report(
+    base: str, cfg: SandboxConfig, nonce: str, num_tests: int, killed_by_parent: bool, launcher_rc: int
+) -> TestReport:
     lim = cfg.max_message_chars
     stdout, stderr = _tail(os.path.join(base, "stdout"), cfg.max_output_chars), _tail(
         os.path.join(base, "stderr"), cfg.max_output_chars
@@ -344,12 +362,19 @@ def _build_report(base: str, cfg: SandboxConfig, nonce: str, num_tests: int, kil
         res = None
     if res is not None and res.get("infra_error"):
         raise SandboxError(f"sandbox launcher failed: {res['infra_error']}")
+    if res is None and launcher_rc >= 0 and not killed_by_parent:  # it always writes a result unless killed
+        raise SandboxError(f"sandbox launcher exited with code {launcher_rc} without a result: "
+                           f"{stderr[-1500:]}")
     if res is None:  # launcher killed (by the parent's deadline, or by the code when not isolated)
         if killed_by_parent:
             end = SandboxResult("timeout", "Timeout", f"run exceeded {cfg.timeout_s:g} s (launcher killed)")
         else:
-            end = SandboxResult("killed", "LauncherDied", f"sandbox launcher died; stderr: {stderr[-lim:]}"[:lim])
+            end = SandboxResult("killed", "LauncherDied", f"sandbox launcher died: {stderr[-lim:]}"[:lim])
         return TestReport(end, [dataclasses.replace(end) for _ in range(num_tests)], stdout, stderr)
+    setup_failed = not res["init_ready"] or (not res["worker_ready"] and res["status"] is not None)
+    if setup_failed and not res["timed_out"]:
+        # setup failed before any untrusted code ran (the status pipe is closed before it does)
+        raise SandboxError(f"sandbox setup failed ({res.get('isolation')}); stderr: {stderr[-1500:]}")
     st = res.get("status") or {}
     returncode = st.get("code") if st.get("kind") == "exited" else (
         -st["signal"] if st.get("kind") == "signaled" else None)
@@ -357,14 +382,20 @@ def _build_report(base: str, cfg: SandboxConfig, nonce: str, num_tests: int, kil
         end = SandboxResult("timeout", "Timeout", f"run exceeded {cfg.timeout_s:g} s wall clock", 0.0, None)
     elif st.get("kind") == "signaled":
         name = _signame(st["signal"])
-        end = SandboxResult("killed", name, f"killed by {name} (resource limit or signal)"[:lim], 0.0, returncode)
+        end = SandboxResult("killed", name, f"killed by {name} (resource limit or signal)", 0.0, returncode)
     elif st.get("kind") == "exited":
-        end = SandboxResult("error", "EarlyExit", f"process exited with code {returncode} before reporting", 0.0,
+        end = SandboxResult("error", "EarlyExit", f"exited with code {returncode} before reporting", 0.0,
                             returncode)
     else:  # the namespace init died without reporting (killed from inside when not isolated)
         end = SandboxResult("killed", "SandboxKilled", "the sandbox's init process was killed", 0.0, None)
-    program, tests, isolation, tampered = _parse_records(res["records"], nonce, num_tests, res["overflow"], lim)
+    try:
+        program_rec, test_recs, isolation = parse_records(res["records"], nonce, num_tests, STATUSES)
+        tampered = bool(res["overflow"])
+    except ValueError:
+        program_rec, test_recs, isolation, tampered = None, [], [], True
     isolation = res["isolation"] + isolation
+    program = _result(program_rec, lim) if program_rec else None
+    tests = [_result(r, lim) for r in test_recs]
     if tampered:
         bad = SandboxResult("error", "ResultTampering", "forged or malformed result records", 0.0, returncode)
         return TestReport(bad, [dataclasses.replace(bad) for _ in range(num_tests)], stdout, stderr,
@@ -374,7 +405,8 @@ def _build_report(base: str, cfg: SandboxConfig, nonce: str, num_tests: int, kil
     program.returncode = returncode
     if not program.passed:
         note = f"program failed to load: {program.message}"[:lim]
-        tests = [SandboxResult(program.status, program.error_type, note, 0.0, returncode) for _ in range(num_tests)]
+        tests = [SandboxResult(program.status, program.error_type, note, 0.0, returncode)
+                 for _ in range(num_tests)]
     else:
         for t in tests:
             t.returncode = returncode
@@ -382,37 +414,10 @@ def _build_report(base: str, cfg: SandboxConfig, nonce: str, num_tests: int, kil
     return TestReport(program, tests, stdout, stderr, isolation=isolation)
 
 
-def _parse_records(lines: list[str], nonce: str, num_tests: int, overflow: bool, lim: int):
-    """Validate the record stream: nonce on every line, ``iso* program test(0..n-1)* done?``."""
-    program, tests, isolation, done = None, [], [], False
-    for line in lines:
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict) or rec.get("n") != nonce or done:
-                raise ValueError
-            kind = rec.get("k")
-            if kind == "iso" and program is None:
-                isolation += [str(x) for x in rec["items"]]
-            elif kind == "program" and program is None:
-                program = _result(rec, lim)
-            elif kind == "test" and program is not None and program.passed and rec.get("i") == len(tests) < num_tests:
-                tests.append(_result(rec, lim))
-            elif kind == "done" and program is not None and (not program.passed or len(tests) == num_tests):
-                done = True
-            else:
-                raise ValueError
-        except (ValueError, KeyError, TypeError):
-            return None, [], isolation, True
-    return program, tests, isolation, overflow
-
-
 def _result(rec: dict, lim: int) -> SandboxResult:
-    status = rec["s"]
-    if status not in STATUSES:
-        raise ValueError(status)
     err = rec.get("e")
-    return SandboxResult(status, None if err is None else str(err)[:100], str(rec.get("m", ""))[:lim],
-                         float(rec.get("d", 0.0)))
+    return SandboxResult(rec["s"], None if err is None else str(err)[:100], str(rec.get("m", ""))[:lim],
+                         float(rec.get("d") or 0.0))
 
 
 def _signame(num: int) -> str:
@@ -462,7 +467,10 @@ class SandboxPool:
         return [f.result() for f in futures]
 
     def map(
-        self, programs: Iterable[str], tests: Iterable[Sequence[str]] | None = None, setups: Iterable[str] | None = None
+        self,
+        programs: Iterable[str],
+        tests: Iterable[Sequence[str]] | None = None,
+        setups: Iterable[str] | None = None,
     ) -> list[TestReport]:
         """Like ``map(run_tests, programs, tests, setups)``, in parallel; results in input order."""
         programs = list(programs)

@@ -1,4 +1,4 @@
-"""The process side of :mod:`comlrl_lightning.sandbox`: launcher, namespace init and test harness.
+"""The process side of :mod:`comlrl_lightning.sandbox`: launcher, namespace init and worker.
 
 Started by :func:`comlrl_lightning.sandbox.run_tests` as ``python -s -S [-P] sandbox_runner.py JOB``
 (isolated mode, see there). It imports the standard library only. Three processes are involved:
@@ -10,26 +10,33 @@ Started by :func:`comlrl_lightning.sandbox.run_tests` as ``python -s -S [-P] san
 2. **init** (PID 1 of the new namespace, still root): new mount and network namespaces, private
    tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the working directory, a fresh ``/proc``;
    forks the worker, reaps orphans and reports the worker's exit status to the launcher.
-3. **worker**: resource limits, drops to an unused uid (root only), blocks ``socket``, then runs
-   the program, the setup and each test, writing one JSON record per step to the pipe.
+3. **worker**: resource limits, drops to an unused uid (root only), then runs
+   :func:`comlrl_lightning.sandbox_harness.run` (program, setup, each test).
 
 Every step degrades gracefully where the OS refuses it; what was applied is reported as
-``isolation``.
+``isolation``. Without a PID namespace the init and the launcher are child subreapers and kill
+what is left (by uid when it is unique, else their adopted children).
 """
 
 from __future__ import annotations
 
-import ast
 import ctypes
+import importlib.util
 import json
 import os
 import resource
 import select
+import shutil
 import signal
 import sys
 import time
 import traceback
-import types
+
+_spec = importlib.util.spec_from_file_location(
+    "sandbox_harness", os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_harness.py")
+)
+harness = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(harness)
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUSER = 0x00020000, 0x20000000, 0x40000000, 0x10000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
@@ -67,7 +74,7 @@ def _prctl(option: int, arg: int) -> bool:
         return False
 
 
-def uid_pids(uid: int | None = None, ppid: int | None = None) -> list[int]:
+def live_pids(uid: int | None = None, ppid: int | None = None) -> list[int]:
     """Live (non-zombie) PIDs whose real uid is ``uid`` or whose parent is ``ppid``, from ``/proc``."""
     pids = []
     for name in os.listdir("/proc"):
@@ -85,22 +92,66 @@ def uid_pids(uid: int | None = None, ppid: int | None = None) -> list[int]:
     return pids
 
 
-def kill_uid(uid: int | None, ppid: int | None = None, reap: bool = True, rounds: int = 100) -> None:
-    """SIGKILL every process of ``uid`` (only for a uid used by nothing else) and every child of
-    ``ppid``, until none is left; ``reap``: also reap our own exited children."""
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process of ``uid`` (root only; only for a uid used by nothing else).
+
+    A forked helper switches to ``uid`` and calls ``kill(-1, SIGKILL)``: the kernel signals every
+    process of that uid in one pass, so a fork bomb cannot outrun it (unlike scanning ``/proc``).
+    Forks, so call it from a single-threaded process (the launcher, or ``--kill-uid``).
+    """
+    if uid <= 0:
+        raise ValueError(f"kill_uid: refusing uid {uid}")
+    helper = os.fork()
+    if helper == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            if os.getresuid() != (uid, uid, uid):  # never kill(-1) with any other identity
+                os._exit(1)
+            for _ in range(3):
+                try:
+                    os.kill(-1, signal.SIGKILL)
+                except ProcessLookupError:
+                    break
+        finally:
+            os._exit(0)
+    os.waitpid(helper, 0)
+
+
+def remove_files_of(uid: int, dirs: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm")) -> None:
+    """Delete what ``uid`` created directly in the world-writable ``dirs`` (used when there was no
+    private mount namespace; only for a uid used by nothing else)."""
+    for d in dirs:
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                pass
+
+
+def kill_children(rounds: int = 500) -> None:
+    """SIGKILL our children (as a subreaper: every orphan below us) and reap them until none is left."""
+    me = os.getpid()
     for _ in range(rounds):
-        pids = uid_pids(uid, ppid)
-        for pid in pids:
+        for pid in live_pids(ppid=me):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         try:
-            while reap and os.waitpid(-1, os.WNOHANG)[0]:
+            while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
         except ChildProcessError:
-            pass
-        if not pids:
             return
         time.sleep(0.002)
 
@@ -119,6 +170,7 @@ def main(job_path: str) -> int:
     try:
         with open(job_path) as f:
             job = json.load(f)
+        os.unlink(job_path)  # holds the nonce: gone before any untrusted code runs
         deadline = t0 + job["timeout_s"]
         if job["namespaces"]:
             if os.geteuid() == 0:
@@ -128,6 +180,8 @@ def main(job_path: str) -> int:
         else:
             pidns = False
         out["isolation"].append("pid-namespace" if pidns else "no-pid-namespace")
+        if not pidns:  # orphans whose init died come back to us, to be killed and reaped
+            _prctl(PR_SET_CHILD_SUBREAPER, 1)
         rfd, wfd = os.pipe()
         sfd_r, sfd_w = os.pipe()
         pid = os.fork()
@@ -153,11 +207,16 @@ def main(job_path: str) -> int:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
                 pass
-            if job.get("unique_uid") and job.get("uid") is not None:
+            if job.get("unique_uid") and os.geteuid() == 0:
                 kill_uid(job["uid"])
-            else:
-                kill_uid(None, ppid=os.getpid())
-        status = os.read(sfd_r, 4096)
+            kill_children()
+        status = os.read(sfd_r, 4096)  # b"I"/b"i" (init set up, with/without mounts), b"K", JSON
+        out["init_ready"] = status[:1] in (b"I", b"i")
+        if status[:1] == b"i" and job.get("unique_uid") and os.geteuid() == 0:
+            remove_files_of(job["uid"])  # no private /tmp: delete what the sandbox uid left there
+        status = status[1:] if out["init_ready"] else status
+        out["worker_ready"] = status[:1] == b"K"
+        status = status[1:] if out["worker_ready"] else status
         out["status"] = json.loads(status) if status else None
         out["records"] = data.decode("utf-8", "replace").splitlines()
     except Exception:  # noqa: BLE001 - reported to the parent as an infrastructure failure
@@ -175,7 +234,8 @@ def _enter_userns() -> bool:
     if not _unshare(CLONE_NEWUSER | CLONE_NEWPID):
         return False
     try:
-        for path, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
+        for path, text in maps:
             with open(f"/proc/self/{path}", "w") as f:
                 f.write(text)
     except OSError:
@@ -244,7 +304,8 @@ def _init(job: dict, wfd: int, sfd: int, pidns: bool) -> None:
             net, mnt = _unshare(CLONE_NEWNET), _unshare(CLONE_NEWNS)
     iso.append("network-namespace" if net else "no-network-namespace")
     workdir = job["workdir"]
-    if mnt and _mount("none", "/", None, MS_REC | MS_PRIVATE, None):
+    private = mnt and _mount("none", "/", None, MS_REC | MS_PRIVATE, None)
+    if private:
         size = f"size={job['disk_mb']}m"
         for d in ("/tmp", "/var/tmp", "/dev/shm"):
             if os.path.isdir(d) and _mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, f"{size},mode=1777"):
@@ -265,11 +326,11 @@ def _init(job: dict, wfd: int, sfd: int, pidns: bool) -> None:
     else:
         iso.append("no-mount-namespace")
     _emit(wfd, nonce, k="iso", items=iso)
+    os.write(sfd, b"I" if private else b"i")
     worker = os.fork()
     if worker == 0:
         try:
-            os.close(sfd)
-            _worker(job, wfd)
+            _worker(job, wfd, sfd)
         except BaseException:  # noqa: BLE001
             traceback.print_exc()
         finally:
@@ -286,7 +347,9 @@ def _init(job: dict, wfd: int, sfd: int, pidns: bool) -> None:
         if pid == worker:
             break
     if not pidns:  # no namespace teardown: kill what the worker left (our adopted orphans, its uid)
-        kill_uid(uid if job.get("unique_uid") else None, ppid=os.getpid())
+        if job.get("unique_uid") and os.geteuid() == 0:
+            kill_uid(uid)
+        kill_children()
     rec = {"kind": "unknown"}
     if st is not None and os.WIFSIGNALED(st):
         rec = {"kind": "signaled", "signal": os.WTERMSIG(st)}
@@ -297,7 +360,7 @@ def _init(job: dict, wfd: int, sfd: int, pidns: bool) -> None:
 
 
 # ------------------------------------------------------------------------------------------- worker
-def _worker(job: dict, wfd: int) -> None:
+def _worker(job: dict, wfd: int, sfd: int) -> None:
     nonce, iso, workdir = job["nonce"], [], job["workdir"]
     import socket  # noqa: F401 - imported before the limits, patched below
 
@@ -311,7 +374,7 @@ def _worker(job: dict, wfd: int) -> None:
     mb = 1024 * 1024
     nproc = job["max_processes"]
     if uid is None:  # RLIMIT_NPROC counts all processes of our (shared) uid
-        nproc += len(uid_pids(os.getuid()))
+        nproc += len(live_pids(os.getuid()))
     limits = {
         "RLIMIT_AS": job["memory_mb"] * mb,
         "RLIMIT_CPU": (job["cpu_time_s"], job["cpu_time_s"] + 1),
@@ -329,7 +392,9 @@ def _worker(job: dict, wfd: int) -> None:
             iso.append(f"no-{name}")
     stdlib, alias = job.get("stdlib_alias") or (os.path.dirname(os.__file__), None)
     if alias:  # the dropped uid cannot traverse the real path: import from the bind mount
-        move = lambda paths: [alias + p[len(stdlib):] if p.startswith(stdlib) else p for p in paths]  # noqa: E731
+        def move(paths: list[str]) -> list[str]:
+            return [alias + p[len(stdlib):] if p.startswith(stdlib) else p for p in paths]
+
         sys.path[:] = move(sys.path)
         for mod in list(sys.modules.values()):  # packages already imported (encodings...)
             if isinstance(getattr(mod, "__path__", None), list):
@@ -342,25 +407,32 @@ def _worker(job: dict, wfd: int) -> None:
             except ImportError:
                 pass
         iso.append("stdlib-preloaded")
-    if uid is not None:
-        try:
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-            iso.append(f"uid={uid}")
-        except OSError as err:
-            iso.append(f"no-uid-drop:{err}")
+    if uid is not None:  # the chosen uid, else nobody; never go on as root
+        for u, g in ((uid, gid), (65534, 65534)):
+            try:
+                os.setgroups([])
+                os.setresgid(g, g, g)
+                os.setresuid(u, u, u)
+                iso.append(f"uid={u}")
+                break
+            except OSError as err:
+                print(f"sandbox: cannot switch to uid {u}: {err}", file=sys.stderr)
+        if os.getresuid() != (u, u, u):
+            raise RuntimeError("sandbox: could not drop privileges; refusing to run untrusted code as root")
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # cleared by the uid change
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # oversize writes raise OSError instead of killing
-    _block_sockets()
     _emit(wfd, nonce, k="iso", items=iso)
-    _harness(job, wfd)
+    os.write(sfd, b"K")  # setup done; the status pipe is closed before any untrusted code runs
+    os.close(sfd)
+    harness.run(job, wfd)
 
 
-PRELOAD = ("math", "cmath", "re", "collections", "itertools", "functools", "heapq", "bisect", "string", "random",
-           "typing", "hashlib", "statistics", "fractions", "decimal", "operator", "copy", "datetime", "array",
-           "struct", "textwrap", "unicodedata", "encodings.idna")
+PRELOAD = (
+    "math", "cmath", "re", "collections", "itertools", "functools", "heapq", "bisect", "string", "random",
+    "typing", "hashlib", "statistics", "fractions", "decimal", "operator", "copy", "datetime", "array",
+    "struct", "textwrap", "unicodedata", "encodings.idna",
+)  # fmt: skip
 
 
 def _world_readable(path: str) -> bool:
@@ -378,128 +450,8 @@ def _world_readable(path: str) -> bool:
     return True
 
 
-def _block_sockets() -> None:
-    import socket
-
-    class _NoNetwork(socket.socket):
-        def __init__(self, *args, **kwargs):
-            raise PermissionError("network access is disabled in the sandbox")
-
-    socket.socket = _NoNetwork
-    socket.SocketType = _NoNetwork
-
-
-class _StepTimeout(BaseException):
-    """Raised by SIGALRM when a step exceeds its per-step timeout."""
-
-
-def _harness(job: dict, wfd: int) -> None:
-    """Run program, setup and each test; one record per step. Everything needed after the untrusted
-    code has started is held in locals (the code can rebind builtins and module globals)."""
-    write, dumps, mono, setitimer, exc_only = os.write, json.dumps, time.monotonic, signal.setitimer, (
-        traceback.format_exception_only
-    )
-    _exec, _compile, _isinstance, _str, _type, _len = exec, compile, isinstance, str, type, len
-    nonce, limit, step_timeout = job.pop("nonce"), job["max_message_chars"], job["test_timeout_s"]
-    program_path = os.path.join(job["workdir"], "program.py")
-
-    def on_alarm(signum, frame):
-        raise _StepTimeout()
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    module = types.ModuleType("__sandbox__")
-    sys.modules["__sandbox__"] = module
-    ns = module.__dict__
-    if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-        sys.path.pop(0)
-    try:
-        with open(program_path, "w") as f:
-            f.write(job["program"])
-    except OSError:
-        pass
-
-    def emit(**rec):
-        rec["n"] = nonce
-        write(wfd, (dumps(rec) + "\n").encode())
-
-    sources = {program_path: job["program"], "<setup>": job["setup"]}
-
-    def describe(err: BaseException) -> str:
-        if _isinstance(err, SyntaxError):
-            text = (err.text or "").strip()
-            return f"SyntaxError: {err.msg} (line {err.lineno}: {text})"[:limit]
-        where = None  # innermost frame of sandboxed source
-        for frame, ln in traceback.walk_tb(err.__traceback__):
-            if frame.f_code.co_filename in sources:
-                where = (frame.f_code.co_filename, ln)
-        if _isinstance(err, AssertionError) and where is not None:
-            msg = _str(err)
-            return (_statement_at(sources[where[0]], where[1]) + (f"  # {msg}" if msg else ""))[:limit]
-        head = exc_only(_type(err), err)[-1].strip()
-        if where is not None:
-            name = "program" if where[0] == program_path else where[0]
-            head += f" ({name} line {where[1]}: {_line(sources[where[0]], where[1])})"
-        return head[:limit]
-
-    def step(source: str, filename: str) -> dict:
-        t = mono()
-        sources[filename] = source
-        try:
-            code = _compile(source, filename, "exec")
-        except (SyntaxError, ValueError) as err:
-            return {"s": "error", "e": _type(err).__name__, "m": describe(err), "d": 0.0}
-        try:
-            try:
-                setitimer(signal.ITIMER_REAL, step_timeout)
-                _exec(code, ns)
-            finally:
-                setitimer(signal.ITIMER_REAL, 0)
-            rec = {"s": "passed", "e": None, "m": ""}
-        except _StepTimeout:
-            rec = {"s": "timeout", "e": "Timeout", "m": f"step exceeded {step_timeout:g} s"}
-        except AssertionError as err:
-            rec = {"s": "failed", "e": "AssertionError", "m": describe(err)}
-        except SystemExit as err:
-            rec = {"s": "error", "e": "SystemExit", "m": f"SystemExit({err.code!r}) raised"[:limit]}
-        except BaseException as err:  # noqa: BLE001 - every failure is a result
-            rec = {"s": "error", "e": _type(err).__name__, "m": describe(err)}
-        rec["d"] = mono() - t
-        return rec
-
-    tests = job["tests"]
-    rec = step(job["program"], program_path)
-    if rec["s"] == "passed" and job["setup"]:
-        rec = step(job["setup"], "<setup>")
-        if rec["s"] != "passed":
-            rec["m"] = ("test setup failed: " + rec["m"])[:limit]
-    emit(k="program", **rec)
-    if rec["s"] == "passed":
-        for i in range(_len(tests)):
-            emit(k="test", i=i, **step(tests[i], f"<test {i}>"))
-    emit(k="done")
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: BLE001
-            pass
-    os._exit(0)
-
-
-def _line(source: str, lineno: int) -> str:
-    lines = source.splitlines()
-    return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
-
-
-def _statement_at(source: str, lineno: int) -> str:
-    """The source of the innermost ``assert`` statement spanning ``lineno`` (else that line)."""
-    try:
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Assert) and node.lineno <= lineno <= (node.end_lineno or node.lineno):
-                return " ".join((ast.get_source_segment(source, node) or "").split())
-    except (SyntaxError, ValueError):
-        pass
-    return _line(source, lineno)
-
-
 if __name__ == "__main__":
+    if sys.argv[1] == "--kill-uid":
+        kill_uid(int(sys.argv[2]))
+        sys.exit(0)
     sys.exit(main(sys.argv[1]))

@@ -60,17 +60,19 @@ def test_infinite_loop_times_out_within_the_limit():
     report = run_tests("while True:\n    pass\n", ["assert True"], config=FAST, timeout_s=1.0)
     elapsed = time.monotonic() - t0
     assert report.program.status == "timeout" and report.tests[0].status == "timeout"
-    assert elapsed < 1.0 + 1.0, elapsed
+    assert 1.0 <= elapsed < 1.0 + 1.5, elapsed
     # A hanging test only costs that test (per-test timer); the others still run.
     report = run_tests(ADD, ["assert add(1, 2) == 3", "while True: pass", "assert add(2, 2) == 4"],
                        config=FAST, test_timeout_s=0.3)
     assert [t.status for t in report.tests] == ["passed", "timeout", "passed"]
 
 
-def test_fork_bomb_is_bounded_and_leaves_no_process():
+@pytest.mark.parametrize("namespaces", [True, False])
+def test_fork_bomb_is_bounded_and_leaves_no_process(namespaces):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     t0 = time.monotonic()
-    report = run_tests(bomb, ["assert True"], config=FAST, timeout_s=1.5, max_processes=16)
+    report = run_tests(bomb, ["assert True"], config=FAST, timeout_s=1.5, max_processes=16,
+                       namespaces=namespaces)
     assert time.monotonic() - t0 < 1.5 + 1.5
     assert report.program.status in ("timeout", "killed") and report.num_passed == 0
     _no_processes_of(report.sandbox_uid)
@@ -87,44 +89,70 @@ def test_setsid_orphan_is_reaped(namespaces):
         _no_processes_of(report.sandbox_uid)
 
 
+def test_cpu_limit_kills_and_a_stuck_launcher_is_killed_by_the_parent():
+    loop = "while True:\n    pass\n"
+    report = run_tests(loop, [], config=FAST, cpu_time_s=1, timeout_s=10, test_timeout_s=9)
+    assert (report.program.status, report.program.error_type) == ("killed", "SIGXCPU")
+    t0 = time.monotonic()  # parent deadline (timeout + grace) before the launcher's own deadline
+    report = run_tests("while True:\n    pass\n", ["assert True"], config=FAST, timeout_s=0.5,
+                       startup_grace_s=0.01)
+    assert report.program.status == "timeout" and report.tests[0].status == "timeout"
+    assert time.monotonic() - t0 < 1.5
+    _no_processes_of(report.sandbox_uid)
+
+
 def test_huge_allocation_is_an_error_not_a_crash():
     report = run_tests("x = bytearray(8 * 1024 ** 3)\n", ["assert True"], config=FAST, memory_mb=256)
     assert (report.program.status, report.program.error_type) == ("error", "MemoryError")
     grow = "chunks = []\nwhile True:\n    chunks.append(bytearray(32 * 1024 * 1024))\n"
-    report = run_tests(grow, ["assert True"], config=FAST, memory_mb=256)
+    report = run_tests(grow, ["assert True"], config=FAST, memory_mb=256, timeout_s=8, test_timeout_s=6)
     assert report.program.status in ("error", "killed") and report.num_passed == 0
     assert report.program.error_type in ("MemoryError", "SIGKILL")
 
 
+def test_output_flood_is_bounded():
+    flood = "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n"
+    report = run_tests(flood, [], config=FAST, file_size_mb=2)
+    assert report.program.status == "error" and "File too large" in report.program.message
+    assert len(report.stdout) <= FAST.max_output_chars
+
+
 def test_killing_the_parent_does_not_reach_training():
+    isolation = run_tests("", [], config=FAST).isolation
+    if "pid-namespace" not in isolation and not any(i.startswith("uid=") for i in isolation):
+        pytest.skip(f"neither a PID namespace nor a separate uid on this OS: {isolation}")
     me = os.getpid()
     code = (
-        "import os, signal\nerrors = []\n"
-        f"for target in (os.getppid(), {me}, 1):\n"
-        "    try:\n        os.kill(target, signal.SIGKILL)\n"
-        "    except OSError as err:\n        errors.append(type(err).__name__)\n"
+        "import os, signal\nresults = {}\n"
+        f"for name, target in (('parent', os.getppid()), ('training', {me}), ('init', 1)):\n"
+        "    try:\n        os.kill(target, signal.SIGKILL)\n        results[name] = 'sent'\n"
+        "    except OSError as err:\n        results[name] = type(err).__name__\n"
         f"try:\n    os.killpg(os.getpgid({me}), signal.SIGKILL)\nexcept OSError:\n    pass\n"
     )
-    report = run_tests(code, ["assert len(errors) == 3"], config=FAST)
-    assert psutil.pid_exists(me) and report.all_passed  # every kill was refused; launcher reported
-    # Without namespaces or uid change the code's parent is the intermediate init, never training.
-    report = run_tests("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n", ["assert True"],
-                       config=FAST, namespaces=False, drop_privileges=False)
-    assert report.program.status in ("killed", "error") and report.num_passed == 0
+    report = run_tests(code, ["assert results['training'] in ('ProcessLookupError', 'PermissionError')"],
+                       config=FAST)
+    assert psutil.pid_exists(me) and report.all_passed  # refused; and the launcher survived to report
+    # Without namespaces or uid change the code's parent is the intermediate init, never training:
+    # the kill lands there, and the run still returns a well-formed report.
+    report = run_tests("import os, signal\nPARENT = os.getppid()\nos.kill(PARENT, signal.SIGKILL)\n",
+                       [f"assert PARENT != {me}"], config=FAST, namespaces=False, drop_privileges=False)
+    assert report.program.status in ("passed", "killed") and report.tests[0].status in ("passed", "killed")
     assert psutil.pid_exists(me)
 
 
-def test_writes_outside_the_working_directory_do_not_persist():
+@pytest.mark.parametrize("namespaces", [True, False])
+def test_writes_outside_the_working_directory_do_not_persist(namespaces):
     token = secrets.token_hex(6)
-    targets = [ROOT / f"pwned_{token}", Path(tempfile.gettempdir()) / f"x_{token}", Path("/tmp") / f"y_{token}",
-               Path("/dev/shm") / f"z_{token}"]
+    targets = [ROOT / f"pwned_{token}", Path(tempfile.gettempdir()) / f"x_{token}",
+               Path("/tmp") / f"y_{token}", Path("/dev/shm") / f"z_{token}"]
     code = "import os\nprint(os.getcwd())\n" + "".join(
         f"try:\n    open({str(t)!r}, 'w').write('pwned')\nexcept OSError:\n    pass\n" for t in targets
     ) + "open('inside.txt', 'w').write('ok')\n"
     try:
-        report = run_tests(code, ["assert open('inside.txt').read() == 'ok'"], config=FAST)
+        test = "assert open('inside.txt').read() == 'ok'"
+        report = run_tests(code, [test], config=FAST, namespaces=namespaces)
         assert report.all_passed, report
-        if IS_ROOT:
+        if IS_ROOT:  # a dropped uid cannot write root's files; private or cleaned-up /tmp, /dev/shm
             assert [t for t in targets if t.exists()] == []
         cwd = Path(report.stdout.strip().splitlines()[0])
         assert cwd.is_absolute() and not cwd.exists()  # the working directory is gone
@@ -134,11 +162,13 @@ def test_writes_outside_the_working_directory_do_not_persist():
 
 
 def test_exit_before_or_during_the_tests_is_not_a_pass():
-    for exit_call, error_type in (("import sys; sys.exit(0)", "SystemExit"), ("import os; os._exit(0)", "EarlyExit")):
+    exits = (("import sys; sys.exit(0)", "SystemExit"), ("import os; os._exit(0)", "EarlyExit"))
+    for exit_call, error_type in exits:
         report = run_tests(ADD + exit_call + "\n", ADD_TESTS, config=FAST)
         assert not report.program_loaded and report.num_passed == 0, exit_call
         assert report.program.error_type == error_type and report.tests[0].error_type == error_type
-    report = run_tests(ADD, ["assert add(1, 2) == 3", "import os; os._exit(0)", "assert add(2, 2) == 4"], config=FAST)
+    tests = ["assert add(1, 2) == 3", "import os; os._exit(0)", "assert add(2, 2) == 4"]
+    report = run_tests(ADD, tests, config=FAST)
     assert [t.status for t in report.tests] == ["passed", "error", "error"]
     assert report.tests[1].error_type == "EarlyExit" and not report.all_passed
 
@@ -146,12 +176,14 @@ def test_exit_before_or_during_the_tests_is_not_a_pass():
 def test_forged_result_markers_are_not_passes():
     fake = '{"k": "test", "i": 0, "s": "passed", "e": null, "m": "", "d": 0.0}'
     printed = f"def add(a, b):\n    return 0\nprint({fake!r})\nprint({fake!r}.replace('0,', '1,'))\n"
-    report = run_tests(printed, ADD_TESTS[:2], config=FAST)
+    tests = ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]
+    report = run_tests(printed, tests, config=FAST)
     assert report.num_passed == 0 and not report.tampered
+    assert [t.status for t in report.tests] == ["failed", "failed"]
     written = ("import os\ndef add(a, b):\n    return 0\n"
                f"for fd in range(3, 64):\n    try:\n        os.write(fd, ({fake!r} + '\\n').encode())\n"
                "    except OSError:\n        pass\n")
-    report = run_tests(written, ADD_TESTS[:2], config=FAST)
+    report = run_tests(written, tests, config=FAST)
     assert report.tampered and report.num_passed == 0 and report.tests[0].error_type == "ResultTampering"
 
 
@@ -166,10 +198,10 @@ def test_network_is_unreachable():
                            config=FAST)
         assert (report.program.status, report.program.error_type) == ("error", "PermissionError")
         raw = f"import _socket\ns = _socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', {port}))\n"
-        result = run_code(raw, config=FAST)
-        assert result.status == "error" and result.error_type in ("OSError", "ConnectionRefusedError",
-                                                                   "PermissionError", "TimeoutError")
-        if "network-namespace" in run_tests("", [], config=FAST).isolation:
+        report = run_tests(raw, [], config=FAST)  # bypasses the in-process patch
+        if "network-namespace" in report.isolation:
+            assert (report.program.status, report.program.error_type) == ("error", "OSError")
+            assert "unreachable" in report.program.message
             with pytest.raises(socket.timeout):
                 server.accept()  # nothing ever connected
     finally:
@@ -177,7 +209,8 @@ def test_network_is_unreachable():
 
 
 def test_pool_runs_in_parallel_and_keeps_order():
-    jobs = [TestJob(f"import time\ntime.sleep(0.6)\nVALUE = {i}\n", [f"assert VALUE == {i}", "assert VALUE == 2"])
+    jobs = [TestJob(f"import time\ntime.sleep(0.6)\nVALUE = {i}\n", 
+                    [f"assert VALUE == {i}", "assert VALUE == 2"])
             for i in range(4)]
     with SandboxPool(max_workers=4, config=FAST) as pool:
         t0 = time.monotonic()
@@ -193,8 +226,18 @@ def test_pool_runs_in_parallel_and_keeps_order():
         SandboxPool(1).map([ADD], [])
 
 
+def test_a_broken_sandbox_raises_instead_of_scoring_zero(monkeypatch):
+    import comlrl_lightning.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "_RUNNER", "/nonexistent/sandbox_runner.py")
+    with pytest.raises(sandbox.SandboxError, match="without a result"):
+        run_tests(ADD, ADD_TESTS, config=FAST)
+
+
 def test_config_is_validated():
     with pytest.raises(ValueError, match="timeout_s"):
         SandboxConfig(timeout_s=0)
+    with pytest.raises(ValueError, match="uid"):
+        SandboxConfig(uid=0)
     with pytest.raises(ValueError, match="unknown field"):
         run_tests(ADD, [], timeout=1)
