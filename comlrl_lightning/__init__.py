@@ -4,9 +4,10 @@ from comlrl_lightning.agents import AgentSpec
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
 from comlrl_lightning.magrpo import MAGRPO, MAReMax, MAREINFORCE, MARLOO
 from comlrl_lightning.rewards import RewardFunction, RewardOutput, RewardProcessor, WeightedReward
+from comlrl_lightning.strategy import AgentParallelStrategy  # registers the 'agent_parallel' strategy name
 
 __all__ = [
     "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "AgentSpec", "DecPOMDP", "Episode", "PromptTemplate",
-    "Transition", "RewardFunction", "RewardOutput", "RewardProcessor", "WeightedReward",
+    "Transition", "RewardFunction", "RewardOutput", "RewardProcessor", "WeightedReward", "AgentParallelStrategy",
 ]  # fmt: skip
 __version__ = "0.1.0"

@@ -2,7 +2,10 @@
 
 ``AgentSpec.model`` accepts a hub id (``"HuggingFaceTB/SmolLM2-135M-Instruct"``), a local folder, or
 ``builtin:<name>`` for models that need no network: ``builtin:tiny-gpt2`` (a ~0.1M-parameter GPT-2
-built from a config over a byte-level vocabulary, for tests and the toy task) and the names in
+built from a config over a byte-level vocabulary, for tests and the toy task),
+``builtin:tiny-llama-gpt2tok`` (a ~3.3M-parameter Llama built from a config over the GPT-2 BPE
+vocabulary of ``builtin:gpt2-tokenizer``, with a small chat template: another architecture, size and
+tokenizer, for heterogeneous-team tests) and the names in
 :mod:`comlrl_lightning.builtin` (e.g. ``builtin:smollm2-135m-instruct``).
 """
 
@@ -15,7 +18,7 @@ import torch
 from torch import nn
 
 BUILTIN_PREFIX = "builtin:"
-TINY_MODELS = ("tiny-gpt2",)
+TINY_MODELS = ("tiny-gpt2", "tiny-llama-gpt2tok")
 
 
 @dataclass
@@ -49,7 +52,7 @@ class AgentSpec:
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens")
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "max_prompt_length")
 
 
 def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
@@ -105,6 +108,31 @@ def build_tiny_gpt2(tokenizer: Any, **overrides: Any) -> nn.Module:
     return GPT2LMHeadModel(config)
 
 
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}### assistant:\n{% endif %}"
+)
+"""Chat template of ``builtin:tiny-llama-gpt2tok`` (plain text markers, no special tokens)."""
+
+
+def build_tiny_llama(tokenizer: Any, **overrides: Any) -> nn.Module:
+    """A randomly initialised Llama sized for CPU tests (2 layers, width 64, tied embeddings: ~3.3M
+    parameters with the 50257-token GPT-2 vocabulary)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)  # fmt: skip
+    cfg.update(overrides)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **cfg,
+    )
+    return LlamaForCausalLM(config)
+
+
 def _resolve_source(source: str) -> str:
     from comlrl_lightning.builtin import resolve_model_spec
 
@@ -116,6 +144,11 @@ def load_tokenizer(spec: AgentSpec) -> Any:
     source = spec.tokenizer or spec.model
     if source == BUILTIN_PREFIX + "tiny-gpt2":
         tok = byte_tokenizer()
+    elif source == BUILTIN_PREFIX + "tiny-llama-gpt2tok":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(_resolve_source(BUILTIN_PREFIX + "gpt2-tokenizer"))
+        tok.chat_template = TINY_CHAT_TEMPLATE
     else:
         from transformers import AutoTokenizer
 
@@ -136,10 +169,33 @@ def load_agent(spec: AgentSpec) -> tuple[nn.Module, Any]:
     dtype = _DTYPES[spec.dtype]
     if spec.model == BUILTIN_PREFIX + "tiny-gpt2":
         model = build_tiny_gpt2(tok, **spec.model_kwargs).to(dtype)
+    elif spec.model == BUILTIN_PREFIX + "tiny-llama-gpt2tok":
+        model = build_tiny_llama(tok, **spec.model_kwargs).to(dtype)
     else:
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(_resolve_source(spec.model), dtype=dtype, **spec.model_kwargs)
     if getattr(model.generation_config, "pad_token_id", None) is None:
         model.generation_config.pad_token_id = tok.pad_token_id
+    disable_dropout(model)
     return model, tok
+
+
+_DROPOUT_CONFIG_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout")
+
+
+def disable_dropout(model: nn.Module) -> nn.Module:
+    """Zero every dropout (modules and config fields) and put the model in train mode.
+
+    RL log-probs must come from the same distribution the completions were sampled from (eval
+    mode); TRL does the same (``disable_dropout``). Train mode is kept so that gradient
+    checkpointing (active only in training) and Lightning's mode checks behave as usual.
+    """
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    for key in _DROPOUT_CONFIG_KEYS:
+        if config is not None and isinstance(getattr(config, key, None), float):
+            setattr(config, key, 0.0)
+    return model.train()

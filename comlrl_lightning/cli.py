@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
-
 from lightning.pytorch.cli import LightningCLI
 
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
@@ -18,11 +16,10 @@ from comlrl_lightning.magrpo import MAGRPO
 
 
 class CoMLRLCLI(LightningCLI):
-    """LightningCLI with per-agent optimizers kept (``auto_configure_optimizers=False``) and
-    ``model.num_agents`` linked into ``data.num_agents`` so formatter counts are checked early."""
-
-    def add_arguments_to_parser(self, parser: Any) -> None:
-        parser.link_arguments("model.init_args.num_agents", "data.init_args.num_agents", apply_on="parse")
+    """LightningCLI that keeps the per-agent optimizers (``auto_configure_optimizers=False``: a stray
+    top-level ``optimizer:`` is an error, not a silent single optimizer). The agent count of the
+    model and the formatter count of the data are checked in ``MAGRPO.setup``, before any model
+    loads."""
 
 
 def main(args: list[str] | None = None) -> None:

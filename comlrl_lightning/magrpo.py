@@ -23,14 +23,18 @@ batches. Loggers' x-axis counts batches. :meth:`MAGRPO.max_steps_for` converts.
 from __future__ import annotations
 
 import copy
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, nullcontext
 from dataclasses import asdict
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
 
 from comlrl_lightning.advantages import ADVANTAGE_MODES, JOINT_MODES, SCALE_MODES
@@ -38,12 +42,37 @@ from comlrl_lightning.agents import GENERATION_KEYS, AgentSpec, load_agent, vali
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.losses import LOSS_AGGREGATIONS, aggregate, completion_logprobs, k3_kl, policy_loss_terms
 from comlrl_lightning.rollout import Generation, SamplingConfig, generate, has_chat_template, render_prompt
+from comlrl_lightning.strategy import (
+    AgentParallelStrategy, optimizer_state_to_param_devices, place_module, plan_devices, resolve_devices, visible_gpus,
+)  # fmt: skip
 from comlrl_lightning.tree import Level, Node, compute_advantages, compute_returns, generations_per_episode, rollout_tree
 
 
 def _choice(field: str, value: Any, allowed: Sequence[Any]) -> None:
     if value not in allowed:
         raise ValueError(f"{field}: got {value!r}, allowed: {list(allowed)}")
+
+
+PARALLEL_TRAINING = ("none", "mp")
+_BACKWARD_LOCK = threading.Lock()
+"""Serialises ``manual_backward`` across agent threads (Lightning's hooks and precision plugin are not
+thread-safe); CUDA launches are asynchronous, so the kernels of different devices still overlap."""
+
+
+def _thread_state() -> Callable[[], ExitStack]:
+    """A context factory that re-enters the calling thread's grad mode and autocast (both thread-local)
+    in a worker thread."""
+    grad = torch.is_grad_enabled()
+    casts = [(d, torch.get_autocast_dtype(d)) for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)]
+
+    def enter() -> ExitStack:
+        stack = ExitStack()
+        stack.enter_context(torch.set_grad_enabled(grad))
+        for device_type, dtype in casts:
+            stack.enter_context(torch.autocast(device_type, dtype=dtype, cache_enabled=False))
+        return stack
+
+    return enter
 
 
 def _normalize_agents(agents: Any, num_agents: int | None) -> list[AgentSpec]:
@@ -76,13 +105,28 @@ class MAGRPO(pl.LightningModule):
         termination_threshold: a joint action with reward ≥ this ends its branch (None: never).
         max_generations_per_episode: budget guard; a larger full tree raises at construction.
         temperature, top_p, top_k, max_new_tokens: sampling (``AgentSpec.generation`` overrides per agent).
+        max_prompt_length: prompts longer than this (tokens, history included) keep their last tokens.
         loss_aggregation: ``"sequence_sum"`` (MAGRPO paper) | ``"sequence_mean"`` | ``"token_mean"``.
         num_iterations: optimisation passes per rollout batch (> 1 uses the clipped ratio).
         epsilon: lower clip ε of the ratio; epsilon_high: upper ε (default ``epsilon``).
         beta: weight of the k3 KL to the frozen reference model (0: no reference model is kept).
         max_grad_norm: per-agent gradient-norm clip (None: off).
         micro_batch_size: samples per forward/backward (gradients accumulate; one step per agent).
+        parallel_training: ``"none"`` or ``"mp"`` (CoMLRL's name: one process, agent i on
+            ``agent_devices[i]``). Under ``Trainer(strategy="agent_parallel")`` the strategy places the
+            models; under a plain single-device strategy the module places them itself at fit start
+            (after Lightning has moved the whole module to the root device, so prefer the strategy
+            for models that do not fit on one device together). Multi-process strategies are refused.
+        agent_devices: one device per agent (``["cuda:0", "cuda:1"]``), ``"auto"`` or None; required
+            (a list of ``num_agents``) with ``"mp"``; read by the ``agent_parallel`` strategy when that
+            strategy gets no devices of its own.
         env: the Dec-POMDP; default: the datamodule's ``env``.
+
+    Concurrency: when the agents live on two or more devices and one of them is a GPU, rollout
+    generation and the per-agent forward/backward run in one thread per device; optimizer steps stay
+    in the main thread, in agent order (so ``global_step`` still grows by N per batch). Set the
+    attribute ``concurrent_agents`` to True/False to force it (True on one device: one thread per
+    distinct agent model, which only contends; useful for tests and benchmarks).
 
     Raises:
         ValueError: a bad config value, naming the field, before any model is loaded.
@@ -108,6 +152,7 @@ class MAGRPO(pl.LightningModule):
         top_p: float = 1.0,
         top_k: int | None = None,
         max_new_tokens: int = 64,
+        max_prompt_length: int | None = None,
         loss_aggregation: str = "sequence_sum",
         num_iterations: int = 1,
         epsilon: float = 0.2,
@@ -115,6 +160,8 @@ class MAGRPO(pl.LightningModule):
         beta: float = 0.0,
         max_grad_norm: float | None = 1.0,
         micro_batch_size: int | None = None,
+        parallel_training: str = "none",
+        agent_devices: list[str] | str | None = None,
         env: DecPOMDP | None = None,
     ) -> None:
         super().__init__()
@@ -137,6 +184,7 @@ class MAGRPO(pl.LightningModule):
             "temperature": temperature > 0,
             "top_p": 0 < top_p <= 1,
             "max_new_tokens": max_new_tokens >= 1,
+            "max_prompt_length": max_prompt_length is None or max_prompt_length >= 1,
             "num_iterations": num_iterations >= 1,
             "epsilon": epsilon > 0,
             "beta": beta >= 0,
@@ -144,13 +192,21 @@ class MAGRPO(pl.LightningModule):
         }
         allowed = {
             "advantage_eps": ">= 1e-4", "discount": "in [0, 1]", "temperature": "> 0", "top_p": "in (0, 1]",
-            "max_new_tokens": ">= 1", "num_iterations": ">= 1", "epsilon": "> 0", "beta": ">= 0", "learning_rate": "> 0",
+            "max_new_tokens": ">= 1", "max_prompt_length": ">= 1 or None", "num_iterations": ">= 1", "epsilon": "> 0", "beta": ">= 0", "learning_rate": "> 0",
         }  # fmt: skip
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"{name}: got {locals()[name]!r}, must be {allowed[name]}")
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size: got {micro_batch_size}, must be >= 1 or None")
+        _choice("parallel_training", parallel_training, PARALLEL_TRAINING)
+        if parallel_training == "mp" and (isinstance(agent_devices, str) or agent_devices is None
+                                          or len(agent_devices) != self.num_agents):  # fmt: skip
+            raise ValueError(f"agent_devices: parallel_training='mp' needs a list of {self.num_agents} devices "
+                             f"(one per agent), got {agent_devices!r}")  # fmt: skip
+        # parse devices (and AgentSpec.device) and check shared agents' devices now, before any model loads
+        owners = [i if s.share_weights_with is None else s.share_weights_with for i, s in enumerate(self.specs)]
+        resolve_devices(agent_devices, self.num_agents, num_gpus=None, owners=owners, overrides=[s.device for s in self.specs])
         budget = generations_per_episode(self.num_agents, num_generations, num_turns, joint_mode)
         if budget > max_generations_per_episode:
             raise ValueError(
@@ -168,7 +224,8 @@ class MAGRPO(pl.LightningModule):
         self.reference_models = nn.ModuleList()
         self.tokenizers: list[Any] = []
         self.sampling = [
-            SamplingConfig(**{**dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens),
+            SamplingConfig(**{**dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                                     max_prompt_length=max_prompt_length),
                               **{k: v for k, v in s.generation.items() if k in GENERATION_KEYS}})
             for s in self.specs
         ]  # fmt: skip
@@ -191,6 +248,15 @@ class MAGRPO(pl.LightningModule):
             )
         if self.hparams.num_turns > 1 and self.env.transition_fn is None:
             raise ValueError(f"num_turns={self.hparams.num_turns} needs an env transition (data.transition)")
+        strategy = self.trainer.strategy
+        if self.hparams.parallel_training == "mp" and not isinstance(strategy, SingleDeviceStrategy):
+            raise ValueError(f"parallel_training='mp' runs the team in one process; the trainer's strategy is "
+                             f"{type(strategy).__name__}: use strategy='agent_parallel' (or parallel_training='none')")  # fmt: skip
+        distinct = sum(s.share_weights_with is None for s in self.specs)
+        if isinstance(strategy, DDPStrategy) and distinct > 1 and not strategy._ddp_kwargs.get("find_unused_parameters"):
+            raise ValueError("each agent's backward uses only that agent's parameters, so DDP needs "
+                             "find_unused_parameters: use strategy='ddp_find_unused_parameters_true' "
+                             "(or DDPStrategy(find_unused_parameters=True))")  # fmt: skip
 
     def configure_model(self) -> None:
         """Load every agent (and reference copy) once; idempotent across stages."""
@@ -212,6 +278,34 @@ class MAGRPO(pl.LightningModule):
                 if id(m) not in refs:
                     refs[id(m)] = copy.deepcopy(m).requires_grad_(False).eval()
                 self.reference_models.append(refs[id(m)])
+
+    # -------------------------------------------------------------- placement
+    def _self_placed(self) -> bool:
+        """``parallel_training="mp"`` under a strategy that does not place agents itself."""
+        return (self.hparams.parallel_training == "mp" and self._trainer is not None
+                and not isinstance(self.trainer.strategy, AgentParallelStrategy))  # fmt: skip
+
+    def _place_team(self) -> None:
+        if not self._self_placed():
+            return
+        strategy = self.trainer.strategy
+        plan = plan_devices(self, self.hparams.agent_devices, root=strategy.root_device,
+                            num_gpus=visible_gpus(strategy.accelerator))  # fmt: skip
+        place_module(self, plan)
+        for opt in self.trainer.optimizers:
+            optimizer_state_to_param_devices(opt)
+
+    def on_fit_start(self) -> None:
+        """``parallel_training="mp"`` without the agent-parallel strategy: place the team now."""
+        self._place_team()
+
+    def on_train_epoch_start(self) -> None:
+        """``"mp"`` without the agent-parallel strategy: after a resume, Lightning put the optimizer
+        state on the root device; move it back next to each agent's parameters (idempotent)."""
+        self._place_team()
+
+    def on_validation_start(self) -> None:
+        self._place_team()
 
     def configure_optimizers(self) -> list[dict[str, Any]]:
         out = []
@@ -246,12 +340,51 @@ class MAGRPO(pl.LightningModule):
         return self.specs[agent].chat_template and has_chat_template(self.tokenizers[agent])
 
     def generate_agents(self, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool = False) -> list[Generation]:
-        """One batched ``generate`` per agent; ``prompts[i]`` are agent i's prompt texts."""
-        return [
-            generate(self.agents[i], self.tokenizers[i], prompts[i], num_generations, self.sampling[i],
-                     self._chat_rendered(i), do_sample=not greedy)
-            for i in range(self.num_agents)
-        ]  # fmt: skip
+        """One batched ``generate`` per agent; ``prompts[i]`` are agent i's prompt texts. Agents on
+        different devices generate concurrently (one thread per device, see ``concurrent_agents``)."""
+
+        def one(i: int) -> Generation:
+            return generate(self.agents[i], self.tokenizers[i], prompts[i], num_generations, self.sampling[i],
+                            self._chat_rendered(i), do_sample=not greedy)  # fmt: skip
+
+        groups = self._agent_groups()
+        if not self._concurrent(groups):
+            return [one(i) for i in range(self.num_agents)]
+        return self._run_groups(groups, one)
+
+    # ------------------------------------------------------------ concurrency
+    concurrent_agents: bool | None = None
+    """None: threads when the agents span >= 2 devices, one of them a GPU; True/False: force."""
+
+    def _agent_groups(self) -> list[list[int]]:
+        """Agent indices grouped by device (one group per distinct model when ``concurrent_agents`` is
+        True); agents sharing weights are always in one group."""
+        groups: dict[Any, list[int]] = {}
+        for i in range(self.num_agents):
+            key = id(self.agents[i]) if self.concurrent_agents else self._agent_device(i)
+            groups.setdefault(key, []).append(i)
+        return list(groups.values())
+
+    def _concurrent(self, groups: list[list[int]]) -> bool:
+        if len(groups) < 2 or self.concurrent_agents is False:
+            return False
+        return bool(self.concurrent_agents) or any(self._agent_device(g[0]).type == "cuda" for g in groups)
+
+    def _run_groups(self, groups: list[list[int]], fn: Callable[[int], Any]) -> list[Any]:
+        """``[fn(i) for every agent i]``, one thread per group (agents of a group run in order)."""
+        enter = _thread_state()
+
+        def work(group: list[int]) -> list[tuple[int, Any]]:
+            device = self._agent_device(group[0])
+            with enter(), torch.cuda.device(device) if device.type == "cuda" else nullcontext():
+                return [(i, fn(i)) for i in group]
+
+        results: list[Any] = [None] * self.num_agents
+        with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="comlrl-agent") as pool:
+            for part in pool.map(work, groups):
+                for i, value in part:
+                    results[i] = value
+        return results
 
     def rollout(self, episodes: Sequence[Episode], greedy: bool = False) -> list[Level]:
         """Tree rollout of ``episodes`` with returns and advantages filled in (greedy: K=1, one path)."""
@@ -277,12 +410,11 @@ class MAGRPO(pl.LightningModule):
                 out.append((gen.rows(idx), adv[idx]))
         return out
 
-    def _update_agent(self, agent: int, levels: list[Level], opt: Any, sch: Any) -> dict[str, float]:
+    def _agent_batch(self, agent: int, levels: list[Level]) -> dict[str, Any]:
+        """Agent ``agent``'s micro-batches, their totals, and (no-grad) old / reference log-probs."""
         hp = self.hparams
         model, temp = self.agents[agent], self.sampling[agent].temperature
         chunks = self._chunks(levels, agent)
-        num_rows = sum(len(g.texts) for g, _ in chunks)
-        num_tokens = int(sum(int(g.completion_mask.sum()) for g, _ in chunks))
         old, ref = [None] * len(chunks), [None] * len(chunks)
         with torch.no_grad():
             for c, (g, _) in enumerate(chunks):
@@ -290,32 +422,75 @@ class MAGRPO(pl.LightningModule):
                 if hp.num_iterations > 1:
                     old[c] = completion_logprobs(model, *args)
                 if hp.beta > 0:
-                    ref[c] = completion_logprobs(self.reference_models[agent], *args)
+                    ref[c] = completion_logprobs(self.reference_models[agent], *args).to(self._agent_device(agent))
+        return {
+            "chunks": chunks, "old": old, "ref": ref,
+            "num_rows": sum(len(g.texts) for g, _ in chunks),
+            "num_tokens": int(sum(int(g.completion_mask.sum()) for g, _ in chunks)),
+        }  # fmt: skip
+
+    def _agent_backward(self, agent: int, batch: dict[str, Any], opt: Any) -> dict[str, float]:
+        """``zero_grad``, then forward/backward over the agent's micro-batches; returns its stats.
+
+        Thread-safe across agents on different models: ``manual_backward`` runs under a lock.
+        """
+        hp = self.hparams
+        model, temp = self.agents[agent], self.sampling[agent].temperature
+        chunks, old, ref = batch["chunks"], batch["old"], batch["ref"]
+        num_rows, num_tokens = batch["num_rows"], batch["num_tokens"]
         eps_high = hp.epsilon if hp.epsilon_high is None else hp.epsilon_high
-        stats = {"loss": 0.0, "kl": 0.0, "clip_ratio": 0.0, "grad_norm": 0.0}
-        for _ in range(hp.num_iterations):
-            opt.zero_grad()
-            loss_sum = kl_sum = clipped_sum = 0.0
-            for c, (g, adv) in enumerate(chunks):
-                mask = g.completion_mask.to(self._agent_device(agent))
-                logps = completion_logprobs(model, g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, temp)
-                per_tok, clipped = policy_loss_terms(logps, old[c], adv.to(logps.device), hp.epsilon, eps_high)
-                if hp.beta > 0:
-                    kl = k3_kl(logps, ref[c])
-                    per_tok = per_tok + hp.beta * kl
-                    kl_sum += float(aggregate(kl.detach(), mask, "token_mean", num_rows, num_tokens))
-                loss = aggregate(per_tok, mask, hp.loss_aggregation, num_rows, num_tokens)
+        opt.zero_grad()
+        loss_sum = kl_sum = clipped_sum = 0.0
+        for c, (g, adv) in enumerate(chunks):
+            mask = g.completion_mask.to(self._agent_device(agent))
+            logps = completion_logprobs(model, g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, temp)
+            per_tok, clipped = policy_loss_terms(logps, old[c], adv.to(logps.device), hp.epsilon, eps_high)
+            if hp.beta > 0:
+                kl = k3_kl(logps, ref[c])
+                per_tok = per_tok + hp.beta * kl
+                kl_sum += float(aggregate(kl.detach(), mask, "token_mean", num_rows, num_tokens))
+            loss = aggregate(per_tok, mask, hp.loss_aggregation, num_rows, num_tokens)
+            with _BACKWARD_LOCK:
                 self.manual_backward(loss)
-                loss_sum += float(loss.detach())
-                clipped_sum += float((clipped & mask.bool()).sum())
-            params = [p for p in model.parameters() if p.grad is not None]
-            grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in params])) if params else 0.0
-            if hp.max_grad_norm is not None:
-                self.clip_gradients(opt, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm")
-            opt.step()
-            if sch is not None:
-                sch.step()
-            stats = {"loss": loss_sum, "kl": kl_sum, "clip_ratio": clipped_sum / max(num_tokens, 1), "grad_norm": grad_norm}
+            loss_sum += float(loss.detach())
+            clipped_sum += float((clipped & mask.bool()).sum())
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        return {"loss": loss_sum, "kl": kl_sum, "clip_ratio": clipped_sum / max(num_tokens, 1), "grad_norm": grad_norm}
+
+    def _agent_step(self, opt: Any, sch: Any) -> None:
+        """Clip, ``optimizer.step()`` (counted by Lightning) and scheduler step; main thread only."""
+        if self.hparams.max_grad_norm is not None:
+            self.clip_gradients(opt, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm")
+        opt.step()
+        if sch is not None:
+            sch.step()
+
+    def _update_agent(self, agent: int, levels: list[Level], opt: Any, sch: Any) -> dict[str, float]:
+        """``num_iterations`` × (zero_grad, backward, step) for one agent."""
+        batch = self._agent_batch(agent, levels)
+        stats = {"loss": 0.0, "kl": 0.0, "clip_ratio": 0.0, "grad_norm": 0.0}
+        for _ in range(self.hparams.num_iterations):
+            stats = self._agent_backward(agent, batch, opt)
+            self._agent_step(opt, sch)
+        return stats
+
+    def _update_agents(self, levels: list[Level], opts: list[Any], schs: list[Any]) -> list[dict[str, float]]:
+        """Update every agent. Serial on one device; otherwise in rounds (one agent per device group
+        per round, so agents sharing weights never overwrite each other's gradients): the round's
+        forward/backward passes run in threads, then its optimizer steps run here, in agent order."""
+        groups = self._agent_groups()
+        if not self._concurrent(groups):
+            return [self._update_agent(i, levels, opts[i], schs[i]) for i in range(self.num_agents)]
+        stats: list[Any] = [None] * self.num_agents
+        for r in range(max(len(g) for g in groups)):
+            rnd = [[g[r]] for g in groups if r < len(g)]
+            batches = self._run_groups(rnd, lambda i: self._agent_batch(i, levels))
+            for _ in range(self.hparams.num_iterations):
+                out = self._run_groups(rnd, lambda i: self._agent_backward(i, batches[i], opts[i]))
+                for (i,) in sorted(rnd):
+                    self._agent_step(opts[i], schs[i])
+                    stats[i] = out[i]
         return stats
 
     def _agent_device(self, agent: int) -> torch.device:
@@ -329,7 +504,7 @@ class MAGRPO(pl.LightningModule):
         opts = opts if isinstance(opts, list) else [opts]
         schs = self.lr_schedulers()
         schs = (schs if isinstance(schs, list) else [schs]) if schs is not None else [None] * self.num_agents
-        agent_stats = [self._update_agent(i, levels, opts[i], schs[i]) for i in range(self.num_agents)]
+        agent_stats = self._update_agents(levels, opts, schs)
         out = self._step_outputs(levels, batch, agent_stats)
         out["rollout_time_s"] = t_rollout
         out["step_time_s"] = time.perf_counter() - t0
@@ -365,28 +540,63 @@ class MAGRPO(pl.LightningModule):
         }
 
     def _log_core(self, out: dict[str, Any], batch_size: int) -> None:
-        self.log("reward", out["rewards"].mean(), prog_bar=True, batch_size=batch_size)
-        self.log("reward_std", out["reward_std"], batch_size=batch_size)
-        self.log("frac_reward_zero_std", out["frac_reward_zero_std"], batch_size=batch_size)
+        # sync_dist: under DDP every rank saw other episodes; the logged value is the mean over ranks
+        # (a no-op in one process). Values go to self.device first: NCCL cannot reduce CPU tensors.
+        dev = self.device
+        self.log("reward", out["rewards"].mean().to(dev), prog_bar=True, batch_size=batch_size, sync_dist=True)
+        self.log("reward_std", out["reward_std"].to(dev), batch_size=batch_size, sync_dist=True)
+        self.log("frac_reward_zero_std", out["frac_reward_zero_std"].to(dev), batch_size=batch_size, sync_dist=True)
         lengths = torch.cat(out["completion_lengths"]).float()
-        self.log("completions/mean_length", lengths.mean(), batch_size=batch_size)
+        self.log("completions/mean_length", lengths.mean().to(dev), batch_size=batch_size, sync_dist=True)
         for i, s in enumerate(out["agent_stats"]):
-            self.log(f"agent_{i}/loss", s["loss"], batch_size=batch_size)
+            self.log(f"agent_{i}/loss", s["loss"], batch_size=batch_size, sync_dist=True)
 
     # ------------------------------------------------------------ validation
     def validation_step(self, batch: list[Episode], batch_idx: int) -> dict[str, Any]:
-        """Greedy rollout (one completion per agent per turn); logs ``val/reward``, ``val/return`` and
-        ``val/rewards/<name>/mean`` (turn 0), and ``val/turn_<t>/reward`` when ``num_turns > 1``."""
+        """Greedy rollout (one completion per agent per turn); logs ``val/reward``, ``val/return``,
+        ``val/rewards/<name>/mean`` and ``val/pass@1`` when a reward reports ``all_passed`` (turn 0),
+        and ``val/turn_<t>/reward`` when ``num_turns > 1``."""
         levels = self.rollout(batch, greedy=True)
-        n = len(batch)
-        self.log("val/reward", levels[0].rewards.mean(), prog_bar=True, batch_size=n)
-        self.log("val/return", levels[0].returns.mean(), batch_size=n)
+        n, dev = len(batch), self.device
+        self.log("val/reward", levels[0].rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
+        self.log("val/return", levels[0].returns.mean().to(dev), batch_size=n, sync_dist=True)
         for name, v in levels[0].components.items():
-            self.log(f"val/rewards/{name}/mean", v.nanmean(), batch_size=n)
+            self.log(f"val/rewards/{name}/mean", v.nanmean().to(dev), batch_size=n, sync_dist=True)
+            if name.endswith("/all_passed"):  # greedy decoding: the fraction solved is pass@1
+                self.log("val/pass@1", v.nanmean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
         if self.hparams.num_turns > 1:
             for lv in levels:
-                self.log(f"val/turn_{lv.turn}/reward", lv.rewards.mean(), batch_size=lv.rewards.numel())
+                self.log(f"val/turn_{lv.turn}/reward", lv.rewards.mean().to(dev), batch_size=lv.rewards.numel(), sync_dist=True)
         return {"levels": levels}
+
+    # ------------------------------------------------------------ checkpoint
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Add the global RNG states (python, numpy, torch CPU/CUDA) as ``checkpoint["rng_states"]``.
+
+        Sampling draws from torch's global RNG, so exact resume needs them (Lightning saves agents,
+        optimizers, schedulers, loops and the datamodule's data position itself).
+        """
+        from comlrl_lightning.rng import collect_rng_states
+
+        checkpoint["rng_states"] = collect_rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the saved RNG states until :meth:`on_train_start` applies them.
+
+        Restoring here would be too early: code that runs between checkpoint loading and the first
+        batch (``configure_optimizers``, callbacks' ``on_fit_start``, starting the train DataLoader)
+        may still draw from the global RNG.
+        """
+        self._resume_rng_states = checkpoint.get("rng_states")
+
+    def on_train_start(self) -> None:
+        """Apply RNG states stashed by :meth:`on_load_checkpoint` (once), right before training resumes."""
+        states = getattr(self, "_resume_rng_states", None)
+        if states is not None:
+            from comlrl_lightning.rng import set_rng_states
+
+            set_rng_states(states)
+            self._resume_rng_states = None
 
 
 class MAREINFORCE(MAGRPO):

@@ -26,6 +26,10 @@ class RewardFunction(Protocol):
     Implementations should set a class attribute ``name`` (used for the ``rewards/<name>/mean``
     metric; default: the class or function name). It is not a protocol member so that
     LightningCLI/jsonargparse can check the protocol from the call signature alone.
+
+    Optionally a function exposes ``last_metrics: dict[str, list[float]]`` (one value per joint
+    action of its last call); :class:`WeightedReward` logs them as ``rewards/<name>/<key>``. The key
+    ``all_passed`` is reported as ``val/pass@1`` by validation.
     """
 
     def __call__(
@@ -74,7 +78,8 @@ class RewardOutput:
 
     Attributes:
         total: ``[J]`` float32, the shared reward after weighting and processing.
-        components: reward-function name -> ``[J]`` raw (unweighted) values, for logging.
+        components: reward-function name -> ``[J]`` raw (unweighted) values, for logging; also
+            ``<name>/<key>`` for each function's ``last_metrics``.
     """
 
     total: torch.Tensor
@@ -132,11 +137,13 @@ class WeightedReward:
         components: dict[str, torch.Tensor] = {}
         for fn, w in zip(self.functions, self.weights):
             name = reward_name(fn)
+            extras: dict[str, list[float]] = {}
             try:
                 values = fn(joint_actions, episodes, turn)
                 values = torch.as_tensor([float(v) for v in values], dtype=torch.float32)
                 if values.numel() != n:
                     raise RewardError(f"returned {values.numel()} values for {n} joint actions")
+                extras = getattr(fn, "last_metrics", None) or {}
             except Exception as err:  # noqa: BLE001 - re-raised with context below
                 if not self.skip_invalid:
                     raise RewardError(f"reward function {name!r} failed at step {step}, turn {turn}: {err}") from err
@@ -149,6 +156,9 @@ class WeightedReward:
                 )
             invalid |= bad
             components[name] = values
+            for key, extra in extras.items():
+                if len(extra) == n:
+                    components[f"{name}/{key}"] = torch.as_tensor(extra, dtype=torch.float32)
             total += w * torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
         if self.processor is not None:
             total = self.processor(total)

@@ -23,12 +23,15 @@ class SamplingConfig:
         top_p: nucleus sampling mass in (0, 1].
         top_k: keep the k most likely tokens; ``0`` or ``None`` disables.
         max_new_tokens: completion budget in tokens.
+        max_prompt_length: longer prompts keep their last tokens (TRL's ``max_prompt_length``);
+            ``None`` keeps everything.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int | None = None
     max_new_tokens: int = 64
+    max_prompt_length: int | None = None
 
 
 @dataclass
@@ -109,13 +112,19 @@ def _special_tokens_ok(tokenizer: Any) -> bool:
     return not (sample and sample[-1] == tokenizer.eos_token_id)
 
 
-def tokenize_prompts(tokenizer: Any, texts: Sequence[str], chat_rendered: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ``(input_ids, attention_mask)``, each ``[B, P]`` (long)."""
+def tokenize_prompts(
+    tokenizer: Any, texts: Sequence[str], chat_rendered: bool, max_length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``(input_ids, attention_mask)``, each ``[B, P]`` (long); with ``max_length``
+    only the last ``max_length`` tokens of each prompt are kept."""
     add_special = not chat_rendered and _special_tokens_ok(tokenizer)
     enc = tokenizer(
         list(texts), padding=True, padding_side="left", add_special_tokens=add_special, return_tensors="pt"
     )
-    return enc["input_ids"], enc["attention_mask"]
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    if max_length is not None and ids.shape[1] > max_length:  # left padding: the tail holds every prompt's end
+        ids, mask = ids[:, -max_length:], mask[:, -max_length:]
+    return ids, mask
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,7 +166,7 @@ def generate(
     The model is put in eval mode (KV cache on) and restored afterwards. Tensors come back on CPU.
     """
     device = next(model.parameters()).device
-    ids, mask = tokenize_prompts(tokenizer, prompt_texts, chat_rendered)
+    ids, mask = tokenize_prompts(tokenizer, prompt_texts, chat_rendered, sampling.max_prompt_length)
     ids = ids.repeat_interleave(num_generations, 0)
     mask = mask.repeat_interleave(num_generations, 0)
     was_training = model.training

@@ -78,3 +78,12 @@ def test_k3_kl_is_zero_for_equal_policies_and_positive_otherwise():
     a = torch.tensor([-1.0, -2.0])
     assert torch.equal(k3_kl(a, a), torch.zeros(2))
     assert (k3_kl(a, a - 0.5) > 0).all()
+
+
+def test_loaded_agents_have_no_dropout_so_logprobs_match_the_sampling_policy():
+    from comlrl_lightning.agents import AgentSpec, load_agent
+
+    model, _ = load_agent(AgentSpec("builtin:tiny-gpt2"))  # GPT2Config defaults to 0.1 dropout
+    assert model.training
+    x = torch.tensor([[5, 6, 7, 8]])
+    assert torch.equal(model(x).logits, model(x).logits)

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import textwrap
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -311,8 +312,31 @@ class _CodeRewardBase:
         self.max_workers = max_workers
         self._pool: SandboxPool | None = None
         self._tests: dict[tuple[str, str], tuple[str, list[str]]] = {}
+        self._reports: OrderedDict[tuple[str, str], TestReport] = OrderedDict()  # (task_id, program) -> report
         self.last_all_passed: list[bool] = []
         self.last_reports: list[TestReport | None] = []
+
+    CACHE_SIZE = 4096
+
+    def program_for(self, joint_action: Sequence[str], row: dict[str, Any]) -> str | None:
+        """The program a joint action makes (None if it does not get as far as compiling)."""
+        raise NotImplementedError
+
+    def report_for(self, joint_action: Sequence[str], row: dict[str, Any]) -> TestReport | None:
+        """The sandbox report of a joint action: cached from the last reward calls, else run now."""
+        program = self.program_for(joint_action, row)
+        if program is None:
+            return None
+        key = (str(row.get("task_id", row["entry_point"])), program)
+        if key not in self._reports:
+            return self._run([program], [row])[0]
+        return self._reports[key]
+
+    @property
+    def last_metrics(self) -> dict[str, list[float]]:
+        """Per-joint-action extras of the last call, logged as ``rewards/<name>/<key>``:
+        ``all_passed`` (1.0 when every test passed: pass@1 under greedy decoding)."""
+        return {"all_passed": [float(x) for x in self.last_all_passed]}
 
     @property
     def pool(self) -> SandboxPool:
@@ -334,12 +358,15 @@ class _CodeRewardBase:
         reports: list[TestReport | None] = [None] * len(programs)
         for i, rep in zip(idx, self.pool.run(jobs)):
             reports[i] = rep
+            self._reports[(str(rows[i].get("task_id", rows[i]["entry_point"])), programs[i])] = rep
+        while len(self._reports) > self.CACHE_SIZE:
+            self._reports.popitem(last=False)
         self.last_reports = reports
         self.last_all_passed = [r is not None and r.all_passed for r in reports]
         return reports
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_pool": None}
+        return {**self.__dict__, "_pool": None, "_reports": OrderedDict()}
 
 
 def _check_agents(
@@ -401,6 +428,15 @@ class CooperativeCodeReward(_CodeRewardBase):
         reports = self._run([s.program for s in static], rows)
         self.last_components = [self._finish(s, rep) for s, rep in zip(static, reports)]
         return [sum(c.values()) for c in self.last_components]
+
+    def program_for(self, joint_action: Sequence[str], row: dict[str, Any]) -> str | None:
+        return self._static(joint_action[0], joint_action[1], row).program
+
+    @property
+    def last_metrics(self) -> dict[str, list[float]]:
+        """``all_passed`` plus each level's value (see the class docstring) per joint action."""
+        levels = {k: [c[k] for c in self.last_components] for k in self.LEVELS}
+        return {**super().last_metrics, **levels}
 
     def score_joint_action(self, aux_text: str, main_text: str, row: dict[str, Any]) -> dict[str, float]:
         """Per-level components of one joint action (their sum is the reward)."""
@@ -479,12 +515,15 @@ class SingleAgentCodeReward(_CodeRewardBase):
     def __init__(self, config: SandboxConfig | None = None, max_workers: int | None = None) -> None:
         super().__init__(config, max_workers)
 
+    def program_for(self, joint_action: Sequence[str], row: dict[str, Any]) -> str | None:
+        return single_agent_program(joint_action[0], row)
+
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
     ) -> list[float]:
         _check_agents(joint_actions, episodes, 1, self.name)
         rows = [ep.data for ep in episodes]
-        reports = self._run([single_agent_program(ja[0], row) for ja, row in zip(joint_actions, rows)], rows)
+        reports = self._run([self.program_for(ja, row) for ja, row in zip(joint_actions, rows)], rows)
         return [r.fraction_passed if r is not None else 0.0 for r in reports]
 
 

@@ -1,0 +1,67 @@
+"""HumanEval data module, coding feedback transition, and coding configs on the tiny model."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from comlrl_lightning.cli import main
+from comlrl_lightning.datamodules import HumanEvalDataModule
+from comlrl_lightning.envs.base import Episode
+from comlrl_lightning.envs.coding import CooperativeCodeReward, SingleAgentCodeReward
+from comlrl_lightning.envs.coding_feedback import CodingFeedbackTransition
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_TEAM = "[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]"
+
+
+@pytest.fixture(scope="module")
+def dm():
+    d = HumanEvalDataModule(transition=CodingFeedbackTransition())
+    d.setup("fit")
+    return d
+
+
+def test_fixed_split_of_the_164_problems(dm):
+    assert len(dm.train_rows) + len(dm.val_rows) == 164 and len(dm.val_rows) == 33
+    again = HumanEvalDataModule()
+    again.setup("fit")
+    assert [r["task_id"] for r in again.val_rows] == [r["task_id"] for r in dm.val_rows]
+    assert not {r["task_id"] for r in dm.train_rows} & {r["task_id"] for r in dm.val_rows}
+
+
+def test_defaults_follow_the_agent_count(dm):
+    assert isinstance(dm.env.reward_fn.functions[0], CooperativeCodeReward) and dm.env.num_agents == 2
+    single = HumanEvalDataModule(num_agents=1)
+    assert isinstance(single.env.reward_fn.functions[0], SingleAgentCodeReward) and single.env.num_agents == 1
+    with pytest.raises(ValueError, match="data.num_agents"):
+        HumanEvalDataModule(num_agents=3)
+
+
+def test_feedback_transition_shares_the_rewards_sandbox_reports(dm):
+    assert dm.env.transition_fn.reward is dm.env.reward_fn.functions[0]
+
+
+def test_feedback_quotes_the_failing_assertion_and_ends_solved_episodes(dm):
+    row = next(r for r in dm.val_rows if r["task_id"] == "HumanEval/2")  # truncate_number
+    ep = Episode(0, row)
+    aux = "def aux(x):\n    return x"
+    wrong = "def truncate_number(number: float) -> float:\n    return number"
+    right = "def truncate_number(number: float) -> float:\n    return number % 1.0"
+    # the reward runs the sandbox; the transition reuses its report
+    reward = dm.env.reward_fn.functions[0]
+    reward([[aux, wrong]], [ep], 0)
+    runs_before = len(reward._reports)
+    prompts = dm.env.transition(ep, 0, [["p0"], ["p1"]], [[aux], [wrong]])
+    assert len(reward._reports) == runs_before
+    assert "0/3 tests passed" in prompts[0] and "assert truncate_number(3.5) == 0.5" in prompts[1]
+    assert "Revise the helper function `aux`" in prompts[0] and "Revise the function `truncate_number`" in prompts[1]
+    assert dm.env.transition(ep, 0, [["p0"], ["p1"]], [[aux], [right]]) is None
+
+
+def test_two_turn_coding_config_runs_from_the_cli_on_the_tiny_model(tmp_path):
+    os.chdir(ROOT)
+    main(["fit", "--config", "configs/humaneval_feedback_smollm2.yaml", f"--model.init_args.agents={TINY_TEAM}",
+          "--model.init_args.max_new_tokens=16", "--model.init_args.max_prompt_length=256", "--trainer.max_steps=2", "--data.init_args.max_val_samples=2",
+          "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip
+    assert list(tmp_path.rglob("events.out.tfevents.*"))
