@@ -4,6 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+export OMP_WAIT_POLICY ?= PASSIVE
 CONFIG ?= configs/humaneval_smollm2.yaml
 
 .PHONY: setup run toy test test-fast bench clean

@@ -1,3 +1,14 @@
-"""Lightning callbacks for multi-agent RL (installed as ``comlrl_lightning.callbacks``)."""
+"""Lightning callbacks for multi-agent RL (installed as ``comlrl_lightning.callbacks``).
 
-__all__: list[str] = []
+- :class:`RewardLogger`: TRL-style reward, length, per-agent and throughput metrics.
+- :class:`CompletionLogger`: prompts, completions and rewards as TensorBoard text tables.
+- :class:`GradientCheckpointing`: activation checkpointing on every agent.
+- :class:`AgentCheckpoint`: each agent as a Hugging Face folder, atomically, last k kept.
+"""
+
+from comlrl_lightning.callbacks.agent_checkpoint import AgentCheckpoint
+from comlrl_lightning.callbacks.completion_logger import CompletionLogger
+from comlrl_lightning.callbacks.gradient_checkpointing import GradientCheckpointing
+from comlrl_lightning.callbacks.reward_logger import RewardLogger
+
+__all__ = ["AgentCheckpoint", "CompletionLogger", "GradientCheckpointing", "RewardLogger"]

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from torch.utils.data import DataLoader
 
 from comlrl_lightning.envs.base import DecPOMDP, Formatter, Transition
@@ -129,15 +130,26 @@ class DecPOMDPDataModule(pl.LightningDataModule):
             self._sampler.skip(self._resume_batches * self.batch_size)
             self._resume_batches = 0
         return DataLoader(ds, batch_size=self.batch_size, sampler=self._sampler, collate_fn=collate_episodes,
-                          num_workers=self.num_workers)  # fmt: skip
+                          num_workers=self.num_workers, generator=self._generator())  # fmt: skip
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_rows is None:
             return []
         return DataLoader(EpisodeDataset(self.val_rows), batch_size=self.val_batch_size, shuffle=False,
-                          collate_fn=collate_episodes, num_workers=self.num_workers)  # fmt: skip
+                          collate_fn=collate_episodes, num_workers=self.num_workers,
+                          generator=self._generator())  # fmt: skip
 
-    # Exact resume: remember how many batches of the current epoch were trained.
+    def _generator(self) -> torch.Generator:
+        # Without its own generator a DataLoader draws its workers' base seed from torch's global RNG
+        # each time an iterator starts (every epoch, every validation run). A resumed run starts its
+        # iterator at another point than an uninterrupted one, so that draw would shift the sampling
+        # RNG and break exact resume.
+        return torch.Generator().manual_seed(self.seed)
+
+    # Exact resume: remember how many batches of the current epoch were trained. Exact for checkpoints
+    # written while training (ModelCheckpoint(every_n_train_steps=...), save_last). A checkpoint taken
+    # by `trainer.save_checkpoint` after `fit` stopped on max_steps mid-epoch is not: Lightning's
+    # loops have already counted that epoch as ended, so a resume starts the next epoch's shuffle.
     def state_dict(self) -> dict[str, Any]:
         trainer = self.trainer
         if trainer is None:

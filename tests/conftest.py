@@ -1,6 +1,8 @@
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# 2 shared cores: spinning OpenMP threads waiting for a core slow torch down by an order of magnitude
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import lightning.pytorch as pl  # noqa: E402

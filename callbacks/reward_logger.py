@@ -1,0 +1,169 @@
+"""`RewardLogger`: TRL-style reward, length, per-agent and throughput metrics from each training step."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric
+
+_KINDS: dict[str, type[Metric]] = {"mean": MeanMetric, "min": MinMetric, "max": MaxMetric}
+
+
+class RewardLogger(pl.Callback):
+    """Logs the dict a MAGRPO-family ``training_step`` returns, with TRL's metric names.
+
+    Per batch (``on_step``, x-axis: batches) it logs:
+
+    - ``rewards/<fn>/mean``: mean of each reward function's value over the step's joint actions
+      (NaN entries, e.g. skipped samples, are ignored);
+    - ``turn_<t>/reward`` and ``turn_<t>/return``: mean reward and return of turn ``t`` (only when
+      an episode has more than one turn);
+    - ``agent_<i>/completions/mean_length``, ``min_length``, ``max_length`` (tokens, EOS included)
+      and ``agent_<i>/completions/clipped_ratio`` (fraction that hit ``max_new_tokens``);
+    - ``completions/clipped_ratio`` over all agents' completions;
+    - ``agent_<i>/grad_norm`` (total gradient norm before clipping), ``agent_<i>/kl`` (when
+      ``beta > 0``) and ``agent_<i>/clip_ratio`` (fraction of ratio-clipped tokens, when
+      ``num_iterations > 1``);
+    - ``tokens_per_second`` (completion tokens of all agents and turns) and ``episodes_per_second``,
+      over the wall time from ``on_train_batch_start`` to ``on_train_batch_end`` (rollout, rewards
+      and updates).
+
+    Under DDP the step values are reduced over ranks: min/max lengths by min/max, throughput summed,
+    the rest averaged.
+
+    Per epoch (``on_epoch``, aggregated with torchmetrics, reset by Lightning each epoch):
+    ``epoch/reward`` (mean over all joint actions), ``epoch/reward_std`` (mean per-group reward std,
+    weighted by episodes), ``epoch/rewards/<fn>/mean``, ``epoch/completions/clipped_ratio``,
+    ``epoch/agent_<i>/completions/mean_length``, ``min_length`` (MinMetric) and ``max_length``
+    (MaxMetric).
+
+    The module itself logs ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``agent_<i>/loss``
+    and ``completions/mean_length``; this callback does not repeat them. Outputs that are not such
+    a dict (another module, or a skipped step) are ignored.
+
+    Args:
+        prog_bar: also show ``tokens_per_second`` in the progress bar.
+    """
+
+    def __init__(self, prog_bar: bool = False) -> None:
+        super().__init__()
+        self.prog_bar = prog_bar
+        self.metrics = nn.ModuleDict()
+        self._names: dict[str, str] = {}
+        self._t0: float | None = None
+
+    # ------------------------------------------------------------------ hooks
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not isinstance(outputs, dict) or "rewards" not in outputs:
+            return
+        if self._t0 is not None:
+            wall_s = time.perf_counter() - self._t0
+        else:
+            wall_s = float(outputs.get("step_time_s", 0.0))
+        self._t0 = None
+        n = outputs["num_episodes"]
+        for name, value in step_metrics(outputs, pl_module.hparams, wall_s).items():
+            # sync_dist: under DDP min/max lengths take the min/max over ranks, throughput the sum
+            pl_module.log(name, value, on_step=True, on_epoch=False, batch_size=n, sync_dist=True,
+                          reduce_fx=_reduce_fx(name), prog_bar=self.prog_bar and name == "tokens_per_second")
+        self._update_epoch_metrics(pl_module, outputs)
+
+    # ---------------------------------------------------------------- epoch
+    def _update_epoch_metrics(self, pl_module: pl.LightningModule, out: dict[str, Any]) -> None:
+        n = out["num_episodes"]
+        reward_std = torch.as_tensor(out["reward_std"], dtype=torch.float32)
+        self._epoch(pl_module, "epoch/reward", "mean", out["rewards"].float(), n)
+        self._epoch(pl_module, "epoch/reward_std", "mean", reward_std, n, weight=n)
+        for fn, values in out.get("reward_components", {}).items():
+            self._epoch(pl_module, f"epoch/rewards/{fn}/mean", "mean", values.float(), n)
+        clipped = torch.cat([c.float().flatten() for c in out["clipped"]])
+        self._epoch(pl_module, "epoch/completions/clipped_ratio", "mean", clipped, n)
+        for i, lengths in enumerate(out["completion_lengths"]):
+            for kind in ("mean", "min", "max"):
+                self._epoch(pl_module, f"epoch/agent_{i}/completions/{kind}_length", kind, lengths.float(), n)
+
+    def _epoch(
+        self,
+        pl_module: pl.LightningModule,
+        name: str,
+        kind: str,
+        values: torch.Tensor,
+        batch_size: int,
+        weight: float | None = None,
+    ) -> None:
+        key = self._names.get(name)
+        if key is None:
+            key = self._names[name] = re.sub(r"\W", "_", name)
+            # NaN reward entries (skipped samples) must not poison the epoch mean
+            self.metrics[key] = _KINDS[kind](nan_strategy="ignore").to(pl_module.device)
+        metric = self.metrics[key]
+        values = values.detach().to(metric.device)
+        if weight is None:
+            metric.update(values)
+        else:
+            metric.update(values, weight)
+        pl_module.log(name, metric, on_step=False, on_epoch=True, batch_size=batch_size, metric_attribute=key)
+
+
+def step_metrics(out: dict[str, Any], hparams: Any, wall_s: float) -> dict[str, float]:
+    """The per-step metrics of one ``training_step`` output dict (see :class:`RewardLogger`).
+
+    Args:
+        out: the dict ``MAGRPO.training_step`` returns.
+        hparams: the module's hparams (``beta`` and ``num_iterations`` decide which agent stats are logged).
+        wall_s: wall time of the step in seconds (throughput is skipped when ≤ 0).
+
+    Returns:
+        ``{metric name: value}``; lengths in tokens, ratios in [0, 1], throughput per second.
+    """
+    metrics: dict[str, float] = {}
+    for fn, values in out.get("reward_components", {}).items():
+        metrics[f"rewards/{fn}/mean"] = float(values.float().nanmean())
+    if len(out.get("turn_rewards", ())) > 1:
+        for t, (rewards, returns) in enumerate(zip(out["turn_rewards"], out["turn_returns"])):
+            metrics[f"turn_{t}/reward"] = float(rewards.float().mean())
+            metrics[f"turn_{t}/return"] = float(returns.float().mean())
+    for i, (lengths, clipped) in enumerate(zip(out["completion_lengths"], out["clipped"])):
+        lengths = lengths.float()
+        metrics[f"agent_{i}/completions/mean_length"] = float(lengths.mean())
+        metrics[f"agent_{i}/completions/min_length"] = float(lengths.min())
+        metrics[f"agent_{i}/completions/max_length"] = float(lengths.max())
+        metrics[f"agent_{i}/completions/clipped_ratio"] = float(clipped.float().mean())
+    all_clipped = torch.cat([c.float().flatten() for c in out["clipped"]])
+    metrics["completions/clipped_ratio"] = float(all_clipped.mean())
+    beta = float(_hp(hparams, "beta", 0.0))
+    iterations = int(_hp(hparams, "num_iterations", 1))
+    for i, stats in enumerate(out.get("agent_stats", ())):
+        metrics[f"agent_{i}/grad_norm"] = float(stats["grad_norm"])
+        if beta > 0:
+            metrics[f"agent_{i}/kl"] = float(stats["kl"])
+        if iterations > 1:
+            metrics[f"agent_{i}/clip_ratio"] = float(stats["clip_ratio"])
+    if wall_s > 0:
+        metrics["tokens_per_second"] = out["num_tokens"] / wall_s
+        metrics["episodes_per_second"] = out["num_episodes"] / wall_s
+    return metrics
+
+
+def _reduce_fx(name: str) -> str:
+    if name.endswith("min_length"):
+        return "min"
+    if name.endswith("max_length"):
+        return "max"
+    return "sum" if name.endswith("_per_second") else "mean"
+
+
+def _hp(hparams: Any, key: str, default: Any) -> Any:
+    return hparams.get(key, default) if hasattr(hparams, "get") else getattr(hparams, key, default)
