@@ -7,19 +7,66 @@ shows the full config. ``model`` and ``data`` take any :class:`MAGRPO` subclass 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
+from typing import Any
+
 from lightning.pytorch.cli import LightningCLI
 
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.magrpo import MAGRPO
 
+_SUMMARY_KEYS = ("val/pass@1", "val/reward", "reward")
+
 
 class CoMLRLCLI(LightningCLI):
-    """LightningCLI that keeps the per-agent optimizers (``auto_configure_optimizers=False``: a stray
-    top-level ``optimizer:`` is an error, not a silent single optimizer). The agent count of the
-    model and the formatter count of the data are checked in ``MAGRPO.setup``, before any model
-    loads."""
+    """LightningCLI for multi-agent RL.
+
+    - ``auto_configure_optimizers=False``: a stray top-level ``optimizer:`` is an error, not a
+      silent single optimizer replacing the per-agent ones.
+    - ``fit --validate_before_fit true`` runs the validation loop once before training (Lightning's
+      sanity check is not logged), so TensorBoard shows the metrics before and after.
+    - After ``fit`` it prints where the logs are and the logged ``val/pass@1``, ``val/reward`` and
+      ``reward`` (first and last value).
+
+    The agent count of the model and the formatter count of the data are checked in
+    ``MAGRPO.setup``, before any model loads.
+    """
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.add_argument("--validate_before_fit", type=bool, default=False,
+                            help="fit only: run validation once before training (logged at step 0)")  # fmt: skip
+
+    def before_fit(self) -> None:
+        if self.config["fit"].get("validate_before_fit"):
+            self.trainer.validate(self.model, datamodule=self.datamodule)
+
+    def after_fit(self) -> None:
+        if not self.trainer.is_global_zero:
+            return
+        log_dir = self.trainer.log_dir
+        print(f"\nTensorBoard logs: {log_dir}\n  view them with: tensorboard --logdir {os.path.dirname(log_dir or '.')}")
+        for key, values in _scalar_history(log_dir, _SUMMARY_KEYS).items():
+            print(f"  {key}: first {values[0]:.3f}  last {values[-1]:.3f}  ({len(values)} points)")
+
+
+def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, list[float]]:
+    """Scalars logged to TensorBoard in ``log_dir`` (empty if there are none or no log dir)."""
+    if not log_dir or not os.path.isdir(log_dir):
+        return {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags().get("scalars", []))
+    out = {}
+    for key in keys:
+        if key in tags:
+            values = [e.value for e in acc.Scalars(key) if math.isfinite(e.value)]
+            if values:
+                out[key] = values
+    return out
 
 
 def main(args: list[str] | None = None) -> None:

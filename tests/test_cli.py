@@ -53,3 +53,28 @@ def test_a_stray_optimizer_key_is_rejected_not_silently_applied(tmp_path, capsys
         main(["fit", "--config", "configs/toy_length_ratio.yaml", "--optimizer=torch.optim.SGD", "--optimizer.lr=0.1"])
     assert exit_info.value.code != 0
     assert "optimizer" in capsys.readouterr().err
+
+
+def test_validate_subcommand_restores_a_fit_checkpoint(tmp_path, capsys):
+    os.chdir(ROOT)
+    fit("toy_length_ratio.yaml", tmp_path, "--trainer.max_steps=4", "--trainer.val_check_interval=2",
+        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+        f"--trainer.callbacks.dirpath={tmp_path}/ckpt", "--trainer.callbacks.save_last=true")  # fmt: skip
+    ckpt = tmp_path / "ckpt" / "last.ckpt"
+    assert ckpt.exists()
+    main(["validate", "--config", "configs/toy_length_ratio.yaml", f"--ckpt_path={ckpt}",
+          "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}/val"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "val/reward" in out
+
+
+def test_validate_before_fit_logs_validation_at_step_zero(tmp_path, capsys):
+    events = fit("toy_length_ratio.yaml", tmp_path, "--validate_before_fit=true", "--trainer.max_steps=4",
+                 "--trainer.val_check_interval=2")  # fmt: skip
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(Path(events[0]).parent))
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("val/reward")]
+    assert steps[0] == 0 and len(steps) >= 2
+    assert "TensorBoard logs:" in capsys.readouterr().out

@@ -200,3 +200,19 @@ def test_train_val_split_is_fixed(rows):
     assert set(ids(train_val_split(rows, 0.2, seed=1)[1])) != set(ids(val))
     with pytest.raises(ValueError, match="val_fraction"):
         train_val_split(rows, val_fraction=1.0)
+
+
+def test_a_definition_cut_off_by_the_token_limit_is_dropped():
+    from comlrl_lightning.envs.coding import clean_completion
+
+    text = "def f(x):\n    return x + 1\n\ndef aux(y):\n    return y\n\ndef f(x) -> int:"
+    assert clean_completion(text) == "def f(x):\n    return x + 1\n\ndef aux(y):\n    return y"
+    unfinished_new_name = "def g():\n    return 1\n\ndef h(:\n"  # h is defined nowhere else: kept, fails syntax
+    assert clean_completion(unfinished_new_name).endswith("def h(:")
+
+
+def test_an_empty_fence_pair_before_the_code_block_does_not_hide_the_code():
+    from comlrl_lightning.envs.coding import clean_completion
+
+    text = "```\n\n```python\ndef below(l: list, t: int) -> bool:\n    return all(x < t for x in l)\n```\n\nThis uses all()."
+    assert clean_completion(text) == "def below(l: list, t: int) -> bool:\n    return all(x < t for x in l)"

@@ -145,7 +145,6 @@ def extract_tests(test_code: str, entry_point: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ completions
-_FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _START = re.compile(r"(async\s+def|def|class|import|from|@)\b")
 _TOP_OK = re.compile(
     r"(async\s+def|def|class|import|from|@)\b|#(?!\s*(test|example|usage|check))|[\)\]\}]", re.I
@@ -156,13 +155,41 @@ _ASSIGN = re.compile(r"[A-Za-z_][\w.]*(\s*,\s*[A-Za-z_]\w*)*\s*(:[^=]+)?=(?!=)")
 def strip_fences(text: str) -> str:
     """The code of a markdown answer: the first ```python block with a ``def`` (else the first
     block); an unterminated fence runs to the end; text without fences is returned as is."""
-    blocks = _FENCE.findall(text)
+    blocks = _fenced_blocks(text)
     if not blocks:
         return text
     python = [body for lang, body in blocks if lang.lower() in ("", "python", "py", "python3")]
     cands = python or [body for _, body in blocks]
     with_def = [b for b in cands if re.search(r"^\s*(async\s+)?def\s", b, re.M)]
     return (with_def or cands)[0]
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """``(language, body)`` of each markdown code block. A fence with a language always opens a
+    block (so a stray empty ```` ``` ```` pair before it cannot swallow the code); a bare fence closes
+    an open block, else opens one; an unterminated block runs to the end."""
+    blocks: list[tuple[str, str]] = []
+    body: list[str] | None = None
+    lang = ""
+    for line in text.split("\n"):
+        fence = _FENCE_LINE.match(line)
+        if fence is None:
+            if body is not None:
+                body.append(line)
+            continue
+        if body is not None and not fence.group(1):
+            blocks.append((lang, "\n".join(body)))
+            body = None
+            continue
+        if body is not None and any(b.strip() for b in body):
+            blocks.append((lang, "\n".join(body)))
+        body, lang = [], fence.group(1)
+    if body is not None and any(b.strip() for b in body):
+        blocks.append((lang, "\n".join(body)))
+    return [(lg, b) for lg, b in blocks if b.strip()]
+
+
+_FENCE_LINE = re.compile(r"\s*```\s*([\w+.-]*)")
 
 
 def clean_completion(text: str) -> str:
@@ -172,8 +199,9 @@ def clean_completion(text: str) -> str:
     ``def``/``class``/``import``/``from``/``@``, and keeps only definitions: imports, functions,
     classes, and assignments (after the first ``def`` only those without a call, e.g. constants,
     not ``result = f(3)``). Example calls, ``print``s, asserts and ``if __name__ == "__main__":``
-    blocks are dropped; prose after the code ends it. A
-    completion with no such line (a bare function body) is returned with its indentation kept.
+    blocks are dropped; prose after the code ends it; a last definition cut off by
+    ``max_new_tokens`` is dropped if it repeats a name defined before it. A completion with no such line
+    (a bare function body) is returned with its indentation kept.
     """
     code = strip_fences(text).replace("\r\n", "\n")
     lines = code.split("\n")
@@ -184,6 +212,9 @@ def clean_completion(text: str) -> str:
     tree = _parse(code)
     if tree is None:  # trailing prose or test lines break parsing: cut at the first one
         code = _cut_at_prose(lines[start:])
+        tree = _parse(code)
+    if tree is None:  # cut off by max_new_tokens: drop the unfinished last top-level block(s)
+        code = _drop_unfinished_tail(code)
         tree = _parse(code)
         if tree is None:
             return code
@@ -199,6 +230,23 @@ def clean_completion(text: str) -> str:
         first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
         keep.append("\n".join(src[first - 1 : node.end_lineno]))
     return "\n\n".join(keep).strip("\n")
+
+
+def _drop_unfinished_tail(code: str) -> str:
+    """The longest prefix of whole top-level blocks that parses and still defines every function
+    name the code defines (so only a repeated, unfinished definition is dropped; a broken sole
+    definition stays and fails the syntax level). ``code`` itself if there is none."""
+    lines = code.split("\n")
+    names = set(_DEF_NAME.findall(code))
+    starts = [i for i, line in enumerate(lines) if line.strip() and line[0] not in " \t#)]}"]
+    for cut in reversed(starts[1:]):
+        prefix = "\n".join(lines[:cut]).rstrip()
+        if set(_DEF_NAME.findall(prefix)) >= names and _parse(prefix) is not None:
+            return prefix
+    return code
+
+
+_DEF_NAME = re.compile(r"^(?:async\s+)?def\s+([A-Za-z_]\w*)", re.M)
 
 
 def _cut_at_prose(lines: list[str]) -> str:
