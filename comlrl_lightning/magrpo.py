@@ -23,11 +23,8 @@ batches. Loggers' x-axis counts batches. :meth:`MAGRPO.max_steps_for` converts.
 from __future__ import annotations
 
 import copy
-import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, nullcontext
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -42,9 +39,8 @@ from comlrl_lightning.agents import GENERATION_KEYS, AgentSpec, load_agent, vali
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.losses import LOSS_AGGREGATIONS, aggregate, completion_logprobs, k3_kl, policy_loss_terms
 from comlrl_lightning.rollout import Generation, SamplingConfig, generate, has_chat_template, render_prompt
-from comlrl_lightning.strategy import (
-    AgentParallelStrategy, optimizer_state_to_param_devices, place_module, plan_devices, resolve_devices, visible_gpus,
-)  # fmt: skip
+from comlrl_lightning.parallel import BACKWARD_LOCK, AgentParallelMixin
+from comlrl_lightning.strategy import resolve_devices
 from comlrl_lightning.tree import Level, Node, compute_advantages, compute_returns, generations_per_episode, rollout_tree
 
 
@@ -54,27 +50,6 @@ def _choice(field: str, value: Any, allowed: Sequence[Any]) -> None:
 
 
 PARALLEL_TRAINING = ("none", "mp")
-_BACKWARD_LOCK = threading.Lock()
-"""Serialises ``manual_backward`` across agent threads (Lightning's hooks and precision plugin are not
-thread-safe); CUDA launches are asynchronous, so the kernels of different devices still overlap."""
-
-
-def _thread_state() -> Callable[[], ExitStack]:
-    """A context factory that re-enters the calling thread's grad mode and autocast (both thread-local)
-    in a worker thread."""
-    grad = torch.is_grad_enabled()
-    casts = [(d, torch.get_autocast_dtype(d)) for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)]
-
-    def enter() -> ExitStack:
-        stack = ExitStack()
-        stack.enter_context(torch.set_grad_enabled(grad))
-        for device_type, dtype in casts:
-            stack.enter_context(torch.autocast(device_type, dtype=dtype, cache_enabled=False))
-        return stack
-
-    return enter
-
-
 def _normalize_agents(agents: Any, num_agents: int | None) -> list[AgentSpec]:
     if isinstance(agents, (str, AgentSpec, dict)):
         agents = [agents] * (num_agents or 1)
@@ -86,7 +61,7 @@ def _normalize_agents(agents: Any, num_agents: int | None) -> list[AgentSpec]:
     return specs
 
 
-class MAGRPO(pl.LightningModule):
+class MAGRPO(AgentParallelMixin, pl.LightningModule):
     """Multi-agent GRPO over a Dec-POMDP with a shared reward (Liu et al. 2025, arXiv 2508.04652).
 
     Args:
@@ -279,34 +254,6 @@ class MAGRPO(pl.LightningModule):
                     refs[id(m)] = copy.deepcopy(m).requires_grad_(False).eval()
                 self.reference_models.append(refs[id(m)])
 
-    # -------------------------------------------------------------- placement
-    def _self_placed(self) -> bool:
-        """``parallel_training="mp"`` under a strategy that does not place agents itself."""
-        return (self.hparams.parallel_training == "mp" and self._trainer is not None
-                and not isinstance(self.trainer.strategy, AgentParallelStrategy))  # fmt: skip
-
-    def _place_team(self) -> None:
-        if not self._self_placed():
-            return
-        strategy = self.trainer.strategy
-        plan = plan_devices(self, self.hparams.agent_devices, root=strategy.root_device,
-                            num_gpus=visible_gpus(strategy.accelerator))  # fmt: skip
-        place_module(self, plan)
-        for opt in self.trainer.optimizers:
-            optimizer_state_to_param_devices(opt)
-
-    def on_fit_start(self) -> None:
-        """``parallel_training="mp"`` without the agent-parallel strategy: place the team now."""
-        self._place_team()
-
-    def on_train_epoch_start(self) -> None:
-        """``"mp"`` without the agent-parallel strategy: after a resume, Lightning put the optimizer
-        state on the root device; move it back next to each agent's parameters (idempotent)."""
-        self._place_team()
-
-    def on_validation_start(self) -> None:
-        self._place_team()
-
     def configure_optimizers(self) -> list[dict[str, Any]]:
         out = []
         for i, (spec, model) in enumerate(zip(self.specs, self.agents)):
@@ -351,40 +298,6 @@ class MAGRPO(pl.LightningModule):
         if not self._concurrent(groups):
             return [one(i) for i in range(self.num_agents)]
         return self._run_groups(groups, one)
-
-    # ------------------------------------------------------------ concurrency
-    concurrent_agents: bool | None = None
-    """None: threads when the agents span >= 2 devices, one of them a GPU; True/False: force."""
-
-    def _agent_groups(self) -> list[list[int]]:
-        """Agent indices grouped by device (one group per distinct model when ``concurrent_agents`` is
-        True); agents sharing weights are always in one group."""
-        groups: dict[Any, list[int]] = {}
-        for i in range(self.num_agents):
-            key = id(self.agents[i]) if self.concurrent_agents else self._agent_device(i)
-            groups.setdefault(key, []).append(i)
-        return list(groups.values())
-
-    def _concurrent(self, groups: list[list[int]]) -> bool:
-        if len(groups) < 2 or self.concurrent_agents is False:
-            return False
-        return bool(self.concurrent_agents) or any(self._agent_device(g[0]).type == "cuda" for g in groups)
-
-    def _run_groups(self, groups: list[list[int]], fn: Callable[[int], Any]) -> list[Any]:
-        """``[fn(i) for every agent i]``, one thread per group (agents of a group run in order)."""
-        enter = _thread_state()
-
-        def work(group: list[int]) -> list[tuple[int, Any]]:
-            device = self._agent_device(group[0])
-            with enter(), torch.cuda.device(device) if device.type == "cuda" else nullcontext():
-                return [(i, fn(i)) for i in group]
-
-        results: list[Any] = [None] * self.num_agents
-        with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="comlrl-agent") as pool:
-            for part in pool.map(work, groups):
-                for i, value in part:
-                    results[i] = value
-        return results
 
     def rollout(self, episodes: Sequence[Episode], greedy: bool = False) -> list[Level]:
         """Tree rollout of ``episodes`` with returns and advantages filled in (greedy: K=1, one path)."""
@@ -450,7 +363,7 @@ class MAGRPO(pl.LightningModule):
                 per_tok = per_tok + hp.beta * kl
                 kl_sum += float(aggregate(kl.detach(), mask, "token_mean", num_rows, num_tokens))
             loss = aggregate(per_tok, mask, hp.loss_aggregation, num_rows, num_tokens)
-            with _BACKWARD_LOCK:
+            with BACKWARD_LOCK:
                 self.manual_backward(loss)
             loss_sum += float(loss.detach())
             clipped_sum += float((clipped & mask.bool()).sum())
@@ -492,9 +405,6 @@ class MAGRPO(pl.LightningModule):
                     self._agent_step(opts[i], schs[i])
                     stats[i] = out[i]
         return stats
-
-    def _agent_device(self, agent: int) -> torch.device:
-        return next(self.agents[agent].parameters()).device
 
     def training_step(self, batch: list[Episode], batch_idx: int) -> dict[str, Any]:
         t0 = time.perf_counter()

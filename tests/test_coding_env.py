@@ -216,3 +216,15 @@ def test_an_empty_fence_pair_before_the_code_block_does_not_hide_the_code():
 
     text = "```\n\n```python\ndef below(l: list, t: int) -> bool:\n    return all(x < t for x in l)\n```\n\nThis uses all()."
     assert clean_completion(text) == "def below(l: list, t: int) -> bool:\n    return all(x < t for x in l)"
+
+
+def test_a_helper_under_another_name_is_scored_as_aux_unless_strict(he0):
+    from comlrl_lightning.envs.coding import CooperativeCodeReward, helper_as_aux
+
+    renamed = helper_as_aux("def dist(a, b):\n    return abs(a - b) if a > b else dist(b, a)")
+    assert renamed.startswith("def aux(a, b):") and "aux(b, a)" in renamed
+    assert helper_as_aux("def aux(x):\n    return x\n\ndef g():\n    return 1").startswith("def aux(x):")
+    helper = "def dist(a, b):\n    return abs(a - b)"
+    lenient = CooperativeCodeReward().score_joint_action(helper, he0["prompt"] + "    return False\n", he0)
+    strict = CooperativeCodeReward(rename_helper=False).score_joint_action(helper, he0["prompt"] + "    return False\n", he0)
+    assert lenient["aux_defined"] == 0.4 and strict["aux_defined"] == 0.0

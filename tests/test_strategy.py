@@ -18,6 +18,7 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Stra
 from torch import nn
 
 import comlrl_lightning.magrpo as magrpo_mod
+import comlrl_lightning.parallel as parallel_mod
 import comlrl_lightning.strategy as strategy_mod
 from comlrl_lightning import MAGRPO, AgentParallelStrategy
 from comlrl_lightning.datamodules import LengthRatioDataModule
@@ -246,8 +247,8 @@ def test_fit_checkpoint_and_resume_under_agent_parallel(tmp_path):
 
 def test_parallel_training_mp_under_a_plain_trainer_places_the_team_itself(monkeypatch):
     calls = []
-    real = magrpo_mod.place_module
-    monkeypatch.setattr(magrpo_mod, "place_module", lambda m, plan: (calls.append(plan.agents), real(m, plan)))
+    real = parallel_mod.place_module
+    monkeypatch.setattr(parallel_mod, "place_module", lambda m, plan: (calls.append(plan.agents), real(m, plan)))
     trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                          enable_checkpointing=False)  # fmt: skip

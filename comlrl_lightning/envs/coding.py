@@ -455,16 +455,24 @@ class CooperativeCodeReward(_CodeRewardBase):
     :class:`SandboxPool`. After each call, :attr:`last_components` holds the per-level values
     (for logging) and :attr:`last_all_passed` whether every test passed (pass@1).
 
+    Small models often ignore the name they were asked for: with ``rename_helper`` (default) a
+    helper that defines no ``aux`` has its last top-level function renamed ``aux`` (calls inside
+    it too) before scoring; ``rename_helper=False`` is the strict reward of the paper.
+
     Args:
         config: sandbox limits (default: 4 s per program, 1 s per test).
         max_workers: parallel sandboxes (default ``os.cpu_count()``).
+        rename_helper: treat the helper's function as ``aux`` whatever its name (see above).
     """
 
     name = "coop_code"
     LEVELS = ("aux_defined", "main_defined", "syntax", "tests", "coop_calls_aux", "coop_nontrivial")
 
-    def __init__(self, config: SandboxConfig | None = None, max_workers: int | None = None) -> None:
+    def __init__(
+        self, config: SandboxConfig | None = None, max_workers: int | None = None, rename_helper: bool = True
+    ) -> None:
         super().__init__(config, max_workers)
+        self.rename_helper = rename_helper
         self.last_components: list[dict[str, float]] = []
 
     def __call__(
@@ -494,6 +502,8 @@ class CooperativeCodeReward(_CodeRewardBase):
     def _static(self, aux_text: str, main_text: str, row: dict[str, Any]) -> _Static:
         st = _Static(components=dict.fromkeys(self.LEVELS, 0.0))
         aux, main, entry = clean_completion(aux_text), clean_completion(main_text), row["entry_point"]
+        if self.rename_helper:
+            aux = helper_as_aux(aux)
         fn = find_function(aux, AUX)
         has_return = fn is not None and any(isinstance(n, ast.Return) and n.value is not None
                                             for n in ast.walk(fn))
@@ -529,6 +539,21 @@ class CooperativeCodeReward(_CodeRewardBase):
             c["coop_calls_aux"] = 0.5
             c["coop_nontrivial"] = 0.0 if st.trivial else 0.5
         return c
+
+
+def helper_as_aux(code: str) -> str:
+    """``code`` with its last top-level function renamed ``aux`` (and its own references to that
+    name), unless it already defines ``aux`` or does not parse."""
+    tree = _parse(code)
+    if tree is None or find_function(code, AUX) is not None:
+        return code
+    funcs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if not funcs:
+        return code
+    target, old = funcs[-1], funcs[-1].name
+    target.name = AUX
+    _Rename(old, AUX).visit(target)
+    return ast.unparse(tree)
 
 
 def single_agent_program(text: str, row: dict[str, Any]) -> str:
