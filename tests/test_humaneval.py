@@ -65,3 +65,14 @@ def test_two_turn_coding_config_runs_from_the_cli_on_the_tiny_model(tmp_path):
           "--model.init_args.max_new_tokens=16", "--model.init_args.max_prompt_length=256", "--trainer.max_steps=2", "--data.init_args.max_val_samples=2",
           "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip
     assert list(tmp_path.rglob("events.out.tfevents.*"))
+
+
+def test_main_job_config_runs_end_to_end_on_the_tiny_model(tmp_path, capsys):
+    os.chdir(ROOT)
+    main(["fit", "--config", "configs/humaneval_smollm2.yaml", f"--model.init_args.agents={TINY_TEAM}",
+          "--model.init_args.max_new_tokens=8", "--model.init_args.max_prompt_length=256",
+          "--trainer.limit_train_batches=1", "--data.init_args.max_val_samples=2", "--data.init_args.val_batch_size=2",
+          "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "val/pass@1: first 0.000" in out  # random tiny agents solve nothing, before or after
+    assert list(tmp_path.rglob("agents/*/agent_1/config.json"))  # AgentCheckpoint at the end
