@@ -37,7 +37,7 @@ def completion_logprobs(
 ) -> torch.Tensor:
     """Per-token log π(completion token | prefix) under ``logits / temperature``.
 
-    One forward over ``prompt ⊕ completion``; only the last ``C + 1`` positions' logits are made
+    One forward over ``prompt ⊕ completion[:-1]``; only the last ``C`` positions' logits are made
     (``logits_to_keep``). Every completion token is scored, the EOS included (CoMLRL drops the last
     token; that is fixed here). Padding gets 0.
 
@@ -50,12 +50,13 @@ def completion_logprobs(
         ``[R, C]`` float32 log-probs, 0 where ``completion_mask`` is 0.
     """
     device = next(model.parameters()).device
-    input_ids = torch.cat([prompt_ids, completion_ids], 1).to(device)
-    attn = torch.cat([prompt_mask, completion_mask], 1).to(device)
+    # the last completion token predicts nothing we score: leave it out of the forward
+    input_ids = torch.cat([prompt_ids, completion_ids[:, :-1]], 1).to(device)
+    attn = torch.cat([prompt_mask, completion_mask[:, :-1]], 1).to(device)
     c = completion_ids.shape[1]
     logits = model(
-        input_ids=input_ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), logits_to_keep=c + 1, use_cache=False
-    ).logits[:, :-1]
+        input_ids=input_ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), logits_to_keep=c, use_cache=False
+    ).logits
     if temperature != 1.0:
         logits = logits / temperature
     logps = selective_log_softmax(logits, completion_ids.to(device))

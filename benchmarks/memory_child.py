@@ -1,0 +1,49 @@
+"""One memory measurement, run in a fresh process so its peak RSS is its own.
+
+Usage: ``python benchmarks/memory_child.py '{"model": "builtin:tiny-gpt2", "num_agents": 2, "share_weights": true}'``.
+Builds our module, trains two short batches through Lightning (so gradients and AdamW state exist),
+and prints one JSON line: peak RSS after the imports (``base_rss_mb``) and at the end
+(``peak_rss_mb``, ``resource.getrusage(RUSAGE_SELF).ru_maxrss``), the bytes of distinct parameter
+storages, and the bytes of optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+from bench_lib import Setup, build_ours, fit_ours, unique_param_bytes  # noqa: E402
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux: KiB
+
+
+def main(spec: dict) -> dict:
+    base = _rss_mb()
+    setup = Setup(num_agents=spec["num_agents"], share_weights=spec["share_weights"], model=spec["model"],
+                  k=2, batch_size=1, max_new_tokens=spec.get("max_new_tokens", 8), lr=1e-6)  # fmt: skip
+    module = build_ours(setup)
+    params = unique_param_bytes(module.agents)
+    fit_ours(setup, 2, module=module)
+    opt_bytes = 0
+    seen: set[int] = set()
+    for opt in module.trainer.optimizers:
+        for state in opt.state.values():
+            for v in state.values():
+                if torch.is_tensor(v) and v.untyped_storage().data_ptr() not in seen:
+                    seen.add(v.untyped_storage().data_ptr())
+                    opt_bytes += v.untyped_storage().nbytes()
+    return {"base_rss_mb": base, "peak_rss_mb": _rss_mb(), "param_bytes": params, "optimizer_state_bytes": opt_bytes}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))
