@@ -12,6 +12,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
+from comlrl_lightning.checkpoint_io import fsync_dir
+
 
 class AgentCheckpoint(pl.Callback):
     """Saves every agent with ``save_pretrained`` (model and tokenizer) during and at the end of fit.
@@ -151,7 +153,7 @@ def save_agents(models: Any, tokenizers: Any, path: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, path)
-        _fsync_dir(parent)
+        fsync_dir(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -180,17 +182,4 @@ def _fsync_tree(root: str) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(dirpath)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # platforms without directory fds (Windows)
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        fsync_dir(dirpath)

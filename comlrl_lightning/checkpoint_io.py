@@ -84,8 +84,13 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
         except FileNotFoundError:
             pass
         raise
+    fsync_dir(folder)
+
+
+def fsync_dir(path: str) -> None:
+    """Flush a folder's entries (a rename in it) to disk; a no-op where folders cannot be opened."""
     try:
-        fd = os.open(folder, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:  # no directory fds (Windows)
         return
     try:

@@ -307,7 +307,17 @@ def prompt_preamble(prompt: str, entry_point: str) -> str:
 
 # ------------------------------------------------------------------------------------------ prompts
 @dataclass
-class HelperPrompt:
+class _ProblemPrompt:
+    """A formatter: ``template`` over the row's ``{prompt}`` and ``{entry_point}``."""
+
+    template: str
+
+    def __call__(self, row: dict[str, Any]) -> str:
+        return self.template.format(prompt=row["prompt"].strip("\n"), entry_point=row["entry_point"])
+
+
+@dataclass
+class HelperPrompt(_ProblemPrompt):
     """Agent 0's prompt: write a helper ``aux`` for the problem. Fields: ``{prompt}``, ``{entry_point}``."""
 
     template: str = (
@@ -316,12 +326,9 @@ class HelperPrompt:
         "tests or explanations. Answer with one ```python code block.\n\nProblem:\n{prompt}"
     )
 
-    def __call__(self, row: dict[str, Any]) -> str:
-        return self.template.format(prompt=row["prompt"].strip("\n"), entry_point=row["entry_point"])
-
 
 @dataclass
-class MainPrompt:
+class MainPrompt(_ProblemPrompt):
     """Agent 1's prompt: write the entry point, which may call the teammate's ``aux``."""
 
     template: str = (
@@ -330,21 +337,15 @@ class MainPrompt:
         "Write only the `{entry_point}` function. Answer with one ```python code block.\n\n{prompt}"
     )
 
-    def __call__(self, row: dict[str, Any]) -> str:
-        return self.template.format(prompt=row["prompt"].strip("\n"), entry_point=row["entry_point"])
-
 
 @dataclass
-class SinglePrompt:
+class SinglePrompt(_ProblemPrompt):
     """The single-agent prompt (``num_agents=1``): complete the function."""
 
     template: str = (
         "Complete the Python function `{entry_point}` below. "
         "Answer with one ```python code block containing the whole function.\n\n{prompt}"
     )
-
-    def __call__(self, row: dict[str, Any]) -> str:
-        return self.template.format(prompt=row["prompt"].strip("\n"), entry_point=row["entry_point"])
 
 
 # ------------------------------------------------------------------------------------------ rewards
