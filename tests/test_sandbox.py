@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from comlrl_lightning.sandbox import SandboxConfig, SandboxPool, TestJob, run_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0
