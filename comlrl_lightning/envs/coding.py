@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comlrl_lightning.envs.base import Episode
+from comlrl_lightning.envs.code_text import (
+    clean_completion, compiles, defines, find_function, parse_code, prompt_preamble, strip_fences,
+)
 from comlrl_lightning.sandbox import SandboxConfig, SandboxPool, TestJob, TestReport
 
 HUMANEVAL_FIELDS = ("task_id", "prompt", "entry_point", "test", "canonical_solution")
@@ -142,167 +145,6 @@ def split_tests(test_code: str, entry_point: str) -> tuple[str, list[str]]:
 def extract_tests(test_code: str, entry_point: str) -> list[str]:
     """Standalone test statements calling ``entry_point`` (see :func:`split_tests`)."""
     return split_tests(test_code, entry_point)[1]
-
-
-# ------------------------------------------------------------------------------------ completions
-_START = re.compile(r"(async\s+def|def|class|import|from|@)\b")
-_TOP_OK = re.compile(
-    r"(async\s+def|def|class|import|from|@)\b|#(?!\s*(test|example|usage|check))|[\)\]\}]", re.I
-)
-_ASSIGN = re.compile(r"[A-Za-z_][\w.]*(\s*,\s*[A-Za-z_]\w*)*\s*(:[^=]+)?=(?!=)")
-
-
-def strip_fences(text: str) -> str:
-    """The code of a markdown answer: the first ```python block with a ``def`` (else the first
-    block); an unterminated fence runs to the end; text without fences is returned as is."""
-    blocks = _fenced_blocks(text)
-    if not blocks:
-        return text
-    python = [body for lang, body in blocks if lang.lower() in ("", "python", "py", "python3")]
-    cands = python or [body for _, body in blocks]
-    with_def = [b for b in cands if re.search(r"^\s*(async\s+)?def\s", b, re.M)]
-    return (with_def or cands)[0]
-
-
-def _fenced_blocks(text: str) -> list[tuple[str, str]]:
-    """``(language, body)`` of each markdown code block. A fence with a language always opens a
-    block (so a stray empty ```` ``` ```` pair before it cannot swallow the code); a bare fence closes
-    an open block, else opens one; an unterminated block runs to the end."""
-    blocks: list[tuple[str, str]] = []
-    body: list[str] | None = None
-    lang = ""
-    for line in text.split("\n"):
-        fence = _FENCE_LINE.match(line)
-        if fence is None:
-            if body is not None:
-                body.append(line)
-            continue
-        if body is not None and not fence.group(1):
-            blocks.append((lang, "\n".join(body)))
-            body = None
-            continue
-        if body is not None and any(b.strip() for b in body):
-            blocks.append((lang, "\n".join(body)))
-        body, lang = [], fence.group(1)
-    if body is not None and any(b.strip() for b in body):
-        blocks.append((lang, "\n".join(body)))
-    return [(lg, b) for lg, b in blocks if b.strip()]
-
-
-_FENCE_LINE = re.compile(r"\s*```\s*([\w+.-]*)")
-
-
-def clean_completion(text: str) -> str:
-    """Extract the code from a model completion.
-
-    Strips markdown fences (:func:`strip_fences`), drops prose before the first line starting a
-    ``def``/``class``/``import``/``from``/``@``, and keeps only definitions: imports, functions,
-    classes, and assignments (after the first ``def`` only those without a call, e.g. constants,
-    not ``result = f(3)``). Example calls, ``print``s, asserts and ``if __name__ == "__main__":``
-    blocks are dropped; prose after the code ends it; a last definition cut off by
-    ``max_new_tokens`` is dropped if it repeats a name defined before it. A completion with no such line
-    (a bare function body) is returned with its indentation kept.
-    """
-    code = strip_fences(text).replace("\r\n", "\n")
-    lines = code.split("\n")
-    start = next((i for i, line in enumerate(lines) if _START.match(line)), None)
-    if start is None:
-        return code.strip("\n").rstrip()
-    code = "\n".join(lines[start:])
-    tree = _parse(code)
-    if tree is None:  # trailing prose or test lines break parsing: cut at the first one
-        code = _cut_at_prose(lines[start:])
-        tree = _parse(code)
-    if tree is None:  # cut off by max_new_tokens: drop the unfinished last top-level block(s)
-        code = _drop_unfinished_tail(code)
-        tree = _parse(code)
-        if tree is None:
-            return code
-    src, keep, seen_def = code.split("\n"), [], False
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            seen_def = True
-        elif not isinstance(node, (ast.Import, ast.ImportFrom)) and not (
-            isinstance(node, (ast.Assign, ast.AnnAssign))
-            and (not seen_def or not any(isinstance(n, ast.Call) for n in ast.walk(node)))
-        ):
-            continue  # example calls, prints, asserts, `if __name__ == "__main__":` ...
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        keep.append("\n".join(src[first - 1 : node.end_lineno]))
-    return "\n\n".join(keep).strip("\n")
-
-
-def _drop_unfinished_tail(code: str) -> str:
-    """The longest prefix of whole top-level blocks that parses and still defines every function
-    name the code defines (so only a repeated, unfinished definition is dropped; a broken sole
-    definition stays and fails the syntax level). ``code`` itself if there is none."""
-    lines = code.split("\n")
-    names = set(_DEF_NAME.findall(code))
-    starts = [i for i, line in enumerate(lines) if line.strip() and line[0] not in " \t#)]}"]
-    for cut in reversed(starts[1:]):
-        prefix = "\n".join(lines[:cut]).rstrip()
-        if set(_DEF_NAME.findall(prefix)) >= names and _parse(prefix) is not None:
-            return prefix
-    return code
-
-
-_DEF_NAME = re.compile(r"^(?:async\s+)?def\s+([A-Za-z_]\w*)", re.M)
-
-
-def _cut_at_prose(lines: list[str]) -> str:
-    out, seen_def = [], False
-    for line in lines:
-        if line.strip() and line[0] not in " \t":
-            if _TOP_OK.match(line):
-                seen_def = seen_def or bool(re.match(r"(async\s+)?def\b|class\b", line))
-            elif seen_def or not _ASSIGN.match(line):
-                break
-        out.append(line)
-    return "\n".join(out).rstrip()
-
-
-def _compiles(code: str) -> bool:
-    """Whether ``code`` compiles (stricter than parsing: e.g. ``return`` outside a function)."""
-    try:
-        compile(code, "<candidate>", "exec", dont_inherit=True)
-        return True
-    except (SyntaxError, ValueError):
-        return False
-
-
-def _parse(code: str) -> ast.Module | None:
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError):
-        return None
-
-
-def find_function(code: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    """The last top-level ``def name`` in ``code`` (``None`` if absent or unparseable)."""
-    tree = _parse(code)
-    found = None
-    for node in tree.body if tree else []:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            found = node
-    return found
-
-
-def defines(code: str, name: str) -> bool:
-    """Whether ``code`` defines function ``name`` at top level (textual check if it does not parse)."""
-    if _parse(code) is not None:
-        return find_function(code, name) is not None
-    return re.search(rf"^(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None
-
-
-def prompt_preamble(prompt: str, entry_point: str) -> str:
-    """The problem prompt without the entry point's stub: imports and helper definitions (e.g.
-    ``poly`` in HumanEval/32) that the tests and the solution may need."""
-    tree = _parse(prompt)
-    if tree is None:
-        return "\n".join(line for line in prompt.splitlines() if re.match(r"(import|from)\s", line))
-    funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
-    keep = [n for n in tree.body if not (isinstance(n, funcs) and n.name == entry_point)]
-    return "\n\n".join(ast.get_source_segment(prompt, n) or ast.unparse(n) for n in keep)
 
 
 # ------------------------------------------------------------------------------------------ prompts
@@ -508,7 +350,7 @@ class CooperativeCodeReward(_CodeRewardBase):
         fn = find_function(aux, AUX)
         has_return = fn is not None and any(isinstance(n, ast.Return) and n.value is not None
                                             for n in ast.walk(fn))
-        if fn is None and _parse(aux) is None:  # unparseable helper: textual check
+        if fn is None and parse_code(aux) is None:  # unparseable helper: textual check
             has_return = bool(re.search(r"^def\s+aux\s*\([^\n]*\n(.*\n)*?\s+return\b", aux + "\n", re.M))
         st.components["aux_defined"] = 0.4 if has_return else 0.0
         if not defines(main, entry):
@@ -516,7 +358,7 @@ class CooperativeCodeReward(_CodeRewardBase):
         st.components["main_defined"] = 0.6
         parts = (prompt_preamble(row["prompt"], entry), aux, main)
         program = "\n\n".join(p for p in parts if p.strip()) + "\n"
-        if not _compiles(program):
+        if not compiles(program):
             return st
         st.components["syntax"] = 0.5
         st.program = program
@@ -545,7 +387,7 @@ class CooperativeCodeReward(_CodeRewardBase):
 def helper_as_aux(code: str) -> str:
     """``code`` with its last top-level function renamed ``aux`` (and its own references to that
     name), unless it already defines ``aux`` or does not parse."""
-    tree = _parse(code)
+    tree = parse_code(code)
     if tree is None or find_function(code, AUX) is not None:
         return code
     funcs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
@@ -566,10 +408,10 @@ def single_agent_program(text: str, row: dict[str, Any]) -> str:
         return "\n\n".join(p for p in (prompt_preamble(row["prompt"], entry), code) if p.strip()) + "\n"
     body = strip_fences(text).strip("\n").rstrip()
     program = row["prompt"].rstrip("\n") + "\n" + body + "\n"
-    if not _compiles(program):
+    if not compiles(program):
         indented = textwrap.indent(textwrap.dedent(body), "    ")
         alt = row["prompt"].rstrip("\n") + "\n" + indented + "\n"
-        program = alt if _compiles(alt) else program
+        program = alt if compiles(alt) else program
     return program
 
 
