@@ -87,6 +87,8 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         beta: weight of the k3 KL to the frozen reference model (0: no reference model is kept).
         max_grad_norm: per-agent gradient-norm clip (None: off).
         micro_batch_size: samples per forward/backward (gradients accumulate; one step per agent).
+        val_sampling: validate with one sampled completion per agent (training's sampling knobs)
+            instead of greedy decoding.
         parallel_training: ``"none"`` or ``"mp"`` (CoMLRL's name: one process, agent i on
             ``agent_devices[i]``). Under ``Trainer(strategy="agent_parallel")`` the strategy places the
             models; under a plain single-device strategy the module places them itself at fit start
@@ -135,6 +137,7 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         beta: float = 0.0,
         max_grad_norm: float | None = 1.0,
         micro_batch_size: int | None = None,
+        val_sampling: bool = False,
         parallel_training: str = "none",
         agent_devices: list[str] | str | None = None,
         env: DecPOMDP | None = None,
@@ -219,7 +222,8 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
     def setup(self, stage: str) -> None:
         if self.env.num_agents != self.num_agents:
             raise ValueError(
-                f"the env has {self.env.num_agents} formatters (agents) but the model has num_agents={self.num_agents}"
+                f"data.formatters: the env has {self.env.num_agents} formatters (one per agent) but "
+                f"model.num_agents={self.num_agents}; give one formatter per agent"
             )
         if self.hparams.num_turns > 1 and self.env.transition_fn is None:
             raise ValueError(f"num_turns={self.hparams.num_turns} needs an env transition (data.transition)")
@@ -299,16 +303,18 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
             return [one(i) for i in range(self.num_agents)]
         return self._run_groups(groups, one)
 
-    def rollout(self, episodes: Sequence[Episode], greedy: bool = False) -> list[Level]:
-        """Tree rollout of ``episodes`` with returns and advantages filled in (greedy: K=1, one path)."""
+    def rollout(self, episodes: Sequence[Episode], evaluation: bool = False) -> list[Level]:
+        """Tree rollout of ``episodes`` with returns and advantages filled in. ``evaluation``: one
+        completion per agent per turn (one path), greedy unless ``val_sampling``."""
         hp = self.hparams
-        k = 1 if greedy else hp.num_generations
+        k = 1 if evaluation else hp.num_generations
+        greedy = evaluation and not hp.val_sampling
         levels = rollout_tree(
             self.env, episodes, lambda p: self.generate_agents(p, k, greedy), self._render, k, hp.num_turns,
-            "aligned" if greedy else hp.joint_mode, hp.termination_threshold, step=self.global_step,
+            "aligned" if evaluation else hp.joint_mode, hp.termination_threshold, step=self.global_step,
         )  # fmt: skip
         compute_returns(levels, hp.discount)
-        compute_advantages(levels, self.num_agents, k, "aligned" if greedy else hp.joint_mode,
+        compute_advantages(levels, self.num_agents, k, "aligned" if evaluation else hp.joint_mode,
                            hp.advantage_mode, hp.scale_advantages if k > 1 else "none", hp.advantage_eps)  # fmt: skip
         return levels
 
@@ -463,16 +469,16 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
 
     # ------------------------------------------------------------ validation
     def validation_step(self, batch: list[Episode], batch_idx: int) -> dict[str, Any]:
-        """Greedy rollout (one completion per agent per turn); logs ``val/reward``, ``val/return``,
+        """One completion per agent per turn (greedy unless ``val_sampling``); logs ``val/reward``, ``val/return``,
         ``val/rewards/<name>/mean`` and ``val/pass@1`` when a reward reports ``all_passed`` (turn 0),
         and ``val/turn_<t>/reward`` when ``num_turns > 1``."""
-        levels = self.rollout(batch, greedy=True)
+        levels = self.rollout(batch, evaluation=True)
         n, dev = len(batch), self.device
         self.log("val/reward", levels[0].rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
         self.log("val/return", levels[0].returns.mean().to(dev), batch_size=n, sync_dist=True)
         for name, v in levels[0].components.items():
             self.log(f"val/rewards/{name}/mean", v.nanmean().to(dev), batch_size=n, sync_dist=True)
-            if name.endswith("/all_passed"):  # greedy decoding: the fraction solved is pass@1
+            if name.endswith("/all_passed"):  # one sample per problem: the fraction solved is pass@1
                 self.log("val/pass@1", v.nanmean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
         if self.hparams.num_turns > 1:
             for lv in levels:

@@ -31,6 +31,8 @@ def load_rows(source: Any, split: str = "train") -> Any:
     path = os.fspath(source)
     stem = path[:-3] if path.endswith(".gz") else path
     ext = os.path.splitext(stem)[1]
+    if ext in _LOCAL_FORMATS and not os.path.exists(path):
+        raise FileNotFoundError(f"data.dataset: no file {os.path.abspath(path)!r} (a local {ext} path was given)")
     if os.path.exists(path):
         if ext not in _LOCAL_FORMATS:
             raise ValueError(f"dataset: unsupported file {path!r}; allowed extensions: {sorted(_LOCAL_FORMATS)} (+ .gz)")
@@ -66,7 +68,7 @@ class DecPOMDPDataModule(pl.LightningDataModule):
     def __init__(
         self,
         dataset: Any = None,
-        formatters: Sequence[Formatter | str] = (),
+        formatters: Sequence[str | Formatter] = (),
         reward: RewardFunction | WeightedReward | Sequence[RewardFunction] | None = None,
         transition: Transition | None = None,
         num_agents: int | None = None,

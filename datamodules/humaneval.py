@@ -49,7 +49,7 @@ class HumanEvalDataModule(DecPOMDPDataModule):
         path: str | None = None,
         num_agents: int = 2,
         val_fraction: float = 0.2,
-        formatters: Sequence[Formatter | str] | None = None,
+        formatters: Sequence[str | Formatter] | None = None,
         reward: RewardFunction | WeightedReward | None = None,
         transition: Transition | None = None,
         timeout_s: float = 4.0,

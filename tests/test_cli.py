@@ -78,3 +78,9 @@ def test_validate_before_fit_logs_validation_at_step_zero(tmp_path, capsys):
     steps = [e.step for e in acc.Scalars("val/reward")]
     assert steps[0] == 0 and len(steps) >= 2
     assert "TensorBoard logs:" in capsys.readouterr().out
+
+
+def test_saved_config_keeps_template_formatters_verbatim(tmp_path):
+    fit("toy_grpo.yaml", tmp_path, "--trainer.max_steps=1", "--trainer.limit_val_batches=0")
+    saved = yaml.safe_load(next(tmp_path.rglob("config.yaml")).read_text())
+    assert saved["data"]["init_args"]["formatters"] == ["Note on {topic}:"]

@@ -65,3 +65,8 @@ def test_missing_template_field_names_it():
 def test_reward_is_required():
     with pytest.raises(ValueError, match="data.reward"):
         DecPOMDPDataModule(ROWS, ["{q}"])
+
+
+def test_missing_local_file_names_the_field(tmp_path):
+    with pytest.raises(FileNotFoundError, match="data.dataset: no file"):
+        load_rows(str(tmp_path / "nope.jsonl"))

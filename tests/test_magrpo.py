@@ -141,3 +141,19 @@ def test_beta_keeps_a_frozen_reference_and_reports_kl(trainer_factory):
     assert all(s["kl"] > 0 for s in got["agent_stats"])
     ref0, agent0 = model.reference_models[0], model.agents[0]
     assert any(not torch.equal(a, b) for a, b in zip(ref0.parameters(), agent0.parameters()))
+
+
+@pytest.mark.parametrize("val_sampling", [False, True])
+def test_validation_decodes_greedily_unless_val_sampling(trainer_factory, monkeypatch, val_sampling):
+    seen = []
+    real = magrpo_mod.generate
+
+    def spy(*args, **kwargs):
+        seen.append((args[3], kwargs["do_sample"]))  # (num_generations, do_sample)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(magrpo_mod, "generate", spy)
+    trainer = trainer_factory(max_steps=2, limit_val_batches=1)
+    trainer.fit(tiny(val_sampling=val_sampling), LengthRatioDataModule(batch_size=2, num_train=2, num_val=2))
+    assert (2, True) in seen  # training: K samples
+    assert (1, val_sampling) in seen and (1, not val_sampling) not in seen

@@ -83,7 +83,7 @@ class DecPOMDP:
 
     def __init__(
         self,
-        formatters: Sequence[Formatter | str],
+        formatters: Sequence[str | Formatter],
         reward: RewardFunction | WeightedReward | Sequence[RewardFunction],
         transition: Transition | None = None,
     ) -> None:
