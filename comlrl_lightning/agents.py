@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 BUILTIN_PREFIX = "builtin:"
-TINY_MODELS = ("tiny-gpt2", "tiny-llama-gpt2tok")
 
 
 @dataclass
@@ -80,7 +79,7 @@ def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
         name = spec.model[len(BUILTIN_PREFIX) :]
         from comlrl_lightning.builtin import BUILTIN_MODELS
 
-        known = sorted([*TINY_MODELS, *BUILTIN_MODELS])
+        known = sorted([*_TINY, *BUILTIN_MODELS])
         if name not in known:
             raise ValueError(f"{where}.model: unknown builtin {name!r}, known: {known}")
 
@@ -92,20 +91,22 @@ def byte_tokenizer() -> Any:
     return ByT5Tokenizer()
 
 
-def build_tiny_gpt2(tokenizer: Any, **overrides: Any) -> nn.Module:
-    """A randomly initialised GPT-2 sized for CPU tests (2 layers, width 64: ~0.14M parameters)."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    cfg = dict(n_positions=512, n_embd=64, n_layer=2, n_head=2)
-    cfg.update(overrides)
-    config = GPT2Config(
+def _tiny(config_cls: Any, model_cls: Any, tokenizer: Any, defaults: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
+    config = config_cls(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **cfg,
+        **{**defaults, **overrides},
     )
-    return GPT2LMHeadModel(config)
+    return model_cls(config)
+
+
+def build_tiny_gpt2(tokenizer: Any, **overrides: Any) -> nn.Module:
+    """A randomly initialised GPT-2 sized for CPU tests (2 layers, width 64: ~0.14M parameters)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return _tiny(GPT2Config, GPT2LMHeadModel, tokenizer, dict(n_positions=512, n_embd=64, n_layer=2, n_head=2), overrides)
 
 
 TINY_CHAT_TEMPLATE = (
@@ -120,17 +121,24 @@ def build_tiny_llama(tokenizer: Any, **overrides: Any) -> nn.Module:
     parameters with the 50257-token GPT-2 vocabulary)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)  # fmt: skip
-    cfg.update(overrides)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **cfg,
-    )
-    return LlamaForCausalLM(config)
+    defaults = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)  # fmt: skip
+    return _tiny(LlamaConfig, LlamaForCausalLM, tokenizer, defaults, overrides)
+
+
+def _gpt2_bpe_chat_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(_resolve_source(BUILTIN_PREFIX + "gpt2-tokenizer"))
+    tok.chat_template = TINY_CHAT_TEMPLATE
+    return tok
+
+
+_TINY: dict[str, tuple[Any, Any]] = {
+    "tiny-gpt2": (byte_tokenizer, build_tiny_gpt2),
+    "tiny-llama-gpt2tok": (_gpt2_bpe_chat_tokenizer, build_tiny_llama),
+}
+"""Builtins built from a config (random weights): name -> (tokenizer factory, model builder)."""
 
 
 def _resolve_source(source: str) -> str:
@@ -142,13 +150,9 @@ def _resolve_source(source: str) -> str:
 def load_tokenizer(spec: AgentSpec) -> Any:
     """Load the agent's tokenizer; sets ``pad_token = eos_token`` when it has no pad token."""
     source = spec.tokenizer or spec.model
-    if source == BUILTIN_PREFIX + "tiny-gpt2":
-        tok = byte_tokenizer()
-    elif source == BUILTIN_PREFIX + "tiny-llama-gpt2tok":
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(_resolve_source(BUILTIN_PREFIX + "gpt2-tokenizer"))
-        tok.chat_template = TINY_CHAT_TEMPLATE
+    tiny = _TINY.get(source.removeprefix(BUILTIN_PREFIX)) if source.startswith(BUILTIN_PREFIX) else None
+    if tiny is not None:
+        tok = tiny[0]()
     else:
         from transformers import AutoTokenizer
 
@@ -167,10 +171,9 @@ def load_agent(spec: AgentSpec) -> tuple[nn.Module, Any]:
     """
     tok = load_tokenizer(spec)
     dtype = _DTYPES[spec.dtype]
-    if spec.model == BUILTIN_PREFIX + "tiny-gpt2":
-        model = build_tiny_gpt2(tok, **spec.model_kwargs).to(dtype)
-    elif spec.model == BUILTIN_PREFIX + "tiny-llama-gpt2tok":
-        model = build_tiny_llama(tok, **spec.model_kwargs).to(dtype)
+    tiny = _TINY.get(spec.model.removeprefix(BUILTIN_PREFIX)) if spec.model.startswith(BUILTIN_PREFIX) else None
+    if tiny is not None:
+        model = tiny[1](tok, **spec.model_kwargs).to(dtype)
     else:
         from transformers import AutoModelForCausalLM
 
