@@ -156,27 +156,22 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         _choice("advantage_mode", advantage_mode, ADVANTAGE_MODES)
         _choice("scale_advantages", scale_advantages, SCALE_MODES)
         _choice("loss_aggregation", loss_aggregation, LOSS_AGGREGATIONS)
-        checks = {
-            "advantage_eps": advantage_eps >= 1e-4,
-            "discount": 0.0 <= discount <= 1.0,
-            "temperature": temperature > 0,
-            "top_p": 0 < top_p <= 1,
-            "max_new_tokens": max_new_tokens >= 1,
-            "max_prompt_length": max_prompt_length is None or max_prompt_length >= 1,
-            "num_iterations": num_iterations >= 1,
-            "epsilon": epsilon > 0,
-            "beta": beta >= 0,
-            "learning_rate": learning_rate > 0,
-        }
-        allowed = {
-            "advantage_eps": ">= 1e-4", "discount": "in [0, 1]", "temperature": "> 0", "top_p": "in (0, 1]",
-            "max_new_tokens": ">= 1", "max_prompt_length": ">= 1 or None", "num_iterations": ">= 1", "epsilon": "> 0", "beta": ">= 0", "learning_rate": "> 0",
-        }  # fmt: skip
-        for name, ok in checks.items():
+        checks = [  # (field, value, ok, allowed)
+            ("advantage_eps", advantage_eps, advantage_eps >= 1e-4, ">= 1e-4"),
+            ("discount", discount, 0.0 <= discount <= 1.0, "in [0, 1]"),
+            ("temperature", temperature, temperature > 0, "> 0"),
+            ("top_p", top_p, 0 < top_p <= 1, "in (0, 1]"),
+            ("max_new_tokens", max_new_tokens, max_new_tokens >= 1, ">= 1"),
+            ("max_prompt_length", max_prompt_length, max_prompt_length is None or max_prompt_length >= 1, ">= 1 or None"),
+            ("num_iterations", num_iterations, num_iterations >= 1, ">= 1"),
+            ("epsilon", epsilon, epsilon > 0, "> 0"),
+            ("beta", beta, beta >= 0, ">= 0"),
+            ("learning_rate", learning_rate, learning_rate > 0, "> 0"),
+            ("micro_batch_size", micro_batch_size, micro_batch_size is None or micro_batch_size >= 1, ">= 1 or None"),
+        ]
+        for name, value, ok, allowed in checks:
             if not ok:
-                raise ValueError(f"{name}: got {locals()[name]!r}, must be {allowed[name]}")
-        if micro_batch_size is not None and micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size: got {micro_batch_size}, must be >= 1 or None")
+                raise ValueError(f"{name}: got {value!r}, must be {allowed}")
         _choice("parallel_training", parallel_training, PARALLEL_TRAINING)
         if parallel_training == "mp" and (isinstance(agent_devices, str) or agent_devices is None
                                           or len(agent_devices) != self.num_agents):  # fmt: skip
@@ -449,7 +444,7 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
             "agent_stats": agent_stats,
             "num_episodes": len(batch),
             "num_tokens": int(sum(lv.generations[i].completion_mask.sum() for lv in levels for i in range(self.num_agents))),
-            "prompts": [[self._render(i, n) for n in first.nodes] for i in range(self.num_agents)],
+            "prompts": first.prompt_texts,
             "completions": [first.generations[i].texts for i in range(self.num_agents)],
             "turn0_rewards": first.rewards,
             "num_generations": self.hparams.num_generations,

@@ -107,9 +107,14 @@ def render_prompt(tokenizer: Any, prompts: Sequence[str], completions: Sequence[
 
 
 def _special_tokens_ok(tokenizer: Any) -> bool:
-    """False for tokenizers (e.g. ByT5) that append EOS to every encoding: a prompt must not end in EOS."""
-    sample = tokenizer("a", add_special_tokens=True)["input_ids"]
-    return not (sample and sample[-1] == tokenizer.eos_token_id)
+    """False for tokenizers (e.g. ByT5) that append EOS to every encoding: a prompt must not end in EOS.
+    Probed once per tokenizer (the answer is kept on it)."""
+    ok = getattr(tokenizer, "_comlrl_special_tokens_ok", None)
+    if ok is None:
+        sample = tokenizer("a", add_special_tokens=True)["input_ids"]
+        ok = not (sample and sample[-1] == tokenizer.eos_token_id)
+        tokenizer._comlrl_special_tokens_ok = ok
+    return ok
 
 
 def tokenize_prompts(

@@ -48,6 +48,7 @@ class Level:
     """All nodes of one turn and what happened there (``G`` nodes, ``J`` joint actions per node).
 
     Attributes:
+        prompt_texts: per agent, the rendered prompt of each node (history and chat template).
         generations: per agent, a Generation whose row ``g·K + k`` is sample k at node g.
         rewards: ``[G, J]`` shared rewards.
         components: reward-function name -> ``[G, J]`` raw values.
@@ -57,6 +58,7 @@ class Level:
 
     turn: int
     nodes: list[Node]
+    prompt_texts: list[list[str]]
     generations: list[Generation]
     rewards: torch.Tensor
     components: dict[str, torch.Tensor]
@@ -111,7 +113,8 @@ def rollout_tree(
     nodes = [Node(ep, 0, [[env.observe(ep, i)] for i in range(n)], [[] for _ in range(n)]) for ep in episodes]
     levels: list[Level] = []
     for turn in range(num_turns):
-        gens = generate_fn([[render_fn(i, node) for node in nodes] for i in range(n)])
+        texts = [[render_fn(i, node) for node in nodes] for i in range(n)]
+        gens = generate_fn(texts)
         g, j = len(nodes), joint_index.shape[0]
         rows = torch.arange(g)[:, None] * num_generations + joint_index.T[:, None, :]  # [N, G, J]
         joint_actions = [[gens[i].texts[rows[i, a, b]] for i in range(n)] for a in range(g) for b in range(j)]
@@ -131,7 +134,7 @@ def rollout_tree(
                         continue
                     child[a, b] = len(next_nodes)
                     next_nodes.append(Node(node.episode, turn + 1, [node.prompts[i] + [nxt[i]] for i in range(n)], comps))
-        levels.append(Level(turn, nodes, gens, rewards, {k: v.view(g, j) for k, v in out.components.items()}, child))
+        levels.append(Level(turn, nodes, texts, gens, rewards, {k: v.view(g, j) for k, v in out.components.items()}, child))
         if not next_nodes:
             break
         nodes = next_nodes
