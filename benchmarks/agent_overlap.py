@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     devices = ["cuda:0", "cuda:1"] if torch.cuda.device_count() >= 2 else ["cuda:0", "cpu"]
 
     from comlrl_lightning import MAGRPO
-    from comlrl_lightning.strategy import plan_devices, place_module
+    from comlrl_lightning.infra.strategy import plan_devices, place_module
 
     kwargs = {"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "n_positions": 1024}
     spec = {"model": "builtin:tiny-gpt2", "model_kwargs": kwargs}

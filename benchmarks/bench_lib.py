@@ -31,7 +31,7 @@ import transformers  # noqa: E402
 transformers.utils.logging.disable_progress_bar()
 
 from comlrl_lightning import MAGRPO  # noqa: E402
-from comlrl_lightning.agents import AgentSpec, build_tiny_gpt2, byte_tokenizer, disable_dropout, load_agent, load_tokenizer  # noqa: E402
+from comlrl_lightning.team.agents import AgentSpec, build_tiny_gpt2, byte_tokenizer, disable_dropout, load_agent, load_tokenizer  # noqa: E402
 from comlrl_lightning.datamodules import DecPOMDPDataModule, LengthRatioDataModule  # noqa: E402
 from comlrl_lightning.envs.toy import LengthRatioReward, TargetLengthReward, length_ratio_rows  # noqa: E402
 

@@ -12,7 +12,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
-from comlrl_lightning.checkpoint_io import fsync_dir
+from comlrl_lightning.infra.checkpoint_io import fsync_dir
 
 
 class AgentCheckpoint(pl.Callback):

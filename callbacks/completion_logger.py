@@ -7,7 +7,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from comlrl_lightning.advantages import joint_action_indices
+from comlrl_lightning.core.advantages import joint_action_indices
 
 
 class CompletionLogger(pl.Callback):
@@ -15,7 +15,7 @@ class CompletionLogger(pl.Callback):
 
     One row per joint action: the episode, each agent's prompt and completion, and the shared reward.
     Rows run over episodes, then joint actions (aligned: sample ``j`` of every agent; cross: the
-    Cartesian product, as in :func:`comlrl_lightning.advantages.joint_action_indices`). Cells are cut
+    Cartesian product, as in :func:`comlrl_lightning.core.advantages.joint_action_indices`). Cells are cut
     to ``max_chars`` characters (``…`` marks a cut), ``|`` is escaped and newlines become ``<br>``
     so a completion cannot break the table.
 

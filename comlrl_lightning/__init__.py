@@ -1,10 +1,10 @@
 """comlrl-lightning: cooperative multi-LLM reinforcement learning as PyTorch Lightning modules."""
 
-from comlrl_lightning.agents import AgentSpec
+from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
-from comlrl_lightning.magrpo import MAGRPO, MAReMax, MAREINFORCE, MARLOO
-from comlrl_lightning.rewards import RewardFunction, RewardOutput, RewardProcessor, WeightedReward
-from comlrl_lightning.strategy import AgentParallelStrategy  # registers the 'agent_parallel' strategy name
+from comlrl_lightning.algorithms.magrpo import MAGRPO, MAReMax, MAREINFORCE, MARLOO
+from comlrl_lightning.envs.rewards import RewardFunction, RewardOutput, RewardProcessor, WeightedReward
+from comlrl_lightning.infra.strategy import AgentParallelStrategy  # registers the 'agent_parallel' strategy name
 
 __all__ = [
     "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "AgentSpec", "DecPOMDP", "Episode", "PromptTemplate",

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from comlrl_lightning.envs.base import DecPOMDP, Formatter, Transition
-from comlrl_lightning.rewards import RewardFunction, WeightedReward
+from comlrl_lightning.envs.rewards import RewardFunction, WeightedReward
 from comlrl_lightning.datamodules.loader import EpisodeDataset, ResumableSampler, collate_episodes
 
 _LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}

@@ -1,4 +1,4 @@
-"""HumanEval as a cooperative coding Dec-POMDP (see :mod:`comlrl_lightning.envs.coding`)."""
+"""HumanEval as a cooperative coding Dec-POMDP (see :mod:`comlrl_lightning.tasks.coding.reward`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.envs.base import Formatter, Transition
-from comlrl_lightning.envs.coding_feedback import CodingFeedbackTransition
-from comlrl_lightning.envs.coding import (
+from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
+from comlrl_lightning.tasks.coding.reward import (
     CooperativeCodeReward,
     HelperPrompt,
     MainPrompt,
@@ -17,8 +17,8 @@ from comlrl_lightning.envs.coding import (
     load_humaneval_rows,
     train_val_split,
 )
-from comlrl_lightning.rewards import RewardFunction, WeightedReward
-from comlrl_lightning.sandbox import SandboxConfig
+from comlrl_lightning.envs.rewards import RewardFunction, WeightedReward
+from comlrl_lightning.sandbox.api import SandboxConfig
 
 
 class HumanEvalDataModule(DecPOMDPDataModule):
@@ -35,7 +35,7 @@ class HumanEvalDataModule(DecPOMDPDataModule):
             is the same on every machine.
         formatters: override the default prompts (one per agent).
         reward: override the default reward.
-        transition: e.g. :class:`~comlrl_lightning.envs.coding_feedback.CodingFeedbackTransition`.
+        transition: e.g. :class:`~comlrl_lightning.tasks.coding.feedback.CodingFeedbackTransition`.
         timeout_s: sandbox wall-clock limit per program (seconds).
         test_timeout_s: limit per test statement (seconds).
         **kwargs: :class:`DecPOMDPDataModule` arguments (batch_size, max_train_samples, ...).

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from comlrl_lightning.advantages import agent_sample_returns, group_advantages, joint_action_indices
+from comlrl_lightning.core.advantages import agent_sample_returns, group_advantages, joint_action_indices
 
 R = torch.tensor([[1.0, 2.0, 3.0, 6.0]])
 

@@ -1,4 +1,4 @@
-"""Tests for `comlrl_lightning.builtin`: registry, cache location, atomic caching, conversions.
+"""Tests for `comlrl_lightning.team.builtin`: registry, cache location, atomic caching, conversions.
 
 The SmolLM2 conversion (~17 s once, then ~0.1 s) is cached in the real cache home
 (`cache_home()`, so `$COMLRL_LIGHTNING_CACHE` can redirect it in CI) rather than a pytest tmp dir:
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from comlrl_lightning.builtin import (
+from comlrl_lightning.team.builtin import (
     BUILTIN_MODELS,
     FORMAT_VERSION,
     MARKER_FILE,
@@ -133,7 +133,7 @@ def test_concurrent_processes_convert_once(tmp_path):
         """
         import os, sys, time
         from pathlib import Path
-        from comlrl_lightning.builtin import BUILTIN_MODELS, BuiltinModel, resolve_builtin
+        from comlrl_lightning.team.builtin import BUILTIN_MODELS, BuiltinModel, resolve_builtin
 
         def slow_build(source, out_dir):
             with open(sys.argv[2], "a") as log:

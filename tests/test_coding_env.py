@@ -9,7 +9,7 @@ import random
 import pytest
 
 from comlrl_lightning.envs.base import DecPOMDP, Episode
-from comlrl_lightning.envs.coding import (
+from comlrl_lightning.tasks.coding.reward import (
     CooperativeCodeReward,
     HelperPrompt,
     MainPrompt,
@@ -23,7 +23,7 @@ from comlrl_lightning.envs.coding import (
     split_tests,
     train_val_split,
 )
-from comlrl_lightning.rewards import RewardFunction
+from comlrl_lightning.envs.rewards import RewardFunction
 
 
 @pytest.fixture(scope="module")
@@ -115,25 +115,27 @@ def test_prompts_name_the_parts(he0):
 def test_canonical_main_with_trivial_aux_passes_all_tests(coop, rows, he0):
     assert isinstance(coop, RewardFunction) and coop.name == "coop_code"
     eps = [Episode(0, he0), Episode(2, rows[2]), Episode(32, rows[32])]
-    rewards = coop([[TRIVIAL_AUX, _main(ep.data)] for ep in eps], eps, 0)
-    assert rewards == [pytest.approx(3.0)] * 3  # 0.4 + 0.6 + 0.5 + 1.5; no cooperation bonus
-    assert coop.last_all_passed == [True, True, True]
-    assert coop.last_components[0] == {"aux_defined": 0.4, "main_defined": 0.6, "syntax": 0.5, "tests": 1.5,
-                                       "coop_calls_aux": 0.0, "coop_nontrivial": 0.0}
+    result = coop([[TRIVIAL_AUX, _main(ep.data)] for ep in eps], eps, 0)
+    assert result.values == [pytest.approx(3.0)] * 3  # 0.4 + 0.6 + 0.5 + 1.5; no cooperation bonus
+    assert result.metrics["all_passed"] == [1.0, 1.0, 1.0]
+    assert {k: v[0] for k, v in result.metrics.items() if k != "all_passed"} == {
+        "aux_defined": 0.4, "main_defined": 0.6, "syntax": 0.5, "tests": 1.5, "coop_calls_aux": 0.0,
+        "coop_nontrivial": 0.0}
 
 
 def test_wrong_main_gets_less(coop, he0):
     wrong = he0["prompt"] + "    return False\n"
     comp = coop.score_joint_action(TRIVIAL_AUX, wrong, he0)
     assert comp["tests"] == pytest.approx(1.5 * 3 / 7)  # 3 of the 7 asserts expect False
-    assert sum(comp.values()) == pytest.approx(1.5 + 1.5 * 3 / 7) and coop.last_all_passed == [False]
-    assert "assert has_close_elements" in coop.last_reports[0].tests[0].message
+    assert sum(comp.values()) == pytest.approx(1.5 + 1.5 * 3 / 7)
+    assert coop([[TRIVIAL_AUX, wrong]], [Episode(0, he0)], 0).metrics["all_passed"] == [0.0]
+    assert "assert has_close_elements" in coop.report_for([TRIVIAL_AUX, wrong], he0).tests[0].message
 
 
 def test_missing_entry_point_gets_structure_only(coop, he0):
     comp = coop.score_joint_action(TRIVIAL_AUX, "def helper(x):\n    return x\n", he0)
     assert sum(comp.values()) == pytest.approx(0.4) and comp["main_defined"] == 0.0
-    assert coop.last_reports == [None]  # nothing was run
+    assert coop.report_for([TRIVIAL_AUX, "def helper(x):\n    return x\n"], he0) is None  # nothing was run
     comp = coop.score_joint_action("def aux(x):\n    print(x)\n", "no code here", he0)
     assert sum(comp.values()) == 0.0  # aux without return earns nothing either
 
@@ -142,7 +144,8 @@ def test_syntax_error_gets_no_test_credit(coop, he0):
     broken = he0["prompt"] + "    for a in numbers\n        return True\n"
     comp = coop.score_joint_action(TRIVIAL_AUX, broken, he0)
     assert comp["main_defined"] == 0.6 and comp["syntax"] == 0.0 and comp["tests"] == 0.0
-    assert sum(comp.values()) == pytest.approx(1.0) and coop.last_all_passed == [False]
+    assert sum(comp.values()) == pytest.approx(1.0)
+    assert coop([[TRIVIAL_AUX, broken]], [Episode(0, he0)], 0).metrics["all_passed"] == [0.0]
 
 
 def test_cooperation_bonus_only_when_aux_is_called(coop, he0):
@@ -180,9 +183,9 @@ def test_single_agent_reward_is_the_pass_fraction(rows, he0):
         "    return False\n",  # wrong body: 3/7
         "return True",  # unindented body: re-indented, 4/7
     ]
-    values = reward([[t] for t in texts], eps, 0)
-    assert values == [1.0, 1.0, pytest.approx(3 / 7), pytest.approx(4 / 7)]
-    assert reward.last_all_passed == [True, True, False, False]
+    result = reward([[t] for t in texts], eps, 0)
+    assert result.values == [1.0, 1.0, pytest.approx(3 / 7), pytest.approx(4 / 7)]
+    assert result.metrics["all_passed"] == [1.0, 1.0, 0.0, 0.0]
     program = prompt_preamble(rows[32]["prompt"], "find_zero") + "\n" + "def find_zero(xs):\n    return 0.0\n"
     assert "def poly" in program and not all_tests_pass(program, rows[32])
     assert all_tests_pass(rows[32]["prompt"] + rows[32]["canonical_solution"], rows[32])
@@ -203,7 +206,7 @@ def test_train_val_split_is_fixed(rows):
 
 
 def test_a_definition_cut_off_by_the_token_limit_is_dropped():
-    from comlrl_lightning.envs.coding import clean_completion
+    from comlrl_lightning.tasks.coding.reward import clean_completion
 
     text = "def f(x):\n    return x + 1\n\ndef aux(y):\n    return y\n\ndef f(x) -> int:"
     assert clean_completion(text) == "def f(x):\n    return x + 1\n\ndef aux(y):\n    return y"
@@ -212,14 +215,14 @@ def test_a_definition_cut_off_by_the_token_limit_is_dropped():
 
 
 def test_an_empty_fence_pair_before_the_code_block_does_not_hide_the_code():
-    from comlrl_lightning.envs.coding import clean_completion
+    from comlrl_lightning.tasks.coding.reward import clean_completion
 
     text = "```\n\n```python\ndef below(l: list, t: int) -> bool:\n    return all(x < t for x in l)\n```\n\nThis uses all()."
     assert clean_completion(text) == "def below(l: list, t: int) -> bool:\n    return all(x < t for x in l)"
 
 
 def test_a_helper_under_another_name_is_scored_as_aux_unless_strict(he0):
-    from comlrl_lightning.envs.coding import CooperativeCodeReward, helper_as_aux
+    from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward, helper_as_aux
 
     renamed = helper_as_aux("def dist(a, b):\n    return abs(a - b) if a > b else dist(b, a)")
     assert renamed.startswith("def aux(a, b):") and "aux(b, a)" in renamed

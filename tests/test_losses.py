@@ -1,8 +1,8 @@
 import torch
 
-from comlrl_lightning.agents import build_tiny_gpt2, byte_tokenizer
-from comlrl_lightning.losses import aggregate, completion_logprobs, k3_kl, policy_loss_terms, selective_log_softmax
-from comlrl_lightning.rollout import completion_mask_from_ids
+from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
+from comlrl_lightning.core.losses import aggregate, completion_logprobs, k3_kl, policy_loss_terms, selective_log_softmax
+from comlrl_lightning.core.generation import completion_mask_from_ids
 
 
 def test_selective_log_softmax_matches_full_log_softmax():
@@ -81,7 +81,7 @@ def test_k3_kl_is_zero_for_equal_policies_and_positive_otherwise():
 
 
 def test_loaded_agents_have_no_dropout_so_logprobs_match_the_sampling_policy():
-    from comlrl_lightning.agents import AgentSpec, load_agent
+    from comlrl_lightning.team.agents import AgentSpec, load_agent
 
     model, _ = load_agent(AgentSpec("builtin:tiny-gpt2"))  # GPT2Config defaults to 0.1 dropout
     assert model.training

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-import comlrl_lightning.magrpo as magrpo_mod
+import comlrl_lightning.algorithms.magrpo as magrpo_mod
 from comlrl_lightning import MAGRPO, MAReMax, MAREINFORCE, MARLOO
 from comlrl_lightning.datamodules import DecPOMDPDataModule, LengthRatioDataModule
 from comlrl_lightning.envs.toy import TargetLengthReward, length_ratio_rows

@@ -11,9 +11,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from comlrl_lightning import MAGRPO
-from comlrl_lightning.checkpoint_io import AtomicCheckpointIO
+from comlrl_lightning.infra.checkpoint_io import AtomicCheckpointIO
 from comlrl_lightning.datamodules import LengthRatioDataModule
-from comlrl_lightning.rng import collect_rng_states, set_rng_states
+from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
 
 BATCHES_PER_EPOCH = 4  # num_train=8, batch_size=2
 

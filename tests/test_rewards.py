@@ -5,7 +5,7 @@ import torch
 
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.toy import LengthRatioReward
-from comlrl_lightning.rewards import RewardError, RewardProcessor, WeightedReward
+from comlrl_lightning.envs.rewards import RewardError, RewardProcessor, WeightedReward
 
 EPS = [Episode(0), Episode(0)]
 
@@ -35,6 +35,8 @@ def test_processor_scales_shifts_then_clips():
     [
         (const("nan_fn", [1.0, float("nan")]), "'nan_fn' returned a non-finite value at step 7"),
         (const("short_fn", [1.0]), "'short_fn' failed at step 7.*returned 1 values for 2"),
+        (const("dict_fn", {0.5: "a", 1.0: "b"}), "'dict_fn' failed.*returned a dict"),
+        (const("str_fn", ["1.0", "2"]), "'str_fn' failed.*non-numeric value '1.0'"),
     ],
 )
 def test_bad_reward_fails_loudly_with_name_and_step(fn, msg):
@@ -69,3 +71,14 @@ def test_length_ratio_reward_is_one_inside_the_band_and_decays_outside():
     assert math.isclose(r.score("ab", "ab"), math.exp(-1.0))  # ratio 1, distance 1 to the band
     assert math.isclose(r.score("a", "abcdef"), math.exp(-3.0))  # ratio 6
     assert torch.tensor(r([["ab", "abcde"], ["ab", "ab"]], EPS, 0)).tolist()[0] == 1.0
+
+
+def test_reward_result_metrics_are_logged_as_components():
+    from comlrl_lightning.envs.rewards import RewardResult
+
+    def fn(joint_actions, episodes, turn):
+        return RewardResult([1.0, 0.0], {"all_passed": [1.0, 0.0]})
+
+    fn.name = "r"
+    out = WeightedReward([fn])([["x"], ["y"]], EPS, 0)
+    assert out.total.tolist() == [1.0, 0.0] and out.components["r/all_passed"].tolist() == [1.0, 0.0]

@@ -1,4 +1,4 @@
-"""The sandbox against each hazard of untrusted generated code (see comlrl_lightning.sandbox)."""
+"""The sandbox against each hazard of untrusted generated code (see comlrl_lightning.sandbox.api)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from comlrl_lightning.sandbox import SandboxConfig, SandboxPool, TestJob, run_tests
+from comlrl_lightning.sandbox.api import SandboxConfig, SandboxPool, TestJob, run_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0
@@ -227,7 +227,7 @@ def test_pool_runs_in_parallel_and_keeps_order():
 
 
 def test_a_broken_sandbox_raises_instead_of_scoring_zero(monkeypatch):
-    import comlrl_lightning.sandbox as sandbox
+    import comlrl_lightning.sandbox.api as sandbox
 
     monkeypatch.setattr(sandbox, "_RUNNER", "/nonexistent/sandbox_runner.py")
     with pytest.raises(sandbox.SandboxError, match="without a result"):

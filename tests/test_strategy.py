@@ -17,14 +17,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
 from torch import nn
 
-import comlrl_lightning.magrpo as magrpo_mod
-import comlrl_lightning.parallel as parallel_mod
-import comlrl_lightning.strategy as strategy_mod
+import comlrl_lightning.algorithms.magrpo as magrpo_mod
+import comlrl_lightning.team.parallel as parallel_mod
+import comlrl_lightning.infra.strategy as strategy_mod
 from comlrl_lightning import MAGRPO, AgentParallelStrategy
 from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.rollout import Generation, completion_mask_from_ids, tokenize_prompts
-from comlrl_lightning.strategy import (
+from comlrl_lightning.core.generation import Generation, completion_mask_from_ids, tokenize_prompts
+from comlrl_lightning.infra.strategy import (
     DevicePlan, optimizer_state_to_param_devices, place_module, plan_devices, resolve_devices, visible_gpus,
 )  # fmt: skip
 
@@ -464,7 +464,7 @@ def test_heterogeneous_team_each_agent_uses_its_own_tokenizer_and_template(monke
     "strategy",
     [
         "agent_parallel",
-        {"class_path": "comlrl_lightning.strategy.AgentParallelStrategy",
+        {"class_path": "comlrl_lightning.infra.strategy.AgentParallelStrategy",
          "init_args": {"agent_devices": ["cpu", "cpu"], "reference_devices": ["cpu", "cpu"]}},
     ],
 )  # fmt: skip

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from comlrl_lightning.envs.base import DecPOMDP, Episode
-from comlrl_lightning.rollout import Generation
-from comlrl_lightning.tree import compute_advantages, compute_returns, generations_per_episode, rollout_tree
+from comlrl_lightning.core.generation import Generation
+from comlrl_lightning.core.rollout import compute_advantages, compute_returns, generations_per_episode, rollout_tree
 
 K = 2
 

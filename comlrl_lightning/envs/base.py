@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from comlrl_lightning.rewards import RewardFunction, RewardOutput, WeightedReward, as_weighted_reward
+from comlrl_lightning.envs.rewards import RewardFunction, RewardOutput, WeightedReward, as_weighted_reward
 
 
 @dataclass

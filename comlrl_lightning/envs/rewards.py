@@ -6,6 +6,7 @@ for a joint action (the Dec-POMDP's shared reward); nothing here is per agent.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -27,14 +28,34 @@ class RewardFunction(Protocol):
     metric; default: the class or function name). It is not a protocol member so that
     LightningCLI/jsonargparse can check the protocol from the call signature alone.
 
-    Optionally a function exposes ``last_metrics: dict[str, list[float]]`` (one value per joint
-    action of its last call); :class:`WeightedReward` logs them as ``rewards/<name>/<key>``. The key
-    ``all_passed`` is reported as ``val/pass@1`` by validation.
+    A function returns either plain numbers (``J`` floats) or a :class:`RewardResult` (values plus
+    per-joint-action metrics, logged as ``rewards/<name>/<key>``). Nothing is reported through
+    attributes set as a side effect. (The annotation says ``list[float]`` because jsonargparse
+    matches a YAML class against this protocol by its exact signature.)
     """
 
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
     ) -> list[float]: ...
+
+
+PASS_AT_1 = "all_passed"
+"""The metric key a reward reports per joint action when the joint action solved the task (1.0/0.0);
+validation logs its mean as ``val/pass@1`` (one greedy sample per problem)."""
+
+
+@dataclass
+class RewardResult:
+    """What a reward function returns when it has more to say than the values.
+
+    Attributes:
+        values: ``J`` floats, one shared reward per joint action.
+        metrics: key -> ``J`` floats, logged as ``rewards/<name>/<key>`` (e.g. per-level values of a
+            level-gated reward, or :data:`PASS_AT_1`).
+    """
+
+    values: Sequence[float]
+    metrics: dict[str, Sequence[float]] = field(default_factory=dict)
 
 
 class RewardError(RuntimeError):
@@ -79,7 +100,7 @@ class RewardOutput:
     Attributes:
         total: ``[J]`` float32, the shared reward after weighting and processing.
         components: reward-function name -> ``[J]`` raw (unweighted) values, for logging; also
-            ``<name>/<key>`` for each function's ``last_metrics``.
+            ``<name>/<key>`` for each key of a function's :attr:`RewardResult.metrics`.
     """
 
     total: torch.Tensor
@@ -137,13 +158,12 @@ class WeightedReward:
         components: dict[str, torch.Tensor] = {}
         for fn, w in zip(self.functions, self.weights):
             name = reward_name(fn)
-            extras: dict[str, list[float]] = {}
+            extras: dict[str, Sequence[float]] = {}
             try:
-                values = fn(joint_actions, episodes, turn)
-                values = torch.as_tensor([float(v) for v in values], dtype=torch.float32)
-                if values.numel() != n:
-                    raise RewardError(f"returned {values.numel()} values for {n} joint actions")
-                extras = getattr(fn, "last_metrics", None) or {}
+                out = fn(joint_actions, episodes, turn)
+                if isinstance(out, RewardResult):
+                    out, extras = out.values, out.metrics
+                values = _as_values(out, n)
             except Exception as err:  # noqa: BLE001 - re-raised with context below
                 if not self.skip_invalid:
                     raise RewardError(f"reward function {name!r} failed at step {step}, turn {turn}: {err}") from err
@@ -166,6 +186,20 @@ class WeightedReward:
             self.num_invalid += int(invalid.sum())
             total[invalid] = self.invalid_reward
         return RewardOutput(total=total, components=components)
+
+
+def _as_values(out: object, n: int) -> torch.Tensor:
+    """``[n]`` float32 from a reward's return value. Only real numbers are accepted: a dict (whose
+    keys would be iterated) or numeric strings (which ``float`` would coerce) raise."""
+    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
+        raise RewardError(f"returned a {type(out).__name__}; expected a sequence of {n} numbers or a RewardResult")
+    bad = [v for v in out if not isinstance(v, (numbers.Real, torch.Tensor))]
+    if bad:
+        raise RewardError(f"returned a non-numeric value {bad[0]!r} ({type(bad[0]).__name__}); expected {n} numbers")
+    values = torch.as_tensor([float(v) for v in out], dtype=torch.float32)
+    if values.numel() != n:
+        raise RewardError(f"returned {values.numel()} values for {n} joint actions")
+    return values
 
 
 def as_weighted_reward(reward: RewardFunction | WeightedReward | Sequence[RewardFunction]) -> WeightedReward:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from comlrl_lightning.advantages import agent_sample_returns, group_advantages, joint_action_indices
+from comlrl_lightning.core.advantages import agent_sample_returns, group_advantages, joint_action_indices
 from comlrl_lightning.envs.base import DecPOMDP, Episode
-from comlrl_lightning.rollout import Generation
+from comlrl_lightning.core.generation import Generation
 
 GenerateFn = Callable[[Sequence[Sequence[str]]], list[Generation]]
 """Given, per agent, the prompt texts of all nodes of a turn, returns one Generation per agent."""

@@ -3,7 +3,7 @@
 The setup of the MAGRPO paper ("LLM Collaboration With Multi-Agent Reinforcement Learning",
 arXiv 2508.04652): agent 0 writes a helper function ``aux(...)``, agent 1 writes the problem's
 entry-point function, which may call ``aux``; the program ``prompt preamble + aux + main`` is
-tested against the problem's asserts in the sandbox (:mod:`comlrl_lightning.sandbox`), and both
+tested against the problem's asserts in the sandbox (:mod:`comlrl_lightning.sandbox.api`), and both
 agents get one level-gated shared reward (:class:`CooperativeCodeReward`). ``num_agents=1`` uses
 :class:`SinglePrompt` and :class:`SingleAgentCodeReward` (pass rate).
 """
@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.envs.code_text import (
+from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
+from comlrl_lightning.tasks.coding.code_text import (
     clean_completion, compiles, defines, find_function, parse_code, prompt_preamble, strip_fences,
 )
-from comlrl_lightning.sandbox import SandboxConfig, SandboxPool, TestJob, TestReport
+from comlrl_lightning.sandbox.api import SandboxConfig, SandboxPool, TestJob, TestReport
 
 HUMANEVAL_FIELDS = ("task_id", "prompt", "entry_point", "test", "canonical_solution")
 AUX = "aux"
@@ -204,8 +205,6 @@ class _CodeRewardBase:
         self._pool: SandboxPool | None = None
         self._tests: dict[tuple[str, str], tuple[str, list[str]]] = {}
         self._reports: OrderedDict[tuple[str, str], TestReport] = OrderedDict()  # (task_id, program) -> report
-        self.last_all_passed: list[bool] = []
-        self.last_reports: list[TestReport | None] = []
 
     CACHE_SIZE = 4096
 
@@ -222,12 +221,6 @@ class _CodeRewardBase:
         if key not in self._reports:
             return self._run([program], [row])[0]
         return self._reports[key]
-
-    @property
-    def last_metrics(self) -> dict[str, list[float]]:
-        """Per-joint-action extras of the last call, logged as ``rewards/<name>/<key>``:
-        ``all_passed`` (1.0 when every test passed: pass@1 under greedy decoding)."""
-        return {"all_passed": [float(x) for x in self.last_all_passed]}
 
     @property
     def pool(self) -> SandboxPool:
@@ -252,9 +245,12 @@ class _CodeRewardBase:
             self._reports[(str(rows[i].get("task_id", rows[i]["entry_point"])), programs[i])] = rep
         while len(self._reports) > self.CACHE_SIZE:
             self._reports.popitem(last=False)
-        self.last_reports = reports
-        self.last_all_passed = [r is not None and r.all_passed for r in reports]
         return reports
+
+    @staticmethod
+    def _solved(reports: list[TestReport | None]) -> list[float]:
+        """:data:`PASS_AT_1` per joint action: 1.0 when every test passed."""
+        return [float(r is not None and r.all_passed) for r in reports]
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_pool": None, "_reports": OrderedDict()}
@@ -295,8 +291,7 @@ class CooperativeCodeReward(_CodeRewardBase):
 
     ``r = 0.4·[aux] + 0.6·[main] + 0.5·[compiles] + 1.5·pass_frac + 0.5·[calls aux ∧ pass>0]
     + 0.5·[calls aux ∧ pass>0 ∧ non-trivial]``. The joint actions of a call run in parallel in a
-    :class:`SandboxPool`. After each call, :attr:`last_components` holds the per-level values
-    (for logging) and :attr:`last_all_passed` whether every test passed (pass@1).
+    :class:`SandboxPool`. The result's metrics hold each level's value and :data:`PASS_AT_1`.
 
     Small models often ignore the name they were asked for: with ``rename_helper`` (default) a
     helper that defines no ``aux`` has its last top-level function renamed ``aux`` (calls inside
@@ -316,31 +311,25 @@ class CooperativeCodeReward(_CodeRewardBase):
     ) -> None:
         super().__init__(config, max_workers)
         self.rename_helper = rename_helper
-        self.last_components: list[dict[str, float]] = []
 
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
-    ) -> list[float]:
+    ) -> RewardResult:
         _check_agents(joint_actions, episodes, 2, self.name)
         rows = [ep.data for ep in episodes]
         static = [self._static(ja[0], ja[1], row) for ja, row in zip(joint_actions, rows)]
         reports = self._run([s.program for s in static], rows)
-        self.last_components = [self._finish(s, rep) for s, rep in zip(static, reports)]
-        return [sum(c.values()) for c in self.last_components]
+        levels = [self._finish(s, rep) for s, rep in zip(static, reports)]
+        metrics = {k: [c[k] for c in levels] for k in self.LEVELS}
+        return RewardResult([sum(c.values()) for c in levels], {PASS_AT_1: self._solved(reports), **metrics})
 
     def program_for(self, joint_action: Sequence[str], row: dict[str, Any]) -> str | None:
         return self._static(joint_action[0], joint_action[1], row).program
 
-    @property
-    def last_metrics(self) -> dict[str, list[float]]:
-        """``all_passed`` plus each level's value (see the class docstring) per joint action."""
-        levels = {k: [c[k] for c in self.last_components] for k in self.LEVELS}
-        return {**super().last_metrics, **levels}
-
     def score_joint_action(self, aux_text: str, main_text: str, row: dict[str, Any]) -> dict[str, float]:
         """Per-level components of one joint action (their sum is the reward)."""
-        self(([aux_text, main_text],), (Episode(0, row),), 0)
-        return self.last_components[0]
+        metrics = self(([aux_text, main_text],), (Episode(0, row),), 0).metrics
+        return {k: metrics[k][0] for k in self.LEVELS}
 
     def _static(self, aux_text: str, main_text: str, row: dict[str, Any]) -> _Static:
         st = _Static(components=dict.fromkeys(self.LEVELS, 0.0))
@@ -419,7 +408,7 @@ class SingleAgentCodeReward(_CodeRewardBase):
     """Single-agent reward (``num_agents=1``): the fraction of the problem's tests that pass.
 
     The completion may hold the whole function or only its body (see
-    :func:`single_agent_program`). :attr:`last_all_passed` holds pass@1 of the last call.
+    :func:`single_agent_program`). The result's metrics hold :data:`PASS_AT_1`.
 
     Args:
         config: sandbox limits (default: 4 s per program, 1 s per test).
@@ -436,11 +425,12 @@ class SingleAgentCodeReward(_CodeRewardBase):
 
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
-    ) -> list[float]:
+    ) -> RewardResult:
         _check_agents(joint_actions, episodes, 1, self.name)
         rows = [ep.data for ep in episodes]
         reports = self._run([self.program_for(ja, row) for ja, row in zip(joint_actions, rows)], rows)
-        return [r.fraction_passed if r is not None else 0.0 for r in reports]
+        values = [r.fraction_passed if r is not None else 0.0 for r in reports]
+        return RewardResult(values, {PASS_AT_1: self._solved(reports)})
 
 
 def all_tests_pass(program: str, row: dict[str, Any], config: SandboxConfig | None = None) -> bool:

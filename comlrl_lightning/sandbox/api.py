@@ -3,10 +3,10 @@
 Generated code may loop forever, fork-bomb, allocate without bound, kill its parent, write
 anywhere, exit early or print a fake result. None of that may stop, slow (beyond its timeout) or
 corrupt training. Layers, each applied where the OS allows it (what was applied is listed in
-:attr:`TestReport.isolation`); the process side lives in :mod:`comlrl_lightning.sandbox_runner`,
-the in-child test harness in :mod:`comlrl_lightning.sandbox_harness`:
+:attr:`TestReport.isolation`); the process side lives in :mod:`comlrl_lightning.sandbox.runner`,
+the in-child test harness in :mod:`comlrl_lightning.sandbox.harness`:
 
-- **Intermediate launcher.** Training starts ``python sandbox_runner.py`` in a new session and
+- **Intermediate launcher.** Training starts ``python sandbox/runner.py`` in a new session and
   never forks the untrusted code itself: the code's parent is not training, and it shares no
   process group with it. No ``preexec_fn`` runs in the (threaded) training process.
 - **PID namespace** (root, or an unprivileged user namespace): the code runs under a PID-1 init
@@ -60,9 +60,9 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from comlrl_lightning.sandbox_harness import parse_records
+from comlrl_lightning.sandbox.harness import parse_records
 
-_RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_runner.py")
+_RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
 _UID_RANGE = (2_000_000_000, 2_100_000_000)
 STATUSES = ("passed", "failed", "error", "timeout", "killed")
 

@@ -1,6 +1,6 @@
-"""The process side of :mod:`comlrl_lightning.sandbox`: launcher, namespace init and worker.
+"""The process side of :mod:`comlrl_lightning.sandbox.api`: launcher, namespace init and worker.
 
-Started by :func:`comlrl_lightning.sandbox.run_tests` as ``python -s -S [-P] sandbox_runner.py JOB``
+Started by :func:`comlrl_lightning.sandbox.run_tests` as ``python -s -S [-P] runner.py JOB``
 (isolated mode, see there). It imports the standard library only. Three processes are involved:
 
 1. **launcher** (this script; the training process's child, in its own session). It creates a new
@@ -11,7 +11,7 @@ Started by :func:`comlrl_lightning.sandbox.run_tests` as ``python -s -S [-P] san
    tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and the working directory, a fresh ``/proc``;
    forks the worker, reaps orphans and reports the worker's exit status to the launcher.
 3. **worker**: resource limits, drops to an unused uid (root only), then runs
-   :func:`comlrl_lightning.sandbox_harness.run` (program, setup, each test).
+   :func:`comlrl_lightning.sandbox.harness.run` (program, setup, each test).
 
 Every step degrades gracefully where the OS refuses it; what was applied is reported as
 ``isolation``. Without a PID namespace the init and the launcher are child subreapers and kill
@@ -33,7 +33,7 @@ import time
 import traceback
 
 _spec = importlib.util.spec_from_file_location(
-    "sandbox_harness", os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_harness.py")
+    "sandbox_harness", os.path.join(os.path.dirname(os.path.abspath(__file__)), "harness.py")
 )
 harness = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(harness)

@@ -1,9 +1,9 @@
 """The test harness of the sandbox: runs the untrusted program, the setup and each test.
 
-Loaded by :mod:`comlrl_lightning.sandbox_runner` (standard library only) and called in the worker
+Loaded by :mod:`comlrl_lightning.sandbox.runner` (standard library only) and called in the worker
 process after the isolation is in place. Writes one JSON record per step to the result pipe:
 ``{"k": "program"|"test"|"done", "i": test index, "s": status, "e": error type, "m": message,
-"d": seconds, "n": nonce}``; the parent (:mod:`comlrl_lightning.sandbox`) validates the stream
+"d": seconds, "n": nonce}``; the parent (:mod:`comlrl_lightning.sandbox.api`) validates the stream
 with :func:`parse_records`.
 """
 

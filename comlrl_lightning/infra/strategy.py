@@ -19,7 +19,7 @@ Config forms (YAML)::
       strategy: agent_parallel            # registered name; devices from model.agent_devices or "auto"
     trainer:
       strategy:
-        class_path: comlrl_lightning.strategy.AgentParallelStrategy
+        class_path: comlrl_lightning.infra.strategy.AgentParallelStrategy
         init_args: {agent_devices: [cuda:0, cuda:1]}
 
 The device plan is resolved in :meth:`AgentParallelStrategy.model_to_device` (after ``configure_model``)

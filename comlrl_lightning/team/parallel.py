@@ -1,6 +1,6 @@
 """Running a team across devices: placement hooks and per-device agent threads (a MAGRPO mixin).
 
-With ``parallel_training="mp"`` and no :class:`~comlrl_lightning.strategy.AgentParallelStrategy`,
+With ``parallel_training="mp"`` and no :class:`~comlrl_lightning.infra.strategy.AgentParallelStrategy`,
 the module places the team itself (same planning functions as the strategy). When the agents span
 two or more devices and one is a GPU, per-agent work runs in one thread per device: CUDA kernels of
 different devices overlap while Python drives them. ``manual_backward`` is serialised (Lightning's
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from comlrl_lightning.strategy import (
+from comlrl_lightning.infra.strategy import (
     AgentParallelStrategy, optimizer_state_to_param_devices, place_module, plan_devices, visible_gpus,
 )  # fmt: skip
 

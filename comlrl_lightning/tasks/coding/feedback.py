@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.envs.coding import AUX, CooperativeCodeReward, SingleAgentCodeReward
-from comlrl_lightning.sandbox import TestReport
+from comlrl_lightning.tasks.coding.reward import AUX, CooperativeCodeReward, SingleAgentCodeReward
+from comlrl_lightning.sandbox.api import TestReport
 
 _ROLE = {0: "the helper function `aux`", 1: "the function `{entry_point}`"}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from comlrl_lightning.rollout import position_ids_from_mask
+from comlrl_lightning.core.generation import position_ids_from_mask
 
 LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean")
 

@@ -14,7 +14,7 @@ Use it from YAML::
 
     trainer:
       plugins:
-        - class_path: comlrl_lightning.checkpoint_io.AtomicCheckpointIO
+        - class_path: comlrl_lightning.infra.checkpoint_io.AtomicCheckpointIO
 
 or ``Trainer(plugins=[AtomicCheckpointIO()])``. Remote paths (``s3://``, ...) fall back to
 Lightning's own writer.

@@ -6,7 +6,7 @@ built from a config over a byte-level vocabulary, for tests and the toy task),
 ``builtin:tiny-llama-gpt2tok`` (a ~3.3M-parameter Llama built from a config over the GPT-2 BPE
 vocabulary of ``builtin:gpt2-tokenizer``, with a small chat template: another architecture, size and
 tokenizer, for heterogeneous-team tests) and the names in
-:mod:`comlrl_lightning.builtin` (e.g. ``builtin:smollm2-135m-instruct``).
+:mod:`comlrl_lightning.team.builtin` (e.g. ``builtin:smollm2-135m-instruct``).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
         raise ValueError(f"{where}.learning_rate: must be > 0, got {spec.learning_rate}")
     if spec.model.startswith(BUILTIN_PREFIX):
         name = spec.model[len(BUILTIN_PREFIX) :]
-        from comlrl_lightning.builtin import BUILTIN_MODELS
+        from comlrl_lightning.team.builtin import BUILTIN_MODELS
 
         known = sorted([*_TINY, *BUILTIN_MODELS])
         if name not in known:
@@ -142,7 +142,7 @@ _TINY: dict[str, tuple[Any, Any]] = {
 
 
 def _resolve_source(source: str) -> str:
-    from comlrl_lightning.builtin import resolve_model_spec
+    from comlrl_lightning.team.builtin import resolve_model_spec
 
     return resolve_model_spec(source)
 

@@ -34,14 +34,15 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
 
-from comlrl_lightning.advantages import ADVANTAGE_MODES, JOINT_MODES, SCALE_MODES
-from comlrl_lightning.agents import GENERATION_KEYS, AgentSpec, load_agent, validate_spec
+from comlrl_lightning.core.advantages import ADVANTAGE_MODES, JOINT_MODES, SCALE_MODES
+from comlrl_lightning.team.agents import GENERATION_KEYS, AgentSpec, load_agent, validate_spec
 from comlrl_lightning.envs.base import DecPOMDP, Episode
-from comlrl_lightning.losses import LOSS_AGGREGATIONS, aggregate, completion_logprobs, k3_kl, policy_loss_terms
-from comlrl_lightning.rollout import Generation, SamplingConfig, generate, has_chat_template, render_prompt
-from comlrl_lightning.parallel import BACKWARD_LOCK, AgentParallelMixin
-from comlrl_lightning.strategy import resolve_devices
-from comlrl_lightning.tree import Level, Node, compute_advantages, compute_returns, generations_per_episode, rollout_tree
+from comlrl_lightning.envs.rewards import PASS_AT_1
+from comlrl_lightning.core.losses import LOSS_AGGREGATIONS, aggregate, completion_logprobs, k3_kl, policy_loss_terms
+from comlrl_lightning.core.generation import Generation, SamplingConfig, generate, has_chat_template, render_prompt
+from comlrl_lightning.team.parallel import BACKWARD_LOCK, AgentParallelMixin
+from comlrl_lightning.infra.strategy import resolve_devices
+from comlrl_lightning.core.rollout import Level, Node, compute_advantages, compute_returns, generations_per_episode, rollout_tree
 
 
 def _choice(field: str, value: Any, allowed: Sequence[Any]) -> None:
@@ -473,7 +474,7 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         self.log("val/return", levels[0].returns.mean().to(dev), batch_size=n, sync_dist=True)
         for name, v in levels[0].components.items():
             self.log(f"val/rewards/{name}/mean", v.nanmean().to(dev), batch_size=n, sync_dist=True)
-            if name.endswith("/all_passed"):  # one sample per problem: the fraction solved is pass@1
+            if name.endswith(f"/{PASS_AT_1}"):  # one sample per problem: the fraction solved is pass@1
                 self.log("val/pass@1", v.nanmean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
         if self.hparams.num_turns > 1:
             for lv in levels:
@@ -487,7 +488,7 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         Sampling draws from torch's global RNG, so exact resume needs them (Lightning saves agents,
         optimizers, schedulers, loops and the datamodule's data position itself).
         """
-        from comlrl_lightning.rng import collect_rng_states
+        from comlrl_lightning.infra.rng import collect_rng_states
 
         checkpoint["rng_states"] = collect_rng_states()
 
@@ -504,7 +505,7 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         """Apply RNG states stashed by :meth:`on_load_checkpoint` (once), right before training resumes."""
         states = getattr(self, "_resume_rng_states", None)
         if states is not None:
-            from comlrl_lightning.rng import set_rng_states
+            from comlrl_lightning.infra.rng import set_rng_states
 
             set_rng_states(states)
             self._resume_rng_states = None

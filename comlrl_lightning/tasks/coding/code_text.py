@@ -1,6 +1,6 @@
 """Model completions as code: fences, prose, unfinished definitions; parsing helpers.
 
-Used by the coding rewards (:mod:`comlrl_lightning.envs.coding`) to clean a completion the way a
+Used by the coding rewards (:mod:`comlrl_lightning.tasks.coding.reward`) to clean a completion the way a
 user expects before it is tested.
 """
 

@@ -1,0 +1,1 @@
+"""The LightningModules: MAGRPO and its relatives."""

@@ -1,0 +1,1 @@
+"""Infrastructure: the agent-parallel strategy (placement), atomic checkpoint I/O, RNG states."""

@@ -1,0 +1,1 @@
+"""Tasks built on the Dec-POMDP protocol, each in its own wing."""

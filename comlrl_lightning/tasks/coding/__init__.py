@@ -1,0 +1,1 @@
+"""Cooperative coding on HumanEval: problems, prompts, the sandboxed reward, test feedback."""

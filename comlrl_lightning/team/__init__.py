@@ -1,0 +1,1 @@
+"""The team: agent specs, model loading (hub ids, local folders, ``builtin:`` models) and per-agent threads."""
