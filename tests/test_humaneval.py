@@ -54,7 +54,7 @@ def test_feedback_quotes_the_failing_assertion_and_ends_solved_episodes(dm):
     runs_before = len(reward._reports)
     prompts = dm.env.transition(ep, 0, [["p0"], ["p1"]], [[aux], [wrong]])
     assert len(reward._reports) == runs_before
-    assert "0/3 tests passed" in prompts[0] and "assert truncate_number(3.5) == 0.5" in prompts[1]
+    assert "0/1 visible tests passed" in prompts[0] and "assert truncate_number(3.5) == 0.5" in prompts[1]
     assert "Revise the helper function `aux`" in prompts[0] and "Revise the function `truncate_number`" in prompts[1]
     assert dm.env.transition(ep, 0, [["p0"], ["p1"]], [[aux], [right]]) is None
 

@@ -69,15 +69,7 @@ def launch(fields: dict, cfg: SandboxConfig) -> RawRun:
         SandboxError: the launcher could not start, crashed, or the sandbox failed to set up.
     """
     use_bwrap = cfg.namespaces and cfg.backend != "fallback" and _bwrap_usable(cfg)
-    try:
-        return _launch_once(fields, cfg, use_bwrap)
-    except SandboxError:
-        if cfg.backend == "bwrap" or not use_bwrap:
-            raise
-        with _backend_lock:  # bubblewrap broke after working: fall back for the rest of the process
-            _backend["bwrap"] = False
-        log.warning("sandbox: bubblewrap failed, using the fallback launcher from now on")
-        return _launch_once(fields, cfg, False)
+    return _launch_once(fields, cfg, use_bwrap)
 
 
 def _bwrap_usable(cfg: SandboxConfig) -> bool:

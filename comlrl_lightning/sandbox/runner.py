@@ -42,7 +42,7 @@ def _load(name: str):
 
 
 osl = _load("oslayer")
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 
 
 def main(job_path: str) -> int:
@@ -71,6 +71,7 @@ def main(job_path: str) -> int:
 def _run_bwrap(job: dict, ctl: str, out: dict, t0: float) -> None:
     spec, iso, missing = job["bwrap"], out["isolation"], out["missing"]
     deadline = t0 + job["timeout_s"]
+    osl.prctl(PR_SET_CHILD_SUBREAPER, 1)  # bwrap's namespace init can outlive bwrap: reap it here
     view = os.path.join(ctl, "view")
     osl.stage(spec["stage"], view)
     argv = [a.replace("{view}", view) for a in spec["argv"]]
@@ -116,6 +117,7 @@ def _run_bwrap(job: dict, ctl: str, out: dict, t0: float) -> None:
         os.kill(pid, signal.SIGKILL)
     _, st = os.waitpid(pid, 0)
     osl.cgroup_destroy(cgroups)  # leftovers that escaped bwrap's namespace (none expected)
+    osl.kill_children()  # and reap the zombies handed to us as subreaper
     oom = osl.cgroup_oom_killed(cgroups)
     os.set_blocking(ready_r, False)
     try:
