@@ -116,9 +116,9 @@ def _run_bwrap(job: dict, ctl: str, out: dict, t0: float) -> None:
     if out["timed_out"]:
         os.kill(pid, signal.SIGKILL)
     _, st = os.waitpid(pid, 0)
+    oom = osl.cgroup_oom_killed(cgroups)
     osl.cgroup_destroy(cgroups)  # leftovers that escaped bwrap's namespace (none expected)
     osl.kill_children()  # and reap the zombies handed to us as subreaper
-    oom = osl.cgroup_oom_killed(cgroups)
     os.set_blocking(ready_r, False)
     try:
         ready = os.read(ready_r, 16)
