@@ -26,6 +26,8 @@ CHILD = r"""
 import json, sys, time
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__ + repr(f)]
 sys.path.insert(0, {path!r})
+import comlrl_lightning
+comlrl_lightning.__path__.append({path!r})  # callbacks/ and datamodules/ sit at the root (pyproject package-dir)
 import lightning.pytorch as pl
 starts, steps = {{}}, []
 class Clock(pl.Callback):
@@ -34,7 +36,9 @@ class Clock(pl.Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         steps.append(time.perf_counter() - starts[batch_idx])
 import comlrl_lightning.cli as cli
+import functools
 init = pl.Trainer.__init__
+@functools.wraps(init)  # keeps the signature LightningCLI reads
 def patched(self, *a, **k):
     k["callbacks"] = list(k.get("callbacks") or []) + [Clock()]
     return init(self, *a, **k)

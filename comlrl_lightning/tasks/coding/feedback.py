@@ -17,7 +17,13 @@ from collections.abc import Sequence
 
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.sandbox.api import TestReport
-from comlrl_lightning.tasks.coding.reward import AUX, CooperativeCodeReward, SingleAgentCodeReward, visible_tests
+from comlrl_lightning.tasks.coding.reward import (
+    AUX,
+    CooperativeCodeReward,
+    SingleAgentCodeReward,
+    visible_tests,
+)
+
 
 def _kind(name: str | None, status: str) -> str:
     """A failure's type for the prompt: a builtin exception's name, else a generic word (a class

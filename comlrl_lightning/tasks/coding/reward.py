@@ -33,10 +33,22 @@ from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
 from comlrl_lightning.sandbox.api import SandboxConfig, SandboxPool, TestJob, TestReport
 from comlrl_lightning.tasks.coding.code_text import (
-    clean_completion, compiles, defines, find_function, parse_code, prompt_preamble, strip_fences,
+    clean_completion,
+    compiles,
+    defines,
+    find_function,
+    parse_code,
+    prompt_preamble,
+    strip_fences,
 )
 from comlrl_lightning.tasks.coding.data import (  # noqa: F401 - re-exported (public names of this module)
-    HUMANEVAL_FIELDS, _Rename, extract_tests, humaneval_path, load_humaneval_rows, split_tests, train_val_split,
+    HUMANEVAL_FIELDS,
+    _Rename,
+    extract_tests,
+    humaneval_path,
+    load_humaneval_rows,
+    split_tests,
+    train_val_split,
 )
 from comlrl_lightning.tasks.coding.judge import Judge
 from comlrl_lightning.tasks.coding.prompts import HelperPrompt, MainPrompt, SinglePrompt  # noqa: F401
