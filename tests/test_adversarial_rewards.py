@@ -183,6 +183,11 @@ def test_cooperation_bonus_needs_a_helper_that_really_contributes(coop, rows):
         "decorative_call": (TRIVIAL_AUX, HEAD + "    aux(numbers)\n" + SOLUTION_BODY, 3.0),
         "rebinds_aux_at_run_time": (TRIVIAL_AUX, HEAD + "    global aux\n    aux = lambda *a: None\n"
                                     "    aux(numbers)\n" + SOLUTION_BODY, 3.0),
+        "sabotages_attribution_runs": (TRIVIAL_AUX, HEAD + (
+            "    import gc\n    aux(numbers)\n"
+            "    for o in gc.get_objects():\n"
+            "        if isinstance(o, dict) and (o.get('stubs') or o.get('stub_name') or o.get('variant')):\n"
+            "            raise RuntimeError('attribution run: fail on purpose')\n") + SOLUTION_BODY, 3.0),
         "main_defines_its_own_aux": (TRIVIAL_AUX, HELPER_SOLVES + HEAD + "    return aux(numbers, threshold)\n",
                                      STATIC),
         "helper_does_the_work_trivial_wrapper": (HELPER_SOLVES, HEAD + "    return aux(numbers, threshold)\n", 3.5),
@@ -191,7 +196,7 @@ def test_cooperation_bonus_needs_a_helper_that_really_contributes(coop, rows):
     eps = [Episode(0, rows[0]) for _ in mains]
     res = coop([[a, m] for a, m, _ in mains.values()], eps, 0)
     assert dict(zip(mains, res.values)) == {k: pytest.approx(v[2]) for k, v in mains.items()}
-    assert res.metrics["main_redefined_protected"][4] == 1.0
+    assert res.metrics["main_redefined_protected"][list(mains).index("main_defines_its_own_aux")] == 1.0
 
 
 # ---------------------------------------------------------------------------------------- feedback

@@ -212,7 +212,7 @@ class CallsReport:
 
     Attributes:
         program: result of loading the program (``passed``: the entry point exists).
-        outputs: ``outputs[variant][call]``: ``{"o": value}`` (a plain value, decoded by the
+        outputs: one per call: ``{"o": value}`` (a plain value, decoded by the
             trusted side), ``{"x": exception type name}`` (``"Timeout"``, ``"UnsupportedOutput"``
             included) or ``None`` (no output: the process died, exited or ran out of time first).
         end: how the run ended (explains ``None`` outputs).
@@ -222,7 +222,7 @@ class CallsReport:
     """
 
     program: SandboxResult
-    outputs: list[list[dict | None]]
+    outputs: list[dict | None]
     end: SandboxResult
     stdout: str = ""
     stderr: str = ""
@@ -280,8 +280,6 @@ def run_calls(
     *,
     main: str = "",
     protected: Sequence[str] = (),
-    stubs: Sequence[str | None] = (None,),
-    stub_name: str = "aux",
     config: SandboxConfig | None = None,
     **overrides: object,
 ) -> CallsReport:
@@ -293,22 +291,20 @@ def run_calls(
         calls: inputs, each ``plain.dumps([args, kwargs])``.
         main: untrusted source loaded after ``program``; afterwards the names in ``protected``
             are restored to what ``program`` bound (or removed), so ``main`` cannot replace them.
-        stubs: variants to run, in order, in this one process: ``None`` (as loaded), ``"raise"``
-            or ``"none"`` (``stub_name`` replaced by a stand-in that raises / returns ``None``).
         config, **overrides: limits, as for :func:`run_tests` (``test_timeout_s`` is per call).
 
     Returns:
-        A :class:`CallsReport` with ``len(stubs)`` rows of ``len(calls)`` outputs.
+        A :class:`CallsReport` with ``len(calls)`` outputs.
 
     Raises:
         SandboxError: the sandbox could not be started or crashed (not the code's fault).
     """
     cfg = (config or SandboxConfig()).replace(**overrides)
     fields = {"mode": "calls", "program": program, "main": main, "protected": list(protected),
-              "entry_point": entry_point, "calls": list(calls), "stubs": list(stubs), "stub_name": stub_name}
+              "entry_point": entry_point, "calls": list(calls)}
     raw = launch(fields, cfg)
     end = _end_result(raw, cfg)
-    outputs: list[list[dict | None]] = [[None] * len(calls) for _ in stubs]
+    outputs: list[dict | None] = [None] * len(calls)
     program_res = None
     for line in raw.res["records"]:
         rec = _json_line(line)
@@ -317,9 +313,8 @@ def run_calls(
         if rec.get("k") == "program" and program_res is None:
             program_res = _result(rec, cfg.max_message_chars)
         v, i = rec.get("v"), rec.get("i")
-        if type(v) is int and type(i) is int and 0 <= v < len(stubs) and 0 <= i < len(calls) and (
-                outputs[v][i] is None):
-            outputs[v][i] = _output(rec)
+        if v == 0 and type(i) is int and 0 <= i < len(calls) and outputs[i] is None:
+            outputs[i] = _output(rec)
     if program_res is None:
         program_res = dataclasses.replace(end)
     return CallsReport(program_res, outputs, end, raw.stdout, raw.stderr, raw.duration_s, raw.isolation,

@@ -6,7 +6,7 @@ Standard library only; loaded by path in the sandboxed worker after the isolatio
 
 - ``"calls"`` (:func:`run_calls`, what rewards use): load the program, then call its entry point
   on each given input and write back the *outputs* as plain data
-  (:mod:`comlrl_lightning.sandbox.plain`): ``{"v": variant, "i": call, "o": output}`` or
+  (:mod:`comlrl_lightning.sandbox.plain`): ``{"v": 0, "i": call, "o": output}`` or
   ``{"v", "i", "x": exception type}``. No expected value, test or verdict is ever in this process,
   so nothing it can reach is worth forging; the trusted judge decides.
 - ``"record"`` (:func:`run_record`, trusted code only): run each test with ``candidate`` wrapped
@@ -147,13 +147,6 @@ def run(job: dict, wfd: int) -> None:
     os._exit(0)
 
 
-STUBS = {
-    "raise": "def {name}(*args, **kwargs):\n    raise RuntimeError('{name} is unavailable')\n",
-    "none": "def {name}(*args, **kwargs):\n    return None\n",
-}
-"""Stand-ins for a helper in the attribution runs: calls fail, or silently return ``None``."""
-
-
 def dispatch(job: dict, wfd: int) -> None:
     """Run ``job`` in the mode it names (``"tests"`` when absent)."""
     {"tests": run, "calls": run_calls, "record": run_record}[job.get("mode", "tests")](job, wfd)
@@ -187,9 +180,7 @@ def _loader(ns: dict, step_timeout: float, limit: int):
 def run_calls(job: dict, wfd: int) -> None:
     """Load ``program`` then ``main`` (names in ``protected`` are restored to the program's
     objects after ``main``), then call ``entry_point`` on each of ``calls`` (``plain.dumps`` of
-    ``[args, kwargs]``) once per variant in ``stubs`` (``None``: as loaded; ``"raise"``/``"none"``:
-    ``stub_name`` replaced by a :data:`STUBS` stand-in). Writes ``program``, one record per call
-    and ``done``, then ``os._exit(0)``."""
+    ``[args, kwargs]``). Writes ``program``, one record per call and ``done``, then ``os._exit(0)``."""
     _block_sockets()
     write, dumps, setitimer, _type, _callable = os.write, json.dumps, signal.setitimer, type, callable
     encode, loads, limit, timeout = plain.encode, plain.loads, job["max_message_chars"], job["test_timeout_s"]
@@ -214,10 +205,8 @@ def run_calls(job: dict, wfd: int) -> None:
     if err is None and not _callable(ns.get(entry)):
         err = {"s": "error", "e": "NameError", "m": f"{entry!r} is not defined"[:limit]}
     emit({"k": "program", **(err or {"s": "passed", "e": None, "m": ""})})
-    for v, stub in enumerate(job.get("stubs") or [None]) if err is None else ():
-        if stub is not None:
-            load(STUBS[stub].format(name=job["stub_name"]), "<stub>")
-        fn = ns.get(entry)
+    fn = ns.get(entry)
+    for v in (0,) if err is None else ():
         for i in range(len(calls)):
             try:
                 args, kwargs = loads(calls[i])

@@ -130,6 +130,13 @@ def _masks(root: str) -> list[str]:
 
 
 def bwrap_spec(scratch_mb: int) -> dict | None:
+    """A fresh copy of :func:`_bwrap_spec` (computed once per scratch size)."""
+    spec = _bwrap_spec(scratch_mb)
+    return None if spec is None else {**spec, "argv": list(spec["argv"])}
+
+
+@functools.lru_cache(maxsize=8)
+def _bwrap_spec(scratch_mb: int) -> dict | None:
     """The launcher's bubblewrap recipe: ``argv`` (with ``{view}``, ``{job_fd}``, ``{result_fd}``,
     ``{ready_fd}``, ``{seccomp_fd}`` placeholders), ``stage`` (``[source, name]`` bound read-only
     under ``{view}``), ``seccomp`` (filter path), ``cgroup``, ``layers``; ``None`` without bwrap."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import select
 import shutil
 import signal
@@ -263,7 +262,7 @@ KEYCTL_JOIN_SESSION_KEYRING = 1
 
 def new_session_keyring() -> bool:
     """Join a fresh anonymous session keyring (nothing of the launcher's keyring is reachable)."""
-    nr = _SYS_KEYCTL.get(platform.machine())
+    nr = _SYS_KEYCTL.get(os.uname().machine)
     try:
         return nr is not None and libc().syscall(ctypes.c_long(nr), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING),
                                                  ctypes.c_void_p(None)) >= 0

@@ -21,6 +21,7 @@ counts an ``error_<reason>`` metric.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import textwrap
 from collections import OrderedDict
@@ -52,7 +53,7 @@ from comlrl_lightning.tasks.coding.data import (  # noqa: F401 - re-exported (pu
 )
 from comlrl_lightning.tasks.coding.judge import Judge
 from comlrl_lightning.tasks.coding.prompts import HelperPrompt, MainPrompt, SinglePrompt  # noqa: F401
-from comlrl_lightning.tasks.coding.verdict import STUB_VARIANTS, evaluate
+from comlrl_lightning.tasks.coding.verdict import evaluate
 
 AUX = "aux"
 MAX_COMPLETION_CHARS = 20_000
@@ -102,6 +103,8 @@ class _Plan:
     components: dict[str, float] = field(default_factory=dict)
     program: str | None = None  # trusted preamble + helper (or the whole single-agent program)
     main: str = ""
+    preamble: str = ""
+    helper: str = ""
     protected: tuple[str, ...] = ()
     calls_aux: bool = False
     trivial: bool = True
@@ -130,7 +133,7 @@ class _CodeRewardBase:
         """The judged report of a joint action (cached from the last reward calls, else run now);
         ``None`` when it does not get as far as running."""
         p = self.plan(joint_action, row)
-        return None if p.program is None else self._evaluate([p], [row], (None,))[0][0]
+        return None if p.program is None else self._evaluate([p], [row])[0]
 
     @property
     def judge(self) -> Judge:
@@ -139,8 +142,8 @@ class _CodeRewardBase:
             self._judge = Judge(timeout_s=max(1.0, self.config.test_timeout_s * 2))
         return self._judge
 
-    def _evaluate(self, plans: list[_Plan], rows: list[dict[str, Any]], stubs: tuple) -> list[list[TestReport] | None]:
-        keys = [None if p.program is None else (str(r.get("task_id", r["entry_point"])), p.program, p.main, stubs)
+    def _evaluate(self, plans: list[_Plan], rows: list[dict[str, Any]]) -> list[TestReport | None]:
+        keys = [None if p.program is None else (str(r.get("task_id", r["entry_point"])), p.program, p.main)
                 for p, r in zip(plans, rows)]
         todo = sorted({i for i, k in enumerate(keys) if k is not None and k not in self._reports},
                       key=lambda i: keys.index(keys[i]))
@@ -150,7 +153,7 @@ class _CodeRewardBase:
                 self._executor = ThreadPoolExecutor(self.max_workers or SandboxPool().max_workers,
                                                     thread_name_prefix="reward")
             futures = [self._executor.submit(evaluate, rows[i], plans[i].program, self.judge, self.config,
-                                             main=plans[i].main, protected=plans[i].protected, stubs=stubs)
+                                             main=plans[i].main, protected=plans[i].protected)
                        for i in todo]
             for i, fut in zip(todo, futures):
                 self._reports[keys[i]] = fut.result()
@@ -159,14 +162,16 @@ class _CodeRewardBase:
         return [None if k is None else self._reports[k] for k in keys]
 
     def _score(self, plans: list[_Plan], rows: list[dict[str, Any]]) -> RewardResult:
-        reports = [None if r is None else r[0] for r in self._evaluate(plans, rows, (None,))]
+        reports = self._evaluate(plans, rows)
         levels = [self._finish(p, rep) for p, rep in zip(plans, reports)]
         attribute = [i for i, (p, rep) in enumerate(zip(plans, reports))
                      if p.calls_aux and rep is not None and rep.num_passed > 0]
-        if attribute:  # which passing tests fail without the helper (fresh sandbox runs)
-            stubbed = self._evaluate([plans[i] for i in attribute], [rows[i] for i in attribute], STUB_VARIANTS)
-            for i, variants in zip(attribute, stubbed):
-                needed = [t.passed and not any(v.tests[j].passed for v in variants)
+        if attribute:  # which passing tests fail without the helper: fresh runs, indistinguishable jobs
+            variants = [[dataclasses.replace(plans[i], program=guarded(_with_stub, plans[i], body)[0] or plans[i].program) for i in attribute]
+                        for body in STUB_BODIES]
+            stubbed = [self._evaluate(v, [rows[i] for i in attribute]) for v in variants]
+            for k, i in enumerate(attribute):
+                needed = [t.passed and not any(runs[k].tests[j].passed for runs in stubbed)
                           for j, t in enumerate(reports[i].tests)]
                 if any(needed):
                     levels[i]["coop_calls_aux"] = 0.5
@@ -200,6 +205,23 @@ class _CodeRewardBase:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_executor": None, "_judge": None, "_reports": OrderedDict()}
+
+
+STUB_BODIES = ("raise RuntimeError('aux is unavailable')", "return None")
+"""Attribution: the helper's body replaced (signature kept) by one that raises, and one returning ``None``."""
+
+
+def _with_stub(plan: _Plan, body: str) -> str:
+    """The plan's program with ``aux``'s body replaced by ``body``: the job then looks like any other run
+    (nothing in the sandboxed process says it is an attribution run)."""
+    tree, fn = parse_code(plan.helper), find_function(plan.helper, AUX)
+    if tree is None or fn is None:  # no helper `aux` to stub: the run is the real one (no bonus)
+        return plan.program
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == AUX and (
+                node.lineno, node.col_offset) == (fn.lineno, fn.col_offset):
+            node.body = ast.parse(body).body
+    return "\n\n".join(p for p in (plan.preamble, ast.unparse(tree)) if p.strip()) + "\n"
 
 
 def _check_agents(
@@ -317,6 +339,7 @@ class CooperativeCodeReward(_CodeRewardBase):
             return self._filled(st)
         st.components["syntax"] = 0.5
         st.program, st.main, st.protected = program, main, tuple(sorted(protected))
+        st.preamble, st.helper = preamble, aux
         main_fn = find_function(main, entry)
         if main_fn is not None:
             st.calls_aux = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == AUX
@@ -404,7 +427,7 @@ def all_tests_pass(program: str, row: dict[str, Any], config: SandboxConfig | No
     """Whether ``program`` passes every test of the problem ``row`` (judged; pass@1 of one sample)."""
     judge = Judge()
     try:
-        report = evaluate(row, program, judge, config or _default_config())[0]
+        report = evaluate(row, program, judge, config or _default_config())
     finally:
         judge.close()
     return report.all_passed

@@ -15,10 +15,6 @@ from comlrl_lightning.sandbox.api import CallsReport, SandboxConfig, SandboxResu
 from comlrl_lightning.tasks.coding.judge import Judge
 from comlrl_lightning.tasks.coding.recorder import Recording, recording_for
 
-STUB_VARIANTS = ("raise", "none")
-"""Attribution runs: the helper replaced by a stub that raises, then by one that returns ``None``."""
-
-
 def evaluate(
     row: dict[str, Any],
     program: str,
@@ -27,11 +23,9 @@ def evaluate(
     *,
     main: str = "",
     protected: Sequence[str] = (),
-    stubs: Sequence[str | None] = (None,),
-    stub_name: str = "aux",
-) -> list[TestReport]:
-    """Judged test results of ``program`` (then ``main``) on problem ``row``, one
-    :class:`TestReport` per variant in ``stubs`` (see :func:`~comlrl_lightning.sandbox.api.run_calls`).
+) -> TestReport:
+    """Judged test results of ``program`` (then ``main``, see
+    :func:`~comlrl_lightning.sandbox.api.run_calls`) on problem ``row``.
 
     Raises:
         SandboxError: the sandbox could not run (not the program's fault).
@@ -39,13 +33,11 @@ def evaluate(
     """
     rec = recording_for(row)
     keys = rec.keys
-    calls = run_calls(program, rec.entry_point, keys, main=main, protected=protected, stubs=stubs,
-                      stub_name=stub_name, config=config)
-    return [_judged(rec, keys, calls, v, judge, config.max_message_chars) for v in range(len(stubs))]
+    calls = run_calls(program, rec.entry_point, keys, main=main, protected=protected, config=config)
+    return _judged(rec, keys, calls, judge, config.max_message_chars)
 
 
-def _judged(rec: Recording, keys: list[str], calls: CallsReport, variant: int, judge: Judge, lim: int
-            ) -> TestReport:
+def _judged(rec: Recording, keys: list[str], calls: CallsReport, judge: Judge, lim: int) -> TestReport:
     kw = {"stdout": calls.stdout, "stderr": calls.stderr, "duration_s": calls.duration_s,
           "isolation": calls.isolation, "missing": calls.missing}
     program = calls.program
@@ -53,7 +45,7 @@ def _judged(rec: Recording, keys: list[str], calls: CallsReport, variant: int, j
         note = f"program failed to load: {program.error_type}: {program.message}"[:lim]
         tests = [SandboxResult(program.status, program.error_type, note) for _ in rec.tests]
         return TestReport(program, tests, **kw)
-    outs = calls.outputs[variant]
+    outs = calls.outputs
     outputs = {k: _wire(o) for k, o in zip(keys, outs) if o is not None}
     results = judge.judge(rec.setup, rec.tests, outputs, rec.seed, rec.entry_point)
     tests = []
