@@ -105,6 +105,7 @@ def _launch_once(fields: dict, cfg: SandboxConfig, use_bwrap: bool) -> RawRun:
             "memory_mb": cfg.memory_mb, "file_size_mb": cfg.file_size_mb, "disk_mb": cfg.disk_mb,
             "max_processes": cfg.max_processes, "namespaces": cfg.namespaces,
             "uid": uid, "gid": uid, "unique_uid": unique, "max_message_chars": cfg.max_message_chars,
+            "cgroup_name": f"comlrl-sbx-{secrets.token_hex(8)}",
         }
         if use_bwrap:
             spec = isolation.bwrap_spec(cfg.disk_mb)
@@ -113,7 +114,8 @@ def _launch_once(fields: dict, cfg: SandboxConfig, use_bwrap: bool) -> RawRun:
         job_path = os.path.join(base, "job.json")
         with open(os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump(job, f)
-        killed_by_parent, launcher_rc = _launch(job_path, base, workdir, cfg, uid, unique)
+        cgroups = [os.path.join(d, job["cgroup_name"]) for _, d in job.get("bwrap", {}).get("cgroup", {}).get("dirs", [])]
+        killed_by_parent, launcher_rc = _launch(job_path, base, workdir, cfg, uid if unique else None, cgroups)
         lim = cfg.max_output_chars
         stdout, stderr = _tail(os.path.join(base, "stdout"), lim), _tail(os.path.join(base, "stderr"), lim)
         try:
@@ -163,7 +165,7 @@ def _pick_uid(cfg: SandboxConfig) -> tuple[int | None, bool]:
 
 
 def _launch(
-    job_path: str, base: str, workdir: str, cfg: SandboxConfig, uid: int | None, unique: bool
+    job_path: str, base: str, workdir: str, cfg: SandboxConfig, unique_uid: int | None, cgroups: list[str]
 ) -> tuple[bool, int]:
     """Start the launcher and wait for it: (whether the parent had to kill it, its return code)."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
@@ -181,12 +183,13 @@ def _launch(
         try:
             return False, proc.wait(timeout=cfg.timeout_s + cfg.startup_grace_s)
         except subprocess.TimeoutExpired:
-            _kill_stuck(proc, base, uid if unique else None)
+            _kill_stuck(proc, base, unique_uid, cgroups)
             return True, proc.returncode
 
 
-def _kill_stuck(proc: subprocess.Popen, base: str, unique_uid: int | None) -> None:
-    """Fallback when the launcher overran: kill its namespace init, its process group, the uid."""
+def _kill_stuck(proc: subprocess.Popen, base: str, unique_uid: int | None, cgroups: list[str]) -> None:
+    """Fallback when the launcher overran: kill its namespace init, its process group, the uid and
+    the run's cgroups (then removed)."""
     try:
         with open(os.path.join(base, "init.pid")) as f:
             os.kill(int(f.read()), signal.SIGKILL)  # still the launcher's unreaped child
@@ -197,9 +200,9 @@ def _kill_stuck(proc: subprocess.Popen, base: str, unique_uid: int | None) -> No
     except OSError:
         pass
     proc.wait()
-    if unique_uid is not None:  # in a fresh process: forking the (threaded) training process is unsafe
+    if unique_uid is not None or cgroups:  # in a fresh process: forking the (threaded) training process is unsafe
         quiet = subprocess.DEVNULL
-        cmd = [sys.executable, "-s", "-S", _RUNNER, "--kill-uid", str(unique_uid)]
+        cmd = [sys.executable, "-s", "-S", _RUNNER, "--cleanup", json.dumps({"uid": unique_uid, "cgroups": cgroups})]
         subprocess.run(cmd, env={}, timeout=30, stdin=quiet, stdout=quiet, stderr=quiet, check=False)
 
 

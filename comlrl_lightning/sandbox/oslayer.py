@@ -71,7 +71,7 @@ def kill_uid(uid: int) -> None:
 
     A forked helper switches to ``uid`` and calls ``kill(-1, SIGKILL)``: the kernel signals every
     process of that uid in one pass, so a fork bomb cannot outrun it (unlike scanning ``/proc``).
-    Forks, so call it from a single-threaded process (the launcher, or ``--kill-uid``).
+    Forks, so call it from a single-threaded process (the launcher, or ``--cleanup``).
     """
     if uid <= 0:
         raise ValueError(f"kill_uid: refusing uid {uid}")
@@ -245,7 +245,7 @@ def cgroup_destroy(dirs: list[str], rounds: int = 200) -> None:
                 except OSError:
                     pass
             time.sleep(0.002)
-        for _ in range(50):
+        for _ in range(400):  # up to ~2 s: a killed task may still be exiting
             try:
                 os.rmdir(path)
                 break

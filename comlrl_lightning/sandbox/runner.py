@@ -18,7 +18,8 @@ as ``missing``):
 - **fallback** (:mod:`comlrl_lightning.sandbox.nsinit`): namespaces through ``unshare``, a
   dropped uid and rlimits, as before bubblewrap.
 
-``runner.py --kill-uid UID`` SIGKILLs every process of a (unique) uid.
+``runner.py --cleanup JSON`` (``{"uid": unique uid or null, "cgroups": [dirs]}``), run by the parent
+when the launcher itself overran: SIGKILLs every process of the uid and of the cgroups, removes them.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def _run_bwrap(job: dict, ctl: str, out: dict, t0: float) -> None:
     view = os.path.join(ctl, "view")
     osl.stage(spec["stage"], view)
     argv = [a.replace("{view}", view) for a in spec["argv"]]
-    cgroups = osl.cgroup_create(spec.get("cgroup", {}), f"comlrl-sbx-{os.getpid()}-{time.monotonic_ns()}",
+    cgroups = osl.cgroup_create(spec.get("cgroup", {}), job["cgroup_name"],
                                 job["memory_mb"] << 20, job["max_processes"])
     if spec.get("cgroup", {}).get("dirs"):
         (iso if cgroups else missing).append("cgroup")
@@ -175,7 +176,10 @@ def _rlimits(job: dict) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--kill-uid":
-        osl.kill_uid(int(sys.argv[2]))
+    if sys.argv[1] == "--cleanup":
+        what = json.loads(sys.argv[2])
+        if what.get("uid"):
+            osl.kill_uid(int(what["uid"]))
+        osl.cgroup_destroy([str(d) for d in what.get("cgroups", [])])
         sys.exit(0)
     sys.exit(main(sys.argv[1]))
