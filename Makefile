@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export OMP_WAIT_POLICY ?= PASSIVE
 CONFIG ?= configs/humaneval_smollm2.yaml
 
-.PHONY: setup run toy test test-fast bench clean
+.PHONY: setup run toy lint test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -25,10 +25,13 @@ run: setup  ## the main job on the embedded default config
 toy: setup  ## the CPU toy task (two tiny agents, ~30 s)
 	$(VENV)/bin/comlrl-lightning fit --config configs/toy_length_ratio.yaml
 
-test: setup  ## every test, the slow learning tests included
+test: setup lint  ## every test, the slow learning tests included
 	$(VENV)/bin/pytest -q
 
-test-fast: setup
+lint: setup  ## ruff (rules in pyproject.toml)
+	$(VENV)/bin/ruff check .
+
+test-fast: setup lint
 	$(VENV)/bin/pytest -q -m "not slow"
 
 bench: setup

@@ -42,10 +42,10 @@ def placement(module, optimizers) -> dict:
 
 def run(agent0: str = "cuda:0", accelerator: str = "gpu", steps: int = 4) -> bool:
     import lightning.pytorch as pl
+    from comlrl_lightning.datamodules import LengthRatioDataModule
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from comlrl_lightning import MAGRPO, AgentParallelStrategy
-    from comlrl_lightning.datamodules import LengthRatioDataModule
 
     expected = {0: torch.device(agent0), 1: torch.device("cpu")}
     reports: dict[str, dict] = {}

@@ -118,12 +118,14 @@ class RewardLogger(pl.Callback):
         pl_module.log(name, metric, on_step=False, on_epoch=True, batch_size=batch_size, metric_attribute=key)
 
 
-def step_metrics(out: dict[str, Any], hparams: Any, wall_s: float) -> dict[str, float]:
+def step_metrics(out: Mapping[str, Any], loss_config: Any, wall_s: float) -> dict[str, float]:
     """The per-step metrics of one ``training_step`` output dict (see :class:`RewardLogger`).
 
     Args:
-        out: the dict ``MAGRPO.training_step`` returns.
-        hparams: the module's hparams (``beta`` and ``num_iterations`` decide which agent stats are logged).
+        out: the :class:`~comlrl_lightning.core.records.StepOutput` a training step returns (or a
+            mapping with its keys).
+        loss_config: the module's :class:`~comlrl_lightning.core.config.LossConfig` or a mapping
+            (``beta`` and ``num_iterations`` decide which agent stats are logged).
         wall_s: wall time of the step in seconds (throughput is skipped when ≤ 0).
 
     Returns:
@@ -144,8 +146,8 @@ def step_metrics(out: dict[str, Any], hparams: Any, wall_s: float) -> dict[str, 
         metrics[f"agent_{i}/completions/clipped_ratio"] = float(clipped.float().mean())
     all_clipped = torch.cat([c.float().flatten() for c in out["clipped"]])
     metrics["completions/clipped_ratio"] = float(all_clipped.mean())
-    beta = float(_hp(hparams, "beta", 0.0))
-    iterations = int(_hp(hparams, "num_iterations", 1))
+    beta = float(_field(loss_config, "beta", 0.0))
+    iterations = int(_field(loss_config, "num_iterations", 1))
     for i, stats in enumerate(out.get("agent_stats", ())):
         metrics[f"agent_{i}/grad_norm"] = float(stats["grad_norm"])
         if beta > 0:
@@ -166,5 +168,5 @@ def _reduce_fx(name: str) -> str:
     return "sum" if name.endswith("_per_second") else "mean"
 
 
-def _hp(hparams: Any, key: str, default: Any) -> Any:
-    return hparams.get(key, default) if hasattr(hparams, "get") else getattr(hparams, key, default)
+def _field(config: Any, key: str, default: Any) -> Any:
+    return config.get(key, default) if isinstance(config, Mapping) else getattr(config, key, default)

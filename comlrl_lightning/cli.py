@@ -14,8 +14,8 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
-from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.algorithms.magrpo import MAGRPO
+from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 
 _SUMMARY_KEYS = ("val/pass@1", "val/reward", "reward")
 

@@ -10,11 +10,6 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-from comlrl_lightning import MAGRPO
-from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 from comlrl_lightning.callbacks import AgentCheckpoint, CompletionLogger, GradientCheckpointing, RewardLogger
 from comlrl_lightning.callbacks.agent_checkpoint import save_agents
 from comlrl_lightning.callbacks.completion_logger import completion_table
@@ -24,7 +19,12 @@ from comlrl_lightning.callbacks.gradient_checkpointing import (
 )
 from comlrl_lightning.callbacks.reward_logger import step_metrics
 from comlrl_lightning.datamodules import LengthRatioDataModule
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from comlrl_lightning import MAGRPO
 from comlrl_lightning.core.losses import completion_logprobs
+from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

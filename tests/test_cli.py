@@ -43,7 +43,7 @@ def test_print_config_round_trips(tmp_path, capsys):
     assert exit_info.value.code == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["model"]["class_path"] == "comlrl_lightning.MAGRPO"
-    assert cfg["model"]["init_args"]["num_generations"] == 4
+    assert cfg["model"]["init_args"]["rollout"]["num_generations"] == 4
     assert [a["model"] for a in cfg["model"]["init_args"]["agents"]] == ["builtin:tiny-gpt2"] * 2
 
 
@@ -84,3 +84,13 @@ def test_saved_config_keeps_template_formatters_verbatim(tmp_path):
     fit("toy_grpo.yaml", tmp_path, "--trainer.max_steps=1", "--trainer.limit_val_batches=0")
     saved = yaml.safe_load(next(tmp_path.rglob("config.yaml")).read_text())
     assert saved["data"]["init_args"]["formatters"] == ["Note on {topic}:"]
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
+def test_every_shipped_experiment_parses_with_print_config(config, capsys):
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", f"configs/{config}", "--print_config"])
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    init = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
+    assert init["rollout"]["num_generations"] >= 2 and init["sampling"]["max_new_tokens"] >= 1

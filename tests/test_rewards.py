@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.envs.toy import LengthRatioReward
 from comlrl_lightning.envs.rewards import RewardError, RewardProcessor, WeightedReward
+from comlrl_lightning.envs.toy import LengthRatioReward
 
 EPS = [Episode(0), Episode(0)]
 

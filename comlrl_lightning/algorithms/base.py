@@ -25,7 +25,12 @@ from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.envs.rewards import PASS_AT_1
 from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
 from comlrl_lightning.infra.strategy import (
-    AgentParallelStrategy, optimizer_state_to_param_devices, place_module, plan_devices, resolve_devices, visible_gpus,
+    AgentParallelStrategy,
+    optimizer_state_to_param_devices,
+    place_module,
+    plan_devices,
+    resolve_devices,
+    visible_gpus,
 )  # fmt: skip
 from comlrl_lightning.team.agents import AgentSpec, validate_spec
 from comlrl_lightning.team.team import BACKWARD_LOCK, Team

@@ -33,7 +33,12 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.algorithms.base import CoMLRLModule, normalize_agents
 from comlrl_lightning.core.config import (
-    AdvantageConfig, LossConfig, PlacementConfig, RolloutConfig, SamplingConfig, group_flat_kwargs,
+    AdvantageConfig,
+    LossConfig,
+    PlacementConfig,
+    RolloutConfig,
+    SamplingConfig,
+    group_flat_kwargs,
 )  # fmt: skip
 from comlrl_lightning.core.records import AgentStats, StepOutput, Turn
 from comlrl_lightning.core.rollout import compute_advantages, compute_returns, rollout_tree
