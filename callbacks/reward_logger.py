@@ -75,7 +75,7 @@ class RewardLogger(pl.Callback):
             wall_s = float(outputs.get("step_time_s", 0.0))
         self._t0 = None
         n = outputs["num_episodes"]
-        for name, value in step_metrics(outputs, getattr(pl_module, "loss", {}), wall_s).items():
+        for name, value in step_metrics(outputs, _loss_config(pl_module), wall_s).items():
             # sync_dist: under DDP min/max lengths take the min/max over ranks, throughput the sum
             pl_module.log(name, value, on_step=True, on_epoch=False, batch_size=n, sync_dist=True,
                           reduce_fx=_reduce_fx(name), prog_bar=self.prog_bar and name == "tokens_per_second")
@@ -170,3 +170,8 @@ def _reduce_fx(name: str) -> str:
 
 def _field(config: Any, key: str, default: Any) -> Any:
     return config.get(key, default) if isinstance(config, Mapping) else getattr(config, key, default)
+
+
+def _loss_config(pl_module: pl.LightningModule) -> Any:
+    """The module's LossConfig (``beta``, ``num_iterations``); a module without one: its hparams."""
+    return getattr(pl_module, "loss", None) or pl_module.hparams

@@ -488,8 +488,8 @@ def test_cli_accepts_both_strategy_forms(tmp_path, monkeypatch, strategy):
                     "enable_progress_bar": False, "enable_checkpointing": False, "limit_val_batches": 0,
                     "default_root_dir": str(tmp_path)},
         "model": {"class_path": "comlrl_lightning.MAGRPO",
-                  "init_args": {"agents": [{"model": "builtin:tiny-gpt2"}] * 2, "num_generations": 2,
-                                "max_new_tokens": 8, "beta": 0.1}},
+                  "init_args": {"agents": [{"model": "builtin:tiny-gpt2"}] * 2, "rollout": {"num_generations": 2},
+                                "sampling": {"max_new_tokens": 8}, "loss": {"beta": 0.1}}},
         "data": {"class_path": "comlrl_lightning.datamodules.LengthRatioDataModule",
                  "init_args": {"num_train": 8, "batch_size": 2}},
     }  # fmt: skip
