@@ -44,12 +44,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     devices = ["cuda:0", "cuda:1"] if torch.cuda.device_count() >= 2 else ["cuda:0", "cpu"]
 
-    from comlrl_lightning import MAGRPO
+    from comlrl_lightning import MAGRPO, RolloutConfig, SamplingConfig
     from comlrl_lightning.infra.strategy import place_module, plan_devices
 
     kwargs = {"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "n_positions": 1024}
     spec = {"model": "builtin:tiny-gpt2", "model_kwargs": kwargs}
-    model = MAGRPO(agents=[spec, dict(spec)], num_generations=args.k, max_new_tokens=args.new_tokens)
+    model = MAGRPO(agents=[spec, dict(spec)], rollout=RolloutConfig(num_generations=args.k),
+                   sampling=SamplingConfig(max_new_tokens=args.new_tokens))  # fmt: skip
     model.configure_model()
     for agent in model.agents:
         agent.generation_config.min_new_tokens = args.new_tokens  # equal work in both modes
