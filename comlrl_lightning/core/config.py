@@ -13,7 +13,7 @@ in Python a group is a dataclass (``MAGRPO(agents, rollout=RolloutConfig(num_gen
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 JointMode = Literal["aligned", "cross", "crossed"]
@@ -219,6 +219,10 @@ GROUPS: dict[str, type] = {
 }  # fmt: skip
 """Init-argument name -> config group, in the order a step uses them."""
 
+DEFAULTS: dict[str, Any] = {name: cls() for name, cls in GROUPS.items()}
+"""Each group's defaults: the signature defaults (so ``--print_config`` lists every field); never
+mutated (:func:`group_flat_kwargs` returns copies)."""
+
 DEPRECATED_KEYS: dict[str, tuple[str, str]] = {
     "scale_advantages": ("advantage", "scale_rewards"),
     "loss_aggregation": ("loss", "loss_type"),
@@ -257,5 +261,5 @@ def group_flat_kwargs(flat: dict[str, Any], groups: dict[str, Any]) -> dict[str,
             if given is not None and given != cls():
                 raise ValueError(f"{group}: given as an object and as flat keys {sorted(per_group[group])}; give one")
             given = cls(**per_group[group])
-        out[group] = given if given is not None else cls()
+        out[group] = replace(given) if given is not None else cls()  # a copy: defaults are shared
     return out
