@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export OMP_WAIT_POLICY ?= PASSIVE
 CONFIG ?= configs/humaneval_smollm2.yaml
 
-.PHONY: setup run toy test test-fast bench clean
+.PHONY: setup run toy test test-fast bench gpu-assets gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,19 @@ test-fast: setup
 bench: setup
 	$(PIP) install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/run.py
+
+# The GPU check (issue 16) runs on a machine with its own torch/transformers/lightning and no network, so it
+# does not use the venv: `make gpu-assets` here fills the ignored .gpu/ (wheels, the SmolLM2 GGUF in two
+# parts); `make gpu-check` there installs them into .gpu/site and runs benchmarks/gpu_check.py.
+GPU_PY ?= python3
+GPU_OUT ?= gpu_check_out
+
+gpu-assets: setup
+	$(PY) benchmarks/gpu_assets.py prepare
+
+gpu-check:
+	$(GPU_PY) benchmarks/gpu_assets.py install
+	PYTHONPATH=$(CURDIR)/.gpu/site$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/gpu_check.py --out $(GPU_OUT)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -13,6 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 
+# How ``generate`` produces tokens (log-probs for the loss always come from the training forward):
+# "dynamic": HF ``generate`` with its dynamic KV cache; "static_compile": ``cache_implementation="static"``,
+# which transformers compiles with ``torch.compile`` on CUDA; "continuous_batching": transformers'
+# ``generate_batch`` (paged KV cache, rows scheduled as they finish); "auto": the default per device type.
+GENERATION_BACKENDS = ("auto", "dynamic", "static_compile", "continuous_batching")
+# What "auto" picks. CUDA stays on today's path until a GPU measurement (benchmarks/gpu_check.py,
+# generation throughput) shows another one faster; none has run yet.
+AUTO_BACKEND = {"cpu": "dynamic", "cuda": "dynamic"}
+
 
 @dataclass
 class SamplingConfig:
@@ -25,6 +34,12 @@ class SamplingConfig:
         max_new_tokens: completion budget in tokens.
         max_prompt_length: longer prompts keep their last tokens (TRL's ``max_prompt_length``);
             ``None`` keeps everything.
+        generation_backend: how tokens are generated, one of ``GENERATION_BACKENDS`` (default
+            ``"auto"``: ``AUTO_BACKEND`` for the model's device type, today's dynamic-cache ``generate``
+            on CPU and CUDA). Only the sampler changes: log-probs still come from the training forward.
+
+    Raises:
+        ValueError: ``generation_backend`` is not one of ``GENERATION_BACKENDS``.
     """
 
     temperature: float = 1.0
@@ -32,6 +47,17 @@ class SamplingConfig:
     top_k: int | None = None
     max_new_tokens: int = 64
     max_prompt_length: int | None = None
+    generation_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.generation_backend not in GENERATION_BACKENDS:
+            raise ValueError(f"generation_backend: got {self.generation_backend!r}, allowed: {list(GENERATION_BACKENDS)}")
+
+    def backend_for(self, device: torch.device) -> str:
+        """The backend ``generate`` uses on ``device`` (``"auto"`` resolved through ``AUTO_BACKEND``)."""
+        if self.generation_backend != "auto":
+            return self.generation_backend
+        return AUTO_BACKEND.get(device.type, "dynamic")
 
 
 @dataclass
@@ -156,6 +182,29 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def _continuous_batching(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+    """``[R, C]`` completions from transformers' ``generate_batch`` (unpadded prompts in, rows padded
+    with ``pad_token_id`` out), in the order of ``ids``' rows."""
+    from transformers import GenerationConfig
+
+    if not hasattr(model, "generate_batch"):
+        raise ValueError(f"generation_backend: 'continuous_batching' needs transformers' generate_batch, "
+                         f"which {type(model).__name__} lacks; use 'dynamic' or 'static_compile'")  # fmt: skip
+    prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
+    max_new = kwargs.pop("max_new_tokens")
+    config = GenerationConfig(**{k: v for k, v in kwargs.items() if v is not None}, max_new_tokens=max_new)
+    out = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    # request ids are "req_<n>", numbered in the order the prompts were given
+    rows = [out[key].generated_tokens for key in sorted(out, key=lambda k: int(k.rsplit("_", 1)[-1]))]
+    if len(rows) != len(prompts):
+        raise RuntimeError(f"continuous batching returned {len(rows)} of {len(prompts)} completions")
+    width = max(1, max(len(r) for r in rows))
+    padded = torch.full((len(rows), width), kwargs["pad_token_id"], dtype=torch.long)
+    for i, r in enumerate(rows):
+        padded[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+    return padded
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -168,9 +217,14 @@ def generate(
 ) -> Generation:
     """One batched ``generate`` call: ``K = num_generations`` samples for each of ``B`` prompts.
 
-    The model is put in eval mode (KV cache on) and restored afterwards. Tensors come back on CPU.
+    The sampler is ``sampling.backend_for(device)`` (see ``GENERATION_BACKENDS``). The model is put in
+    eval mode (KV cache on) and restored afterwards. Tensors come back on CPU.
+
+    Raises:
+        ValueError: ``continuous_batching`` on a model without transformers' ``generate_batch``.
     """
     device = next(model.parameters()).device
+    backend = sampling.backend_for(device)
     ids, mask = tokenize_prompts(tokenizer, prompt_texts, chat_rendered, sampling.max_prompt_length)
     ids = ids.repeat_interleave(num_generations, 0)
     mask = mask.repeat_interleave(num_generations, 0)
@@ -185,10 +239,16 @@ def generate(
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     try:
         with torch.inference_mode():
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **kwargs)
+            if backend == "continuous_batching":
+                completion_ids = _continuous_batching(model, ids, mask, kwargs)
+            else:
+                if backend == "static_compile":  # transformers compiles the decode step for a static cache on CUDA
+                    kwargs["cache_implementation"] = "static"
+                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **kwargs)
+                completion_ids = out[:, ids.shape[1] :].cpu()
     finally:
         model.train(was_training)
-    completion_ids = out[:, ids.shape[1] :].cpu().clone()  # a normal tensor: inference tensors cannot enter autograd
+    completion_ids = completion_ids.clone()  # a normal tensor: inference tensors cannot enter autograd
     if completion_ids.shape[1] == 0:  # nothing generated (max_new_tokens=0 or immediate stop)
         completion_ids = torch.full((ids.shape[0], 1), tokenizer.pad_token_id, dtype=torch.long)
     completion_mask, clipped = completion_mask_from_ids(completion_ids, eos)
