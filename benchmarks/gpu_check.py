@@ -16,7 +16,8 @@ Parts, each recorded as ``ran`` / ``skipped`` (with the reason) / ``failed`` (wi
 
 Writes ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and, when CUDA ran, ``DIR/gpu_results.md``: the GPU
 section that ``benchmarks/run.py`` includes in RESULTS.md once it is copied to ``benchmarks/``.
-Exit status 1 if a part failed.
+Exit status 1 if a part failed. ``--cpu-dry-run`` runs parts (b)-(d) on the CPU at toy sizes to check the
+code path; its numbers mean nothing and it never writes ``gpu_results.md``.
 """
 
 from __future__ import annotations
@@ -50,11 +51,22 @@ class Skip(Exception):
     """A part that cannot run here; the message is the reason."""
 
 
-def _cuda() -> None:
+def _device(args: argparse.Namespace) -> str:
+    """``"cuda"``, or ``"cpu"`` under ``--cpu-dry-run``; raises :class:`Skip` without CUDA otherwise."""
     import torch
 
+    if args.cpu_dry_run:
+        return "cpu"
     if not torch.cuda.is_available():
         raise Skip("no CUDA device (torch.cuda.is_available() is False)")
+    return "cuda"
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def _has_smollm2() -> bool:
@@ -71,7 +83,7 @@ def part_tests(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     # cwd outside the repo, so the installed package (not the source folder) is imported on the GPU machine
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}",
            "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), str(ROOT / "tests" / "test_gpu.py")]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=out, capture_output=True, text=True, timeout=args.tests_timeout)
+    proc = subprocess.run(cmd, check=False, cwd=out, capture_output=True, text=True, timeout=args.tests_timeout)
     suite = ET.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite[0]
     cases = {}
@@ -92,14 +104,14 @@ def part_tests(out: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- (b) the main job
 def part_main_job(out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    _cuda()
+    device = _device(args)
     if not _has_smollm2():
         raise Skip("the SmolLM2 GGUF is not here (benchmarks/gpu_assets.py join): the learning part did not run")
     from comlrl_lightning.cli import CoMLRLCLI, _scalar_history
 
     log_root = out / "runs"
     minutes, seconds = divmod(int(args.job_seconds), 60)
-    overrides = ["--trainer.accelerator=gpu", "--trainer.precision=bf16-true", "--trainer.limit_train_batches=1.0",
+    overrides = [f"--trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}", "--trainer.precision=bf16-true", "--trainer.limit_train_batches=1.0",
                  f"--trainer.max_time=00:00:{minutes:02d}:{seconds:02d}", "--model.init_args.num_generations=4",
                  f"--model.init_args.max_new_tokens={args.new_tokens}", f"--trainer.logger.init_args.save_dir={log_root}"]  # fmt: skip
     t0 = time.time()
@@ -109,27 +121,28 @@ def part_main_job(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     cli.trainer.validate(cli.model, datamodule=cli.datamodule)  # max_time may stop fit before its own validation
     wall = time.time() - t0
     history = _scalar_history(cli.trainer.log_dir, ("reward", "val/reward", "val/pass@1"))
-    return {"wall_s": wall, "batches": cli.trainer.global_step // 2, "overrides": overrides,
+    return {"wall_s": wall, "batches": cli.trainer.global_step // 2, "overrides": overrides, "new_tokens": args.new_tokens,
             "first_last": {k: [v[0], v[-1], len(v)] for k, v in history.items()}}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- (c) gpu_bench.py
 def part_bench(out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    _cuda()
+    device = _device(args)
     cmd = [sys.executable, str(HERE / "gpu_bench.py"), "--quick", "--out", str(out)]
+    if device == "cpu":
+        cmd.append("--cpu-dry-run")
     if not _has_smollm2():
         cmd.append("--no-smollm2")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.bench_timeout)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=args.bench_timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"gpu_bench.py exited {proc.returncode}: {proc.stderr[-1500:]}")
-    return {"table": (out / "gpu_bench.md").read_text(), "smollm2": _has_smollm2()}
+    table = (out / "gpu_bench.md").read_text() if device == "cuda" else proc.stdout[-3000:]
+    return {"table": table, "smollm2": _has_smollm2()}
 
 
 # --------------------------------------------------------------------------- (d) generation throughput
 def part_generation(out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    _cuda()
-    import torch
-
+    device = _device(args)
     from comlrl_lightning.core.generation import GENERATION_BACKENDS, SamplingConfig, generate
     from comlrl_lightning.team.agents import AgentSpec, load_agent
 
@@ -137,7 +150,7 @@ def part_generation(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     spec = AgentSpec(model=SMOLLM2, dtype="bfloat16") if real else \
         AgentSpec(model="builtin:tiny-llama-gpt2tok", dtype="bfloat16", model_kwargs=SMOLLM2_SHAPE)  # fmt: skip
     model, tok = load_agent(spec)
-    model.to("cuda")
+    model.to(device)
     prompts = [f"Write a Python function number {b} that returns the sum of a list, with a docstring." for b in range(args.rows_b)]
     res: dict[str, Any] = {"model": spec.model + ("" if real else " (SmolLM2 shape, GPT-2 vocab, random weights)"),
                            "rows": args.rows_b * args.rows_k, "new_tokens": args.new_tokens}  # fmt: skip
@@ -146,10 +159,10 @@ def part_generation(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         try:
             times = []
             for _ in range(1 + args.repeats):  # the first call warms up (and compiles) and is not counted
-                torch.cuda.synchronize()
+                _sync(device)
                 t = time.perf_counter()
                 gen = generate(model, tok, prompts, args.rows_k, cfg, chat_rendered=False)
-                torch.cuda.synchronize()
+                _sync(device)
                 times.append(time.perf_counter() - t)
             tokens = int(gen.completion_mask.sum())  # real tokens (up to EOS): what uneven rows cost each backend
             res[backend] = {"tokens": tokens, "warmup_s": times[0], "median_s": statistics.median(times[1:]),
@@ -163,7 +176,8 @@ def part_generation(out: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- reports
 def render(report: dict[str, Any]) -> str:
-    lines = [f"Device: {report['device']}; {report['date']}; {report['wall_s']:.0f} s in all; "
+    lines = ["**CPU dry run: the numbers below check the code path and mean nothing.**", ""] if report.get("cpu_dry_run") else []
+    lines += [f"Device: {report['device']}; {report['date']}; {report['wall_s']:.0f} s in all; "
              + ", ".join(f"{k} {v}" for k, v in report["versions"].items()) + ".", ""]  # fmt: skip
     for name in PARTS:
         part = report["parts"].get(name)
@@ -178,12 +192,12 @@ def render(report: dict[str, Any]) -> str:
         if name == "tests":
             lines += [f"- `{case}`: {verdict}" for case, verdict in r["cases"].items()]
         elif name == "main_job":
-            lines.append(f"- {r['batches']} batches in {r['wall_s']:.0f} s (bf16-true, K=4, 256 new tokens)")
+            lines.append(f"- {r['batches']} batches in {r['wall_s']:.0f} s (bf16-true, K=4, {r['new_tokens']} new tokens)")
             lines += [f"- `{k}`: first {v[0]:.3f}, last {v[1]:.3f} ({v[2]} points)" for k, v in r["first_last"].items()]
         elif name == "bench":
             lines.append(r["table"] + ("" if r["smollm2"] else "\n\n(SmolLM2 rows skipped: no GGUF.)"))
         elif name == "generation":
-            lines += [f"{r['rows']} rows x {r['new_tokens']} new tokens, {r['model']}, bf16, sampling", "",
+            lines += [f"{r['rows']} rows x up to {r['new_tokens']} new tokens, {r['model']}, bf16, sampling", "",
                       "| generation_backend | tokens/s | median s | first call (warm-up, compile) s |", "|---|---|---|---|"]  # fmt: skip
             for b, v in r.items():
                 if isinstance(v, dict) and "error" in v:
@@ -204,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows-k", type=int, default=4, help="generation: samples per prompt (K)")
     ap.add_argument("--rows-b", type=int, default=16, help="generation: prompts (B)")
     ap.add_argument("--repeats", type=int, default=2, help="generation: timed calls per backend after the warm-up")
+    ap.add_argument("--cpu-dry-run", action="store_true", help="parts (b)-(d) on CPU at toy sizes; writes no GPU results")
     ap.add_argument("--tests-timeout", type=int, default=300)
     ap.add_argument("--bench-timeout", type=int, default=240)
     args = ap.parse_args(argv)
@@ -224,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             versions[pkg] = "not installed"
     report: dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                               "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device",
-                              "versions": versions, "smollm2_gguf": _has_smollm2(), "parts": {}}  # fmt: skip
+                              "versions": versions, "smollm2_gguf": _has_smollm2(), "cpu_dry_run": args.cpu_dry_run,
+                              "parts": {}}  # fmt: skip
     t_all = time.time()
     runners = {"tests": part_tests, "main_job": part_main_job, "bench": part_bench, "generation": part_generation}
     for name in only:
@@ -243,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render(report)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "gpu_check.md").write_text(f"# GPU check\n\n{text}\n")
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not args.cpu_dry_run:
         (args.out / "gpu_results.md").write_text(f"Generated by `make gpu-check` (benchmarks/gpu_check.py).\n\n{text}\n")
     print(text)
     return 1 if any(p["status"] == "failed" for p in report["parts"].values()) else 0

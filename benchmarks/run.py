@@ -326,8 +326,10 @@ no session has had one. Its `gpu_results.md`, copied to `benchmarks/`, is includ
 
 def gpu_section() -> str:
     """The GPU section: ``benchmarks/gpu_results.md`` (written by ``make gpu-check`` on a GPU) if present."""
-    body = open(GPU_RESULTS).read().strip() + "\n" if os.path.exists(GPU_RESULTS) else GPU_PENDING
-    return f"## GPU\n\n{body}"
+    if not os.path.exists(GPU_RESULTS):
+        return f"## GPU\n\n{GPU_PENDING}"
+    with open(GPU_RESULTS) as fh:
+        return f"## GPU\n\n{fh.read().strip()}\n"
 
 
 def write_results(path: str, res: dict[str, Any], table: str, argv: list[str]) -> None:

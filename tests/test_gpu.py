@@ -150,3 +150,48 @@ def test_each_backend_takes_its_own_path_and_its_greedy_completions_match_the_dy
     assert got.completion_ids.shape[0] == 4
     assert got.texts == ref.texts
     assert torch.equal(got.lengths, ref.lengths)
+
+
+# --------------------------------------------------------------------------- the check script (CPU)
+def _gpu_check():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="pins the behaviour without CUDA")
+def test_gpu_check_without_cuda_skips_each_gpu_part_with_its_reason_and_writes_both_reports(tmp_path):
+    import json
+
+    check = _gpu_check()
+    assert check.main(["--out", str(tmp_path), "--only", "main_job,bench,generation"]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert {n: p["status"] for n, p in report["parts"].items()} == dict.fromkeys(("main_job", "bench", "generation"), "skipped")
+    assert all("no CUDA device" in p["reason"] for p in report["parts"].values())
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "**(b) main_job**: skipped: no CUDA device" in md and "**(d) generation**: skipped" in md
+    assert not (tmp_path / "gpu_results.md").exists(), "no GPU numbers may be written without a GPU"
+
+
+def test_gpu_check_report_renders_each_ran_part_and_names_the_fastest_backend():
+    check = _gpu_check()
+    gen = {"model": "m", "rows": 64, "new_tokens": 256, "fastest": "static_compile",
+           "dynamic": {"tokens_per_s": 1000.0, "median_s": 2.0, "warmup_s": 2.5},
+           "static_compile": {"tokens_per_s": 3000.0, "median_s": 0.7, "warmup_s": 30.0},
+           "continuous_batching": {"error": "ValueError: no"}}  # fmt: skip
+    job = {"batches": 12, "wall_s": 130.0, "new_tokens": 256, "first_last": {"val/reward": [0.5, 0.9, 2]}}
+    report = {"device": "NVIDIA H200", "date": "d", "wall_s": 250.0, "versions": {"torch": "2.11"},
+              "parts": {"main_job": {"status": "ran", "wall_s": 130.0, "result": job},
+                        "generation": {"status": "ran", "wall_s": 40.0, "result": gen},
+                        "bench": {"status": "failed", "reason": "RuntimeError: x", "wall_s": 1.0}}}  # fmt: skip
+    text = check.render(report)
+    assert "- 12 batches in 130 s (bf16-true, K=4, 256 new tokens)" in text
+    assert "- `val/reward`: first 0.500, last 0.900 (2 points)" in text
+    assert "| static_compile | 3000 | 0.70 | 30.00 |" in text and "| continuous_batching | failed: ValueError: no | | |" in text
+    assert "Fastest: `static_compile`." in text and "**(c) bench**: failed: RuntimeError: x" in text
+    assert text.index("(b) main_job") < text.index("(c) bench") < text.index("(d) generation")
