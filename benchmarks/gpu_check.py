@@ -107,6 +107,18 @@ def part_main_job(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     device = _device(args)
     if not _has_smollm2():
         raise Skip("the SmolLM2 GGUF is not here (benchmarks/gpu_assets.py join): the learning part did not run")
+    if not args.inner:  # in a child process, so that a hung job cannot hold the check past its budget
+        child = out / "main_job"
+        cmd = [sys.executable, __file__, "--inner", "--only", "main_job", "--out", str(child),
+               f"--job-seconds={args.job_seconds}", f"--new-tokens={args.new_tokens}"] + (["--cpu-dry-run"] * args.cpu_dry_run)  # fmt: skip
+        try:
+            subprocess.run(cmd, check=False, timeout=args.job_seconds + args.job_overhead)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the main job ran past {args.job_seconds + args.job_overhead} s and was stopped") from None
+        inner = json.loads((child / "gpu_check.json").read_text())["parts"]["main_job"]
+        if inner["status"] != "ran":
+            raise RuntimeError(f"main job {inner['status']}: {inner.get('reason')}")
+        return inner["result"]
     from comlrl_lightning.cli import CoMLRLCLI, _scalar_history
 
     log_root = out / "runs"
@@ -218,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows-k", type=int, default=4, help="generation: samples per prompt (K)")
     ap.add_argument("--rows-b", type=int, default=16, help="generation: prompts (B)")
     ap.add_argument("--repeats", type=int, default=2, help="generation: timed calls per backend after the warm-up")
+    ap.add_argument("--job-overhead", type=int, default=150,
+                    help="seconds the main job may take beyond --job-seconds (loading, two validations) before it is stopped")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)  # the main job's child process
     ap.add_argument("--cpu-dry-run", action="store_true", help="parts (b)-(d) on CPU at toy sizes; writes no GPU results")
     ap.add_argument("--tests-timeout", type=int, default=300)
     ap.add_argument("--bench-timeout", type=int, default=240)
