@@ -29,6 +29,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import xml.etree.ElementTree as ET
@@ -121,7 +122,7 @@ def part_main_job(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         return inner["result"]
     from comlrl_lightning.cli import CoMLRLCLI, _scalar_history
 
-    log_root = out / "runs"
+    log_root = Path(tempfile.gettempdir()) / "gpu_check_runs"  # not in --out: the device run returns 8 files at most
     minutes, seconds = divmod(int(args.job_seconds), 60)
     overrides = [f"--trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}", "--trainer.precision=bf16-true", "--trainer.limit_train_batches=1.0",
                  f"--trainer.max_time=00:00:{minutes:02d}:{seconds:02d}", "--model.init_args.num_generations=4",
