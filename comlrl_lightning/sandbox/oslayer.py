@@ -34,7 +34,9 @@ def unshare(flags: int) -> bool:
 
 
 def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> bool:
-    enc = lambda s: None if s is None else s.encode()
+    def enc(s: str | None) -> bytes | None:
+        return None if s is None else s.encode()
+
     try:
         return libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)) == 0
     except (OSError, AttributeError):

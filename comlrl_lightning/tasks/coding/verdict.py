@@ -15,6 +15,7 @@ from comlrl_lightning.sandbox.api import CallsReport, SandboxConfig, SandboxResu
 from comlrl_lightning.tasks.coding.judge import Judge
 from comlrl_lightning.tasks.coding.recorder import Recording, recording_for
 
+
 def evaluate(
     row: dict[str, Any],
     program: str,
