@@ -4,12 +4,12 @@ Generated code may loop forever, fork-bomb, allocate without bound, kill its par
 anywhere, exit early, introspect its own process or print a fake result. None of that may stop,
 slow (beyond its timeout) or corrupt training, reach the host, or raise its own score.
 
-**Verdicts are not decided here.** :func:`run_calls`, what rewards use, loads the program and
+**Verdicts are not decided here.** :func:`~comlrl_lightning.sandbox.calls.run_calls`, what rewards use, loads the program and
 calls its entry point on the given *inputs*; the sandboxed process returns *outputs* as plain data
 (:mod:`comlrl_lightning.sandbox.plain`: exact builtin types, size-capped; anything else is an
 ``UnsupportedOutput`` failure) and never holds an expected value, a test, a nonce or a verdict, so
 nothing it can reach is worth forging. A trusted judge compares
-(:mod:`comlrl_lightning.tasks.coding.judge`). :func:`run_record` runs *trusted* code (a reference
+(:mod:`comlrl_lightning.tasks.coding.judge`). :func:`~comlrl_lightning.sandbox.calls.run_record` runs *trusted* code (a reference
 solution) to record the inputs its tests use. :func:`run_tests` runs test statements inside the
 sandboxed process and reports their statuses: its verdict can be forged by the program, so it is
 for containment checks and trusted code only.
@@ -35,7 +35,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from comlrl_lightning.sandbox import plain
 from comlrl_lightning.sandbox.harness import parse_records
 from comlrl_lightning.sandbox.launch import RawRun, SandboxError, launch, signame
 
@@ -206,31 +205,6 @@ class TestReport:
         return self.program_loaded and bool(self.tests) and self.num_passed == self.num_tests
 
 
-@dataclass
-class CallsReport:
-    """What :func:`run_calls` read back.
-
-    Attributes:
-        program: result of loading the program (``passed``: the entry point exists).
-        outputs: one per call: ``{"o": value}`` (a plain value, decoded by the
-            trusted side), ``{"x": exception type name}`` (``"Timeout"``, ``"UnsupportedOutput"``
-            included) or ``None`` (no output: the process died, exited or ran out of time first).
-        end: how the run ended (explains ``None`` outputs).
-        stdout, stderr: bounded tails of the child's output.
-        duration_s: wall-clock seconds of the whole run.
-        isolation, missing: layers applied / not applied (see :class:`TestReport`).
-    """
-
-    program: SandboxResult
-    outputs: list[dict | None]
-    end: SandboxResult
-    stdout: str = ""
-    stderr: str = ""
-    duration_s: float = 0.0
-    isolation: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-
-
 def run_tests(
     program: str,
     tests: Sequence[str] = (),
@@ -273,99 +247,6 @@ def run_code(program: str, *, config: SandboxConfig | None = None, **overrides: 
     return run_tests(program, (), config=config, **overrides).program
 
 
-def run_calls(
-    program: str,
-    entry_point: str,
-    calls: Sequence[str],
-    *,
-    main: str = "",
-    protected: Sequence[str] = (),
-    config: SandboxConfig | None = None,
-    **overrides: object,
-) -> CallsReport:
-    """Load untrusted ``program`` (then ``main``) and call ``entry_point`` on each input.
-
-    Args:
-        program: untrusted source loaded first (e.g. the prompt's preamble and the helper).
-        entry_point: the function to call.
-        calls: inputs, each ``plain.dumps([args, kwargs])``.
-        main: untrusted source loaded after ``program``; afterwards the names in ``protected``
-            are restored to what ``program`` bound (or removed), so ``main`` cannot replace them.
-        config, **overrides: limits, as for :func:`run_tests` (``test_timeout_s`` is per call).
-
-    Returns:
-        A :class:`CallsReport` with ``len(calls)`` outputs.
-
-    Raises:
-        SandboxError: the sandbox could not be started or crashed (not the code's fault).
-    """
-    cfg = (config or SandboxConfig()).replace(**overrides)
-    fields = {"mode": "calls", "program": program, "main": main, "protected": list(protected),
-              "entry_point": entry_point, "calls": list(calls)}
-    raw = launch(fields, cfg)
-    end = _end_result(raw, cfg)
-    outputs: list[dict | None] = [None] * len(calls)
-    program_res = None
-    for line in raw.res["records"]:
-        rec = _json_line(line)
-        if not isinstance(rec, dict):
-            continue
-        if rec.get("k") == "program" and program_res is None:
-            program_res = _result(rec, cfg.max_message_chars)
-        v, i = rec.get("v"), rec.get("i")
-        if v == 0 and type(i) is int and 0 <= i < len(calls) and outputs[i] is None:
-            outputs[i] = _output(rec)
-    if program_res is None:
-        program_res = dataclasses.replace(end)
-    return CallsReport(program_res, outputs, end, raw.stdout, raw.stderr, raw.duration_s, raw.isolation,
-                       raw.missing)
-
-
-def run_record(
-    program: str, setup: str, tests: Sequence[str], entry_point: str, *, seed: int = 0,
-    config: SandboxConfig | None = None, **overrides: object,
-) -> tuple[SandboxResult, list[dict]]:
-    """Run *trusted* ``tests`` against *trusted* ``program`` with the entry point wrapped in a
-    recorder (after ``random.seed(seed)`` per test), in a sandbox.
-
-    Returns:
-        ``(program result, one dict per test: {"s": status, "e": error type, "calls":
-        [[plain.dumps([args, kwargs]), {"o": encoded output} | {"x": exception type}], ...]})``.
-
-    Raises:
-        SandboxError: the sandbox failed, or it did not report every test.
-    """
-    cfg = (config or SandboxConfig()).replace(**overrides)
-    fields = {"mode": "record", "program": program, "setup": setup, "tests": list(tests),
-              "entry_point": entry_point, "seed": seed}
-    raw = launch(fields, cfg)
-    recs = [r for r in map(_json_line, raw.res["records"]) if isinstance(r, dict)]
-    program_res = next((_result(r, cfg.max_message_chars) for r in recs if r.get("k") == "program"),
-                       _end_result(raw, cfg))
-    tests_out = [r for r in recs if r.get("k") == "test"]
-    if program_res.passed and len(tests_out) != len(tests):
-        raise SandboxError(f"recording {entry_point}: {len(tests_out)} of {len(tests)} tests reported "
-                           f"({_end_result(raw, cfg).message}); stderr: {raw.stderr[-500:]}")
-    return program_res, tests_out
-
-
-def _json_line(line: str) -> object:
-    try:
-        return plain.json.loads(line)
-    except (ValueError, RecursionError, MemoryError):
-        return None
-
-
-def _output(rec: dict) -> dict:
-    if "o" in rec:
-        try:
-            return {"o": plain.decode(rec["o"])}
-        except (plain.PlainDataError, RecursionError):
-            return {"x": "UnsupportedOutput"}
-    name = rec.get("x")
-    return {"x": name[:100] if type(name) is str else "UnsupportedOutput"}
-
-
 def _end_result(raw: RawRun, cfg: SandboxConfig) -> SandboxResult:
     """How the sandboxed run ended, as a result for the steps it did not report."""
     res, st = raw.res, raw.end_status
@@ -391,14 +272,14 @@ def _end_result(raw: RawRun, cfg: SandboxConfig) -> SandboxResult:
 def _tests_report(raw: RawRun, cfg: SandboxConfig, nonce: str, num_tests: int) -> TestReport:
     lim, end = cfg.max_message_chars, _end_result(raw, cfg)
     res, returncode = raw.res, end.returncode
-    kw = {"stdout": raw.stdout, "stderr": raw.stderr, "duration_s": raw.duration_s, "missing": raw.missing,
+    kw = {"stdout": raw.stdout, "stderr": raw.stderr, "duration_s": raw.duration_s,
           "sandbox_uid": raw.uid}
     try:
         program_rec, test_recs, iso = parse_records(res["records"], nonce, num_tests, STATUSES)
         tampered = bool(res["overflow"])
     except ValueError:
         program_rec, test_recs, iso, tampered = None, [], [], True
-    isolation = raw.isolation + iso
+    isolation, kw["missing"] = raw.layers(iso)
     if tampered:
         bad = SandboxResult("error", "ResultTampering", "forged or malformed result records", 0.0, returncode)
         return TestReport(bad, [dataclasses.replace(bad) for _ in range(num_tests)], isolation=isolation,
@@ -424,4 +305,5 @@ def _result(rec: dict, lim: int) -> SandboxResult:
                          else 0.0)
 
 
+from comlrl_lightning.sandbox.calls import CallsReport, run_calls, run_record  # noqa: E402 - re-exported
 from comlrl_lightning.sandbox.pool import SandboxPool, TestJob  # noqa: E402 - re-exported

@@ -186,6 +186,8 @@ ALL_LAYERS = tuple(f"{ns}-namespace" for ns in NAMESPACES) + (
 def missing_layers(applied: list[str]) -> list[str]:
     """Which of :data:`ALL_LAYERS` are not among ``applied`` (``uid=N`` counts as ``dropped-uid``)."""
     have = set(applied) | ({"dropped-uid"} if any(a.startswith("uid=") and a != "uid=0" for a in applied) else set())
+    if any(a.startswith("private-tmpfs:") for a in applied):  # the fallback's private mounts
+        have.add("mount-namespace")
     return [layer for layer in ALL_LAYERS if layer not in have]
 
 

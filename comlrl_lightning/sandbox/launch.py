@@ -52,6 +52,14 @@ class RawRun:
     isolation: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
 
+    def layers(self, extra: list[str]) -> tuple[list[str], list[str]]:
+        """(applied, missing) with ``extra`` applied items reported from inside the run (fallback
+        path); the missing ones are logged once per process."""
+        applied = self.isolation + [str(x) for x in extra]
+        missing = sorted(set(self.missing) | set(isolation.missing_layers(applied)))
+        isolation.warn_missing_once(missing)
+        return applied, missing
+
     @property
     def end_status(self) -> dict:
         """How the sandboxed process ended: ``kind`` exited/signaled/unknown, ``code``/``signal``."""
@@ -136,9 +144,8 @@ def _launch_once(fields: dict, cfg: SandboxConfig, use_bwrap: bool) -> RawRun:
             # setup failed before any untrusted code ran (the ready pipe is closed before it does)
             raise SandboxError(f"sandbox setup failed ({res.get('isolation')}); stderr: {stderr[-1500:]}")
         applied = list(res.get("isolation", []))
-        missing = sorted(set(res.get("missing", [])) | set(isolation.missing_layers(applied)))
-        isolation.warn_missing_once(missing)
-        return RawRun(res, stdout, stderr, killed_by_parent, time.monotonic() - t0, uid, applied, missing)
+        return RawRun(res, stdout, stderr, killed_by_parent, time.monotonic() - t0, uid, applied,
+                      list(res.get("missing", [])))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -33,14 +33,19 @@ from typing import Any
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
 from comlrl_lightning.sandbox.api import SandboxConfig, SandboxPool, TestJob, TestReport
-from comlrl_lightning.tasks.coding.code_text import (
+from comlrl_lightning.tasks.coding.code_text import (  # noqa: F401 - ERROR_REASONS, guarded: public here too
+    ERROR_REASONS,
+    MAX_COMPLETION_CHARS,
+    _bound_names,
     clean_completion,
     compiles,
     defines,
     find_function,
+    guarded,
     parse_code,
     prompt_preamble,
     strip_fences,
+    without_definitions_of,
 )
 from comlrl_lightning.tasks.coding.data import (  # noqa: F401 - re-exported (public names of this module)
     HUMANEVAL_FIELDS,
@@ -56,13 +61,6 @@ from comlrl_lightning.tasks.coding.prompts import HelperPrompt, MainPrompt, Sing
 from comlrl_lightning.tasks.coding.verdict import evaluate
 
 AUX = "aux"
-MAX_COMPLETION_CHARS = 20_000
-"""Completions longer than this (characters) are not parsed: score 0, reason ``too_long``
-(a 512-token completion is ~2,000 characters)."""
-ERROR_REASONS = ("too_long", "nul_byte", "invalid_text", "recursion", "memory", "value")
-"""Why a completion could not be analysed; each is logged as ``rewards/<name>/error_<reason>``."""
-
-
 def _default_config() -> SandboxConfig:
     return SandboxConfig(timeout_s=4.0, test_timeout_s=1.0)
 
@@ -71,29 +69,6 @@ def visible_tests(num_tests: int) -> list[int]:
     """Indices of the tests feedback may quote: the first half (at least one); the rest are hidden.
     A single-test problem's test is visible, but feedback then gives only pass/fail and the type."""
     return list(range(max(1, num_tests // 2))) if num_tests else []
-
-
-def guarded(fn, *args):
-    """``(fn(*args), None)``, or ``(None, reason)`` when the text breaks the analysis (never raises
-    for any ``str``); ``reason`` is one of :data:`ERROR_REASONS`."""
-    for text in args:
-        if isinstance(text, str):
-            if len(text) > MAX_COMPLETION_CHARS:
-                return None, "too_long"
-            if "\x00" in text:
-                return None, "nul_byte"
-            try:
-                text.encode("utf-8")
-            except UnicodeError:
-                return None, "invalid_text"
-    try:
-        return fn(*args), None
-    except RecursionError:
-        return None, "recursion"
-    except MemoryError:
-        return None, "memory"
-    except (ValueError, SyntaxError, OverflowError, TypeError, UnicodeError):
-        return None, "value"
 
 
 @dataclass
@@ -234,25 +209,6 @@ def _check_agents(
             raise ValueError(
                 f"{name}: joint action {j} has {len(ja)} completions; this reward needs {n} agents"
             )
-
-
-def _bound_names(node: ast.stmt) -> set[str]:
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return {node.name}
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return {(a.asname or a.name).split(".")[0] for a in node.names}
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-
-
-def without_definitions_of(code: str, names: set[str]) -> tuple[str, bool]:
-    """``code`` without its top-level statements that bind any of ``names``; whether any was dropped."""
-    tree = parse_code(code)
-    if tree is None:
-        return code, False
-    keep = [n for n in tree.body if not (_bound_names(n) & names)]
-    if len(keep) == len(tree.body):
-        return code, False
-    return "\n\n".join(ast.get_source_segment(code, n) or ast.unparse(n) for n in keep), True
 
 
 class CooperativeCodeReward(_CodeRewardBase):
