@@ -1,9 +1,11 @@
 """Counterfactual and cross-rewards credit (core/credit.py) on hand-built reward tables and trees."""
 
+import math
+
 import pytest
 import torch
 
-from comlrl_lightning.core.advantages import group_advantages
+from comlrl_lightning.core.advantages import group_advantages, scale_by_std
 from comlrl_lightning.core.credit import (
     check_reward_call_budget,
     counterfactual_advantages,
@@ -151,3 +153,57 @@ def test_ended_branches_add_no_future():
     child = [torch.tensor([[0, -1]]), torch.full((1, 2), -1)]
     ret = tree_credit_returns(rewards, child, 1.0, "counterfactual")
     assert torch.allclose(ret[0], torch.tensor([[1 + 3.0, 2.0, 3 + 3.0, 0 + 3.0]]))
+
+
+# ----------------------------------------------------------------- agent-wise normalisation (advantages.py)
+SCORES = [torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[0.0, 0.2], [0.0, 0.0]])]
+
+
+def _mean_adv(scores):
+    return [group_advantages(s, "mean", "none") for s in scores]
+
+
+def test_group_scale_per_node_and_agent_is_group_advantages():
+    out = scale_by_std(_mean_adv(SCORES), SCORES, "group")
+    for s, o in zip(SCORES, out):
+        assert torch.allclose(o, group_advantages(s, "mean", "group"))
+    assert out[1][1].tolist() == [0.0, 0.0]  # all-equal group: exactly 0
+
+
+def test_batch_scale_per_agent_uses_each_agents_batch_std():
+    out = scale_by_std(_mean_adv(SCORES), SCORES, "batch", agent_wise=True)
+    std0 = math.sqrt(
+        ((1 - 4) ** 2 + (3 - 4) ** 2 + (5 - 4) ** 2 + (7 - 4) ** 2) / 3
+    )  # unbiased, [1, 3, 5, 7]
+    assert torch.allclose(out[0], torch.tensor([[-1.0, 1.0], [-1.0, 1.0]]) / (std0 + 1e-4))
+    std1 = torch.tensor([0.0, 0.2, 0.0, 0.0]).std().item()
+    assert torch.allclose(out[1], torch.tensor([[-0.1, 0.1], [0.0, 0.0]]) / (std1 + 1e-4))
+
+
+def test_batch_scale_for_the_team_pools_every_agents_scores():
+    out = scale_by_std(_mean_adv(SCORES), SCORES, "batch", agent_wise=False)
+    pooled = torch.tensor([1.0, 3.0, 5.0, 7.0, 0.0, 0.2, 0.0, 0.0]).std().item()
+    assert torch.allclose(out[0], torch.tensor([[-1.0, 1.0], [-1.0, 1.0]]) / (pooled + 1e-4))
+    # the quiet agent's advantages stay tiny next to its teammate's: what agent-wise statistics fix
+    assert out[1].abs().max() < 0.05 < scale_by_std(_mean_adv(SCORES), SCORES, "batch")[1].abs().max()
+
+
+def test_group_scale_for_the_team_pools_the_node():
+    out = scale_by_std(_mean_adv(SCORES), SCORES, "group", agent_wise=False)
+    node0 = torch.tensor([1.0, 3.0, 0.0, 0.2]).std().item()
+    assert torch.allclose(out[0][0], torch.tensor([-1.0, 1.0]) / (node0 + 1e-4))
+
+
+def test_no_scale_keeps_the_advantages_and_unknown_scale_is_refused():
+    adv = _mean_adv(SCORES)
+    assert all(torch.equal(a, b) for a, b in zip(scale_by_std(adv, SCORES, "none"), adv))
+    with pytest.raises(ValueError, match=r"scale_rewards: got 'global'.*'batch'"):
+        scale_by_std(adv, SCORES, "global")
+
+
+def test_counterfactual_group_scale_uses_the_agents_swap_table():
+    idx = credit_index(2, 3, "counterfactual")
+    adv, scores = counterfactual_advantages(_rewards(idx, lambda a, b: TABLE_N2[a][b]), idx, "mean")
+    out = scale_by_std(adv, scores, "group")
+    std = torch.tensor(TABLE_N2).flatten().std()  # agent 0's table holds every cell of the 3x3 grid
+    assert torch.allclose(out[0], adv[0] / (std + 1e-4))

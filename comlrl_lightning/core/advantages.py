@@ -105,7 +105,11 @@ SCALE_REWARDS = ("group", "batch", "none")
 
 
 def scale_by_std(
-    advantages: list[torch.Tensor], scores: list[torch.Tensor], scale: str, agent_wise: bool = True, eps: float = 1e-4
+    advantages: list[torch.Tensor],
+    scores: list[torch.Tensor],
+    scale: str,
+    agent_wise: bool = True,
+    eps: float = 1e-4,
 ) -> list[torch.Tensor]:
     """Divide baseline-subtracted advantages by a standard deviation of the scores they came from.
 

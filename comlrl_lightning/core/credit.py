@@ -123,7 +123,11 @@ def check_reward_call_budget(
 
 
 def combination_returns(
-    rewards: torch.Tensor, child_values: torch.Tensor, has_child: torch.Tensor, discount: float, own_future: bool
+    rewards: torch.Tensor,
+    child_values: torch.Tensor,
+    has_child: torch.Tensor,
+    discount: float,
+    own_future: bool,
 ) -> torch.Tensor:
     """Returns of every scored joint action of ``G`` nodes (see the module docstring, "Multi-turn").
 
@@ -177,7 +181,9 @@ def tree_credit_returns(
         if below is not None:
             node_values = below[:, : child[t].shape[1]].mean(-1)  # [G_{t+1}]
             values[has_child] = node_values[child[t][has_child]]
-        out[t] = below = combination_returns(rewards[t], values, has_child, discount, credit != "cross_rewards")
+        out[t] = below = combination_returns(
+            rewards[t], values, has_child, discount, credit != "cross_rewards"
+        )
     return out
 
 
