@@ -14,6 +14,7 @@ from comlrl_lightning.core.credit import (
     reward_calls_per_episode,
     tree_credit_returns,
 )
+from comlrl_lightning.envs.toy import TeamTargetsReward
 
 
 def _rewards(index, fn):
@@ -207,3 +208,15 @@ def test_counterfactual_group_scale_uses_the_agents_swap_table():
     out = scale_by_std(adv, scores, "group")
     std = torch.tensor(TABLE_N2).flatten().std()  # agent 0's table holds every cell of the 3x3 grid
     assert torch.allclose(out[0], adv[0] / (std + 1e-4))
+
+
+def test_team_targets_reward_weighs_its_agents_unequally():
+    reward = TeamTargetsReward(targets=(4, 8, 2))
+    perfect = ["x" * 4, "x" * 8, "x" * 2]
+    assert reward([perfect], [], 0) == [pytest.approx(1.0)]
+    # agent 1 earns nothing while agent 0 is far off (c0 = exp(-4/4)), agent 2 costs at most 0.05
+    far0 = ["x" * 8, "x" * 8, "x" * 2]
+    assert reward([far0], [], 0)[0] == pytest.approx(0.6 * math.exp(-1) + 0.35 * math.exp(-1) + 0.05)
+    assert reward([["x" * 4, "x" * 8, "x" * 200]], [], 0)[0] == pytest.approx(0.95 + 0.05 * math.exp(-99))
+    with pytest.raises(ValueError, match="TeamTargetsReward.targets"):
+        TeamTargetsReward(targets=(4, 0, 2))
