@@ -12,6 +12,7 @@ from comlrl_lightning.core.credit import (
     credit_index,
     cross_rewards_advantages,
     reward_calls_per_episode,
+    step_advantages,
     tree_credit_returns,
 )
 from comlrl_lightning.envs.toy import TeamTargetsReward
@@ -220,3 +221,28 @@ def test_team_targets_reward_weighs_its_agents_unequally():
     assert reward([["x" * 4, "x" * 8, "x" * 200]], [], 0)[0] == pytest.approx(0.95 + 0.05 * math.exp(-99))
     with pytest.raises(ValueError, match="TeamTargetsReward.targets"):
         TeamTargetsReward(targets=(4, 0, 2))
+
+
+def test_step_advantages_shared_credit_is_magrpos_group_advantages():
+    idx = credit_index(2, 3, "shared")
+    r = torch.tensor([[1.0, 2.0, 6.0], [0.0, 0.0, 3.0]])
+    out = step_advantages([r], idx, 2, "shared", "mean", "group")
+    for i in range(2):
+        assert torch.allclose(out[0][i], group_advantages(r, "mean", "group"))
+
+
+def test_step_advantages_batch_scale_spans_every_turn():
+    idx = credit_index(1, 2, "shared")
+    turns = [torch.tensor([[1.0, 3.0]]), torch.tensor([[5.0, 7.0], [0.0, 0.0]])]
+    out = step_advantages(turns, idx, 1, "shared", "mean", "batch")
+    std = torch.tensor([1.0, 3.0, 5.0, 7.0, 0.0, 0.0]).std()  # one std over both turns' returns
+    assert torch.allclose(out[0][0], torch.tensor([[-1.0, 1.0]]) / (std + 1e-4))
+    assert torch.allclose(out[1][0], torch.tensor([[-1.0, 1.0], [0.0, 0.0]]) / (std + 1e-4))
+
+
+def test_step_advantages_counterfactual_matches_the_hand_table():
+    idx = credit_index(2, 3, "counterfactual")
+    out = step_advantages(
+        [_rewards(idx, lambda a, b: TABLE_N2[a][b])], idx, 2, "counterfactual", "mean", "none"
+    )
+    assert torch.allclose(out[0][0], torch.tensor([[1 - 4 / 3, 2.0, 3.0]]))

@@ -40,7 +40,12 @@ from dataclasses import dataclass
 
 import torch
 
-from comlrl_lightning.core.advantages import agent_sample_returns, group_advantages, joint_action_indices
+from comlrl_lightning.core.advantages import (
+    agent_sample_returns,
+    group_advantages,
+    joint_action_indices,
+    scale_by_std,
+)
 
 CREDIT_MODES = ("shared", "counterfactual", "cross_rewards")
 
@@ -241,3 +246,59 @@ def cross_rewards_advantages(
     k = int(index.joint_index[:, 0].max()) + 1
     scores = [agent_sample_returns(returns.float(), index.joint_index, i, k) for i in range(num_agents)]
     return [group_advantages(r, mode, "none") for r in scores], scores
+
+
+def step_advantages(
+    turn_returns: Sequence[torch.Tensor],
+    index: CreditIndex,
+    num_agents: int,
+    credit: str,
+    mode: str = "mean",
+    scale: str = "group",
+    agent_wise: bool = True,
+    eps: float = 1e-4,
+) -> list[list[torch.Tensor]]:
+    """Every agent's advantages for every turn of a step, under ``credit`` and std scaling.
+
+    Args:
+        turn_returns: per turn ``[G_t, M]`` returns of the scored joint actions (rows of
+            ``index.joint_index``; for ``shared`` credit the joint mode's own ``[J, N]`` table).
+        index: the rows' :class:`CreditIndex` (``shared``: ``CreditIndex(joint_index, None)``).
+        num_agents: N.
+        credit: one of :data:`CREDIT_MODES`.
+        mode: ``advantage_mode`` (the baseline).
+        scale, agent_wise, eps: as in :func:`~comlrl_lightning.core.advantages.scale_by_std`;
+            ``batch`` statistics span every turn of the step.
+
+    Returns:
+        Per turn, per agent ``[G_t, K]`` advantages.
+
+    Raises:
+        ValueError: unknown ``credit``, ``mode`` or ``scale``.
+    """
+    if credit not in CREDIT_MODES:
+        raise ValueError(f"credit: got {credit!r}, allowed: {list(CREDIT_MODES)}")
+    k = int(index.joint_index[:, 0].max()) + 1
+    raw, scores = [], []
+    for returns in turn_returns:
+        if credit == "counterfactual":
+            adv, sc = counterfactual_advantages(returns, index, mode)
+        elif credit == "cross_rewards":
+            adv, sc = cross_rewards_advantages(returns, index, num_agents, mode)
+        else:
+            sc = [agent_sample_returns(returns.float(), index.joint_index, i, k) for i in range(num_agents)]
+            adv = [group_advantages(r, mode, "none") for r in sc]
+        raw.append(adv)
+        scores.append(sc)
+    if scale != "batch":
+        return [scale_by_std(a, s, scale, agent_wise, eps) for a, s in zip(raw, scores)]
+    sizes = [r.shape[0] for r in turn_returns]
+    joined = scale_by_std(
+        [torch.cat([a[i] for a in raw]) for i in range(num_agents)],
+        [torch.cat([s[i] for s in scores]) for i in range(num_agents)],
+        scale,
+        agent_wise,
+        eps,
+    )
+    parts = [a.split(sizes) for a in joined]
+    return [[parts[i][t] for i in range(num_agents)] for t in range(len(turn_returns))]
