@@ -180,11 +180,13 @@ def plot(
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, runs in curves.items():
+    for n, (name, runs) in enumerate(curves.items()):
         t = torch.tensor(runs, dtype=torch.float)  # [seeds, steps]
         t = torch.stack([t[:, max(0, s - smooth + 1) : s + 1].mean(1) for s in range(t.shape[1])], 1)
         x = [(s + 1) * samples_per_step for s in range(t.shape[1])]
-        ax.plot(x, t.mean(0).tolist(), label=name)
+        ax.plot(
+            x, t.mean(0).tolist(), label=name, linestyle=("-", "--")[n % 2]
+        )  # dashes: coinciding lines stay visible
         if t.shape[0] > 1:
             ax.fill_between(x, t.min(0).values.tolist(), t.max(0).values.tolist(), alpha=0.15)
     if threshold is not None:
