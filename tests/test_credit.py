@@ -246,3 +246,30 @@ def test_step_advantages_counterfactual_matches_the_hand_table():
         [_rewards(idx, lambda a, b: TABLE_N2[a][b])], idx, 2, "counterfactual", "mean", "none"
     )
     assert torch.allclose(out[0][0], torch.tensor([[1 - 4 / 3, 2.0, 3.0]]))
+
+
+def test_kl_as_reward_is_a_cost_on_each_return_before_the_baseline():
+    idx = credit_index(1, 2, "shared")
+    kl = [[torch.tensor([[0.5, 4.0]])]]
+    out = step_advantages(
+        [torch.tensor([[1.0, 2.0]])], idx, 1, "shared", "mean", "none", sample_costs=[[0.1 * kl[0][0]]]
+    )
+    # shaped returns 1 - 0.05 = 0.95 and 2 - 0.4 = 1.6 -> mean baseline 1.275
+    assert torch.allclose(out[0][0], torch.tensor([[-0.325, 0.325]]))
+
+
+def test_kl_cost_in_a_counterfactual_table_follows_the_swapped_sample():
+    idx = credit_index(2, 3, "counterfactual")
+    costs = [torch.tensor([[0.3, 0.0, 0.6]]), torch.zeros(1, 3)]  # agent 0's samples' costs
+    out = step_advantages(
+        [_rewards(idx, lambda a, b: TABLE_N2[a][b])],
+        idx,
+        2,
+        "counterfactual",
+        "mean",
+        "none",
+        sample_costs=[costs],
+    )
+    # (R(k,k) - c_k) - mean_a (R(a,k) - c_a): the unshaped advantage - c_k + mean(c) (= 0.3)
+    assert torch.allclose(out[0][0], torch.tensor([[1 - 4 / 3, 2.3, 2.7]]))
+    assert torch.allclose(out[0][1], torch.tensor([[0.0, 2.0, 8 / 3]]))

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-from comlrl_lightning.core.advantages import KL_MODES, kl_shaped_returns
 from comlrl_lightning.core.policy_loss import (
     BatchTotals,
     clipped_surrogate,
@@ -169,9 +168,3 @@ def test_sequence_kl_sums_k3_over_completion_tokens():
     kl = sequence_kl(logps, ref, torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
     # r = ref - logp: sample 0: -1, 0 (its third token is padding); sample 1: +1
     assert torch.allclose(kl, torch.tensor([math.exp(-1) - (-1) - 1, math.exp(1) - 1 - 1]))
-
-
-def test_kl_as_reward_subtracts_coef_times_kl_before_the_baseline():
-    assert KL_MODES == ("loss", "reward")
-    out = kl_shaped_returns(torch.tensor([[1.0, 2.0]]), torch.tensor([[0.5, 4.0]]), coef=0.1)
-    assert torch.allclose(out, torch.tensor([[0.95, 1.6]]))

@@ -153,20 +153,7 @@ def scale_by_std(
 
 
 KL_MODES = ("loss", "reward")
-
-
-def kl_shaped_returns(returns: torch.Tensor, sequence_kl: torch.Tensor, coef: float) -> torch.Tensor:
-    """``kl_mode="reward"``: the return minus ``coef · KL`` before the baseline (CoMLRL
-    ``reference_kl``: MAGRPO subtracts each sample's summed k3 KL from its return).
-
-    Args:
-        returns: ``[G, K]`` an agent's sample returns.
-        sequence_kl: ``[G, K]`` that agent's per-sample KL to the reference (token sum, see
-            ``losses.sequence_kl``), no gradient.
-        coef: β ≥ 0.
-
-    Returns:
-        ``[G, K]``. Unlike ``kl_mode="loss"`` (β·KL added to the per-token loss, GRPO paper) this
-        gives no direct gradient through the KL: it enters as a per-sample cost in the advantage.
-    """
-    return returns.float() - coef * sequence_kl.detach().float()
+"""``kl_mode``: ``loss`` adds ``β·k3`` to the per-token loss (GRPO paper, TRL); ``reward`` subtracts
+``β·Σ_t k3`` from each sample's return before the baseline (CoMLRL ``reference_kl``; see the
+``sample_costs`` of :func:`comlrl_lightning.core.credit.step_advantages`), so the KL enters as a
+per-sample cost in the advantage and has no direct gradient."""

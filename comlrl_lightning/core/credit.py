@@ -193,7 +193,7 @@ def tree_credit_returns(
 
 
 def counterfactual_advantages(
-    returns: torch.Tensor, index: CreditIndex, mode: str = "mean"
+    returns: torch.Tensor, index: CreditIndex, mode: str = "mean", costs: Sequence[torch.Tensor] | None = None
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Difference-reward advantages of every agent's K samples at ``G`` nodes (before std scaling).
 
@@ -206,6 +206,8 @@ def counterfactual_advantages(
         returns: ``[G, M]`` returns of the joint actions of :func:`credit_index` (``"counterfactual"``).
         index: that :class:`CreditIndex` (its ``lookup`` is used).
         mode: ``advantage_mode``.
+        costs: optional N tensors ``[G, K]``: a cost of agent i's sample k', subtracted from
+            ``S_i[k, k']`` for every k (see :func:`step_advantages`).
 
     Returns:
         ``(advantages, scores)``: N tensors ``[G, K]`` (agent i's advantage of its sample k, the one
@@ -222,6 +224,8 @@ def counterfactual_advantages(
     advantages, scores = [], []
     for i in range(n):
         table = returns[:, index.lookup[i]].float()  # [G, K, K]: [node, teammates' sample k, own swap k']
+        if costs is not None:
+            table = table - costs[i].float()[:, None, :]
         adv = group_advantages(table.reshape(g * k, k), mode, "none").view(g, k, k)
         advantages.append(adv.diagonal(dim1=1, dim2=2).clone())
         scores.append(table.reshape(g, k * k))
@@ -229,7 +233,11 @@ def counterfactual_advantages(
 
 
 def cross_rewards_advantages(
-    returns: torch.Tensor, index: CreditIndex, num_agents: int, mode: str = "mean"
+    returns: torch.Tensor,
+    index: CreditIndex,
+    num_agents: int,
+    mode: str = "mean",
+    costs: Sequence[torch.Tensor] | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Cross-credit advantages (before std scaling): agent i's sample k is scored by the mean return
     of the combinations that contain it, then grouped over its K samples.
@@ -239,12 +247,15 @@ def cross_rewards_advantages(
         index: that :class:`CreditIndex`.
         num_agents: N.
         mode: ``advantage_mode``.
+        costs: optional N tensors ``[G, K]`` subtracted from agent i's per-sample scores.
 
     Returns:
         ``(advantages, scores)``: N tensors ``[G, K]`` each; the scores are the per-sample returns.
     """
     k = int(index.joint_index[:, 0].max()) + 1
     scores = [agent_sample_returns(returns.float(), index.joint_index, i, k) for i in range(num_agents)]
+    if costs is not None:
+        scores = [s - c.float() for s, c in zip(scores, costs)]
     return [group_advantages(r, mode, "none") for r in scores], scores
 
 
@@ -257,6 +268,7 @@ def step_advantages(
     scale: str = "group",
     agent_wise: bool = True,
     eps: float = 1e-4,
+    sample_costs: Sequence[Sequence[torch.Tensor]] | None = None,
 ) -> list[list[torch.Tensor]]:
     """Every agent's advantages for every turn of a step, under ``credit`` and std scaling.
 
@@ -269,6 +281,10 @@ def step_advantages(
         mode: ``advantage_mode`` (the baseline).
         scale, agent_wise, eps: as in :func:`~comlrl_lightning.core.advantages.scale_by_std`;
             ``batch`` statistics span every turn of the step.
+        sample_costs: per turn, per agent ``[G_t, K]`` a cost of each of the agent's own samples,
+            subtracted from every score that sample takes part in before the baseline
+            (``kl_mode="reward"``: ``β·KL`` to the reference, CoMLRL's shaping). In a counterfactual
+            table each swapped-in sample carries its own cost. None: no cost.
 
     Returns:
         Per turn, per agent ``[G_t, K]`` advantages.
@@ -280,13 +296,15 @@ def step_advantages(
         raise ValueError(f"credit: got {credit!r}, allowed: {list(CREDIT_MODES)}")
     k = int(index.joint_index[:, 0].max()) + 1
     raw, scores = [], []
-    for returns in turn_returns:
+    for t, returns in enumerate(turn_returns):
+        costs = None if sample_costs is None else [c.float() for c in sample_costs[t]]
         if credit == "counterfactual":
-            adv, sc = counterfactual_advantages(returns, index, mode)
+            adv, sc = counterfactual_advantages(returns, index, mode, costs)
         elif credit == "cross_rewards":
-            adv, sc = cross_rewards_advantages(returns, index, num_agents, mode)
+            adv, sc = cross_rewards_advantages(returns, index, num_agents, mode, costs)
         else:
             sc = [agent_sample_returns(returns.float(), index.joint_index, i, k) for i in range(num_agents)]
+            sc = sc if costs is None else [r - c for r, c in zip(sc, costs)]
             adv = [group_advantages(r, mode, "none") for r in sc]
         raw.append(adv)
         scores.append(sc)
