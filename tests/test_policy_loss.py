@@ -133,7 +133,7 @@ def test_mask_truncated_completions_drops_them_from_the_dapo_normaliser():
     assert torch.equal(mask, torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
     per_tok, _, _ = clipped_surrogate(torch.zeros(2, 3, requires_grad=True), None, ADV, mask)
     totals = BatchTotals(num_rows=2, num_tokens=int(mask.sum()))
-    assert float(reduce_loss(per_tok, mask, "dapo", totals)) == pytest.approx(1.0)  # only sample 1's -A = 1
+    assert float(reduce_loss(per_tok, mask, "dapo", totals).detach()) == pytest.approx(1.0)  # only sample 1's -A = 1
 
 
 def test_entropy_matches_the_full_softmax_and_log_of_vocab_for_uniform_logits():
