@@ -133,7 +133,9 @@ def test_mask_truncated_completions_drops_them_from_the_dapo_normaliser():
     assert torch.equal(mask, torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
     per_tok, _, _ = clipped_surrogate(torch.zeros(2, 3, requires_grad=True), None, ADV, mask)
     totals = BatchTotals(num_rows=2, num_tokens=int(mask.sum()))
-    assert float(reduce_loss(per_tok, mask, "dapo", totals).detach()) == pytest.approx(1.0)  # only sample 1's -A = 1
+    assert float(reduce_loss(per_tok, mask, "dapo", totals).detach()) == pytest.approx(
+        1.0
+    )  # only sample 1's -A = 1
 
 
 def test_entropy_matches_the_full_softmax_and_log_of_vocab_for_uniform_logits():
@@ -168,3 +170,29 @@ def test_sequence_kl_sums_k3_over_completion_tokens():
     kl = sequence_kl(logps, ref, torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]))
     # r = ref - logp: sample 0: -1, 0 (its third token is padding); sample 1: +1
     assert torch.allclose(kl, torch.tensor([math.exp(-1) - (-1) - 1, math.exp(1) - 1 - 1]))
+
+
+def test_completion_entropy_from_the_models_forward_matches_a_manual_full_softmax():
+    from comlrl_lightning.core.generation import completion_mask_from_ids
+    from comlrl_lightning.core.losses import completion_logprobs, completion_logprobs_and_entropy
+    from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
+
+    torch.manual_seed(0)
+    tok = byte_tokenizer()
+    model = build_tiny_gpt2(tok).eval()
+    pad, eos, temp = tok.pad_token_id, tok.eos_token_id, 0.7
+    prompt = torch.tensor([[pad, 10, 11, 12], [20, 21, 22, 23]])
+    pmask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    comp = torch.tensor([[30, 31, eos, pad], [40, 41, 42, 43]])
+    cmask, _ = completion_mask_from_ids(comp, eos)
+    logps, ent = completion_logprobs_and_entropy(model, prompt, pmask, comp, cmask, temperature=temp)
+    assert torch.allclose(logps, completion_logprobs(model, prompt, pmask, comp, cmask, temperature=temp))
+    assert ent[0, 3] == 0.0  # padding
+    for r in range(2):
+        real_prompt = prompt[r][pmask[r].bool()]
+        n = int(cmask[r].sum())
+        logp = torch.log_softmax(model(torch.cat([real_prompt, comp[r, :n]])[None]).logits[0] / temp, -1)
+        rows = logp[
+            len(real_prompt) - 1 : len(real_prompt) - 1 + n
+        ]  # the positions predicting the completion
+        assert torch.allclose(ent[r, :n], -(rows.exp() * rows).sum(-1), atol=1e-4)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from comlrl_lightning.core.generation import position_ids_from_mask
+from comlrl_lightning.core.policy_loss import logprobs_and_entropy
 
 LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean")
 
@@ -25,6 +26,22 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_rows:
         picked = lg.gather(-1, ix.unsqueeze(-1)).squeeze(-1)
         out.append(picked.float() - torch.logsumexp(lg.float(), dim=-1))
     return torch.cat(out)
+
+
+def _completion_logits(
+    model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor, temperature: float,
+) -> torch.Tensor:  # fmt: skip
+    """``[R, C, V]`` logits (divided by ``temperature``) at the positions that predict each completion token."""
+    device = next(model.parameters()).device
+    # the last completion token predicts nothing we score: leave it out of the forward
+    input_ids = torch.cat([prompt_ids, completion_ids[:, :-1]], 1).to(device)
+    attn = torch.cat([prompt_mask, completion_mask[:, :-1]], 1).to(device)
+    c = completion_ids.shape[1]
+    logits = model(
+        input_ids=input_ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), logits_to_keep=c, use_cache=False
+    ).logits
+    return logits / temperature if temperature != 1.0 else logits
 
 
 def completion_logprobs(
@@ -49,18 +66,30 @@ def completion_logprobs(
     Returns:
         ``[R, C]`` float32 log-probs, 0 where ``completion_mask`` is 0.
     """
-    device = next(model.parameters()).device
-    # the last completion token predicts nothing we score: leave it out of the forward
-    input_ids = torch.cat([prompt_ids, completion_ids[:, :-1]], 1).to(device)
-    attn = torch.cat([prompt_mask, completion_mask[:, :-1]], 1).to(device)
-    c = completion_ids.shape[1]
-    logits = model(
-        input_ids=input_ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), logits_to_keep=c, use_cache=False
-    ).logits
-    if temperature != 1.0:
-        logits = logits / temperature
-    logps = selective_log_softmax(logits, completion_ids.to(device))
-    return logps * completion_mask.to(device)
+    logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature)
+    logps = selective_log_softmax(logits, completion_ids.to(logits.device))
+    return logps * completion_mask.to(logits.device)
+
+
+def completion_logprobs_and_entropy(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`completion_logprobs` plus each position's policy entropy (TRL's ``entropy`` metric),
+    from the same forward, chunked (``policy_loss.logprobs_and_entropy``).
+
+    Returns:
+        ``(logps [R, C], entropy [R, C])`` float32, both 0 where ``completion_mask`` is 0; the
+        entropy carries no gradient.
+    """
+    logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature)
+    mask = completion_mask.to(logits.device)
+    logps, entropy = logprobs_and_entropy(logits, completion_ids.to(logits.device))
+    return logps * mask, entropy * mask
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: str, num_rows: int, num_tokens: int) -> torch.Tensor:
