@@ -158,7 +158,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             "curves": [r["rewards"] for r in rs],
         }
     base = out["modes"]["mean"]
-    for mode, rec in out["modes"].items():
+    for rec in out["modes"].values():
         rec["step_time_over_mean"] = rec["step_s"]["mean"] / base["step_s"]["mean"]
         rec["reward_calls_over_mean"] = rec["reward_calls_per_step"] / base["reward_calls_per_step"]
     return out

@@ -33,10 +33,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
-
 from bench_lib import (  # noqa: E402
-    SMOLLM2, Setup, datamodule, first_last, fit_ours, med, paired, ran_lines, recorded_sections, tokenizer_for,
+    SMOLLM2,
+    Setup,
+    datamodule,
+    first_last,
+    fit_ours,
+    med,
+    paired,
+    ran_lines,
+    recorded_sections,
+    tokenizer_for,
 )  # fmt: skip
+
 from comlrl_lightning.core.generation import has_chat_template, render_prompt  # noqa: E402
 
 SECTIONS = ("vs_comlrl", "vs_trl", "memory", "scaling", "smollm2", "credit")
