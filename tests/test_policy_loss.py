@@ -10,7 +10,6 @@ from comlrl_lightning.core.policy_loss import (
     clipped_surrogate,
     logprobs_and_entropy,
     mask_truncated,
-    masked_mean,
     reduce_loss,
     sequence_kl,
 )
@@ -148,11 +147,6 @@ def test_entropy_matches_the_full_softmax_and_log_of_vocab_for_uniform_logits():
     assert torch.allclose(ent, -(full.exp() * full).sum(-1), atol=1e-5)
     _, uniform = logprobs_and_entropy(torch.zeros(1, 1, 5), torch.zeros(1, 1, dtype=torch.long))
     assert uniform.item() == pytest.approx(math.log(5))
-
-
-def test_entropy_metric_averages_unmasked_tokens_only():
-    ent = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]])
-    assert masked_mean(ent, MASK).item() == pytest.approx((1 + 2 + 3 + 4) / 4)
 
 
 def test_logprobs_keep_their_gradient_and_entropy_has_none():

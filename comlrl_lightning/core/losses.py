@@ -1,4 +1,4 @@
-"""Per-token log-probabilities of completions and the policy-gradient loss.
+"""Per-token log-probabilities of completions (the policy loss itself is in ``policy_loss.py``).
 
 Shapes: ``R`` rows (samples), ``P`` prompt tokens (left-padded), ``C`` completion tokens
 (right-padded), ``V`` vocabulary.
@@ -11,8 +11,6 @@ from torch import nn
 
 from comlrl_lightning.core.generation import position_ids_from_mask
 from comlrl_lightning.core.policy_loss import logprobs_and_entropy
-
-LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean")
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_rows: int = 8) -> torch.Tensor:
@@ -90,55 +88,6 @@ def completion_logprobs_and_entropy(
     mask = completion_mask.to(logits.device)
     logps, entropy = logprobs_and_entropy(logits, completion_ids.to(logits.device))
     return logps * mask, entropy * mask
-
-
-def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: str, num_rows: int, num_tokens: int) -> torch.Tensor:
-    """Reduce per-token values ``[R, C]`` of a micro-batch to the scalar share of the full batch.
-
-    ``num_rows``/``num_tokens`` are totals over the whole batch, so micro-batch shares add up to:
-    - ``sequence_sum``: mean over samples of the per-sample token sum (CoMLRL, MAGRPO paper);
-    - ``sequence_mean``: mean over samples of the per-sample token mean (GRPO paper);
-    - ``token_mean``: sum over all tokens / number of tokens (DAPO, TRL's default "dapo"-style).
-
-    Raises:
-        ValueError: unknown ``aggregation``.
-    """
-    mask = mask.to(values.dtype)
-    if aggregation == "sequence_sum":
-        return (values * mask).sum() / num_rows
-    if aggregation == "sequence_mean":
-        return ((values * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / num_rows
-    if aggregation == "token_mean":
-        return (values * mask).sum() / max(num_tokens, 1)
-    raise ValueError(f"loss_aggregation: got {aggregation!r}, allowed: {list(LOSS_AGGREGATIONS)}")
-
-
-def policy_loss_terms(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor | None,
-    advantages: torch.Tensor,
-    epsilon: float,
-    epsilon_high: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token clipped policy-gradient loss (PPO/GRPO surrogate).
-
-    ``loss_t = −min(ρ_t·A, clip(ρ_t, 1−ε, 1+ε_high)·A)``, ``ρ_t = exp(logπ_t − logπ_old,t)``. When
-    ``old_logps`` is None (on-policy, one iteration) ``ρ = exp(logπ − sg(logπ)) = 1`` and the gradient
-    is the REINFORCE gradient ``−A·∇logπ``.
-
-    Args:
-        logps: ``[R, C]``; old_logps: ``[R, C]`` or None; advantages: ``[R]``.
-
-    Returns:
-        ``(loss [R, C], clipped [R, C] bool)``.
-    """
-    old = logps.detach() if old_logps is None else old_logps
-    ratio = torch.exp(logps - old)
-    adv = advantages[:, None].to(logps.dtype)
-    unclipped = ratio * adv
-    clipped_ratio = ratio.clamp(1 - epsilon, 1 + epsilon_high)
-    loss = -torch.min(unclipped, clipped_ratio * adv)
-    return loss, (clipped_ratio * adv < unclipped)
 
 
 def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:

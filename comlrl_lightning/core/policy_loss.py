@@ -192,12 +192,6 @@ def logprobs_and_entropy(
     return torch.cat(logps), torch.cat(entropy)
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values [R, C]`` over unmasked tokens (0 when none): the logged ``entropy`` metric."""
-    m = mask.to(values.dtype)
-    return (values * m).sum() / m.sum().clamp(min=1.0)
-
-
 def sequence_kl(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-sample k3 KL to the reference summed over completion tokens (CoMLRL ``reference_kl``):
     ``Σ_t m·(exp(r) − r − 1)``, ``r = logπ_ref − logπ``. Args ``[R, C]``; returns ``[R]``."""
