@@ -200,9 +200,48 @@ def plot(
     plt.close(fig)
 
 
+def llm_cost(quick: bool = False) -> dict[str, Any]:
+    """What each mode costs per step with LLM agents: ``MAGRPO`` on three tiny GPT-2 agents and the
+    same task (completion lengths in characters), step time from ``StepOutput.step_time_s`` (rollout
+    and update), median after two warm-up steps, modes interleaved over rounds so load hits them alike."""
+    import lightning.pytorch as pl
+    from comlrl_lightning.datamodules import DecPOMDPDataModule
+
+    from comlrl_lightning import MAGRPO, RolloutConfig, SamplingConfig
+
+    class Clock(pl.Callback):
+        def __init__(self) -> None:
+            self.seen: list[float] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.seen.append(float(outputs["step_time_s"]))
+
+    steps, rounds = (4, 1) if quick else (8, 2)
+    rows = [{"topic": f"topic {i}"} for i in range(steps * 2)]
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    calls: dict[str, int] = {}
+    for _ in range(rounds):
+        for mode, (credit, adv_mode) in MODES.items():
+            torch.manual_seed(0)
+            model = MAGRPO(agents="builtin:tiny-gpt2", num_agents=3, learning_rate=1e-3,
+                           rollout=RolloutConfig(num_generations=4, credit=credit),
+                           advantage={"advantage_mode": adv_mode}, sampling=SamplingConfig(max_new_tokens=16))  # fmt: skip
+            data = DecPOMDPDataModule(rows, ["Write about {topic}:"] * 3, TeamTargetsReward(), batch_size=2, shuffle=False)
+            clock = Clock()
+            pl.Trainer(max_steps=steps * 3, accelerator="cpu", logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                       callbacks=[clock]).fit(model, data)  # fmt: skip
+            times[mode] += clock.seen[2:]
+            calls[mode] = 2 * model.rollout_config.reward_calls_per_episode(3)
+    base = statistics.median(times["mean"])
+    return {mode: {"step_s": statistics.median(t), "over_mean": statistics.median(t) / base,
+                   "reward_calls_per_step": calls[mode], "steps": len(t)} for mode, t in times.items()}  # fmt: skip
+
+
 def section(quick: bool, png_path: str) -> dict[str, Any]:
     """``benchmarks/run.py``'s ``credit`` section: :func:`run`, then the reward-vs-samples plot."""
     res = run(quick)
+    res["llm_cost"] = llm_cost(quick)
     st = res["setup"]
     curves = {mode: rec["curves"] for mode, rec in res["modes"].items()}
     plot(curves, st["num_agents"] * st["k"] * st["episodes_per_step"], png_path,
@@ -232,6 +271,12 @@ def render(res: dict[str, Any]) -> str:
             f"{r['reward_calls_per_step']} ({r['reward_calls_over_mean']:.1f}x)",
             f"{_pm(r['step_s'], 2, 1e3)} ({r['step_time_over_mean']:.2f}x)",
         ]) + " |")  # fmt: skip
+    if "llm_cost" in res:
+        lines += ["", "Cost per step with LLM agents (`MAGRPO`, three tiny GPT-2 agents, K=4, B=2, 16 new tokens; "
+                  "rollout + update, median over steps, modes interleaved):", "",
+                  "| Mode | Reward calls / step | Step time s | ÷ `mean` |", "|---|---|---|---|"]  # fmt: skip
+        for mode, r in res["llm_cost"].items():
+            lines.append(f"| `{mode}` | {r['reward_calls_per_step']} | {r['step_s']:.3f} | {r['over_mean']:.2f}x |")
     return "\n".join(lines) + "\n\n" + verdict(res)
 
 
@@ -256,8 +301,11 @@ def verdict(res: dict[str, Any]) -> str:
             parts.append(f"to {thr}: {abs(gap) / b['mean']:.0%} {word} samples than `mean` "
                          f"({a['mean']:.0f} vs {b['mean']:.0f}, gap {sure} the summed sd {spread:.0f})")  # fmt: skip
         r = modes[mode]
+        llm = res.get("llm_cost", {}).get(mode)
+        llm_part = f", {llm['over_mean']:.2f}x with tiny GPT-2 agents" if llm else ""
         out.append(f"- **`{mode}`**: " + "; ".join(parts) + f". Cost: {r['reward_calls_over_mean']:.0f}x the reward "
-                   f"calls per step, no extra generation; {r['step_time_over_mean']:.2f}x the step time here.")  # fmt: skip
+                   f"calls per step, no extra generation; {r['step_time_over_mean']:.2f}x the step time with tabular "
+                   f"agents{llm_part}.")  # fmt: skip
     return "\n".join(out)
 
 
