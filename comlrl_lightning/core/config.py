@@ -26,6 +26,10 @@ Credit = Literal["shared", "counterfactual", "cross_rewards"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
 KLMode = Literal["loss", "reward"]
 ParallelTraining = Literal["none", "mp"]
+GenerationBackend = Literal["auto", "dynamic", "static_compile", "continuous_batching"]
+AUTO_BACKEND = {"cpu": "dynamic", "cuda": "dynamic"}
+"""What ``generation_backend="auto"`` picks per device type. CUDA stays on today's path until a GPU
+measurement (``make gpu-check``, generation throughput) shows another one faster; none has run yet."""
 
 
 def _require(field: str, value: Any, ok: bool, allowed: str) -> None:
@@ -234,8 +238,20 @@ class SamplingConfig:
     """TRL's name for ``max_new_tokens``; when given it sets ``max_new_tokens`` (both given must agree)."""
     max_prompt_length: int | None = None
     """Prompts longer than this (tokens, history included) keep their last tokens; None: all. TRL name."""
+    generation_backend: GenerationBackend = "auto"
+    """How ``generate`` produces tokens: ``dynamic`` (HF ``generate``, dynamic KV cache), ``static_compile``
+    (``cache_implementation="static"``, compiled by transformers on CUDA), ``continuous_batching``
+    (transformers' ``generate_batch``, paged KV cache) or ``auto`` (:data:`AUTO_BACKEND` for the model's
+    device type). Only the sampler changes: log-probs for the loss still come from the training forward."""
+
+    def backend_for(self, device: Any) -> str:
+        """The backend ``generate`` uses on ``device`` (``"auto"`` resolved through :data:`AUTO_BACKEND`)."""
+        if self.generation_backend != "auto":
+            return self.generation_backend
+        return AUTO_BACKEND.get(device.type, "dynamic")
 
     def __post_init__(self) -> None:
+        _choice("generation_backend", self.generation_backend, GenerationBackend.__args__)
         if self.max_completion_length is not None:
             if self.max_new_tokens not in (self.max_completion_length, 64):
                 raise ValueError(f"max_completion_length: got {self.max_completion_length}, but max_new_tokens="
