@@ -426,7 +426,9 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
     # ---------------------------------------------------------------- report
     def _step_outputs(self, levels: list[Level], batch: list[Episode], agent_stats: list[dict[str, float]]) -> dict[str, Any]:
         rewards = torch.cat([lv.rewards.flatten() for lv in levels])
-        node_std = torch.cat([lv.rewards.std(-1) if lv.rewards.shape[1] > 1 else torch.zeros(lv.rewards.shape[0]) for lv in levels])
+        # std over each node's joint actions (per agent when rewards are [G, J, N])
+        node_std = torch.cat([lv.rewards.std(1).flatten() if lv.rewards.shape[1] > 1
+                              else torch.zeros(lv.rewards[:, 0].numel()) for lv in levels])  # fmt: skip
         components: dict[str, torch.Tensor] = {}
         for lv in levels:
             for name, v in lv.components.items():
@@ -447,7 +449,7 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
             "num_tokens": int(sum(lv.generations[i].completion_mask.sum() for lv in levels for i in range(self.num_agents))),
             "prompts": first.prompt_texts,
             "completions": [first.generations[i].texts for i in range(self.num_agents)],
-            "turn0_rewards": first.rewards,
+            "turn0_rewards": first.rewards if first.rewards.dim() == 2 else first.rewards.mean(-1),  # [E, J] (team mean)
             "num_generations": self.hparams.num_generations,
         }
 

@@ -50,10 +50,10 @@ class Level:
     Attributes:
         prompt_texts: per agent, the rendered prompt of each node (history and chat template).
         generations: per agent, a Generation whose row ``g·K + k`` is sample k at node g.
-        rewards: ``[G, J]`` shared rewards.
-        components: reward-function name -> ``[G, J]`` raw values.
+        rewards: ``[G, J]`` shared rewards, or ``[G, J, N]`` when the reward is per agent.
+        components: reward-function name -> ``[G, J]`` (or ``[G, J, N]``) raw values.
         child: ``[G, J]`` index of the child node in the next level, −1 where the branch ended.
-        returns: ``[G, J]`` returns (filled by :func:`compute_returns`).
+        returns: ``[G, J]`` (or ``[G, J, N]``) returns (filled by :func:`compute_returns`).
     """
 
     turn: int
@@ -119,13 +119,14 @@ def rollout_tree(
         rows = torch.arange(g)[:, None] * num_generations + joint_index.T[:, None, :]  # [N, G, J]
         joint_actions = [[gens[i].texts[rows[i, a, b]] for i in range(n)] for a in range(g) for b in range(j)]
         out = env.reward(joint_actions, [nodes[a].episode for a in range(g) for _ in range(j)], turn, step=step)
-        rewards = out.total.view(g, j)
+        rewards = out.total.view(g, j, *out.total.shape[1:])
         child = torch.full((g, j), -1, dtype=torch.long)
         next_nodes: list[Node] = []
         if turn + 1 < num_turns:
             for a, node in enumerate(nodes):
                 for b in range(j):
-                    if termination_threshold is not None and rewards[a, b] >= termination_threshold:
+                    # per-agent rewards: the branch ends when every agent reached the threshold
+                    if termination_threshold is not None and rewards[a, b].min() >= termination_threshold:
                         continue
                     acts = joint_actions[a * j + b]
                     comps = [node.completions[i] + [acts[i]] for i in range(n)]
@@ -134,7 +135,7 @@ def rollout_tree(
                         continue
                     child[a, b] = len(next_nodes)
                     next_nodes.append(Node(node.episode, turn + 1, [node.prompts[i] + [nxt[i]] for i in range(n)], comps))
-        levels.append(Level(turn, nodes, texts, gens, rewards, {k: v.view(g, j) for k, v in out.components.items()}, child))
+        levels.append(Level(turn, nodes, texts, gens, rewards, {k: v.view(g, j, *v.shape[1:]) for k, v in out.components.items()}, child))
         if not next_nodes:
             break
         nodes = next_nodes
@@ -142,13 +143,14 @@ def rollout_tree(
 
 
 def compute_returns(levels: list[Level], discount: float) -> None:
-    """Fill ``level.returns`` bottom-up: ``R = r + discount · mean(child returns)`` (leaf: ``R = r``)."""
+    """Fill ``level.returns`` bottom-up: ``R = r + discount · mean(child returns)`` (leaf: ``R = r``);
+    per agent when the rewards are ``[G, J, N]``."""
     below: torch.Tensor | None = None
     for level in reversed(levels):
         returns = level.rewards.clone()
         if below is not None:
             has_child = level.child >= 0
-            child_mean = below.mean(-1)  # [G_next]
+            child_mean = below.mean(1)  # [G_next] (or [G_next, N]): mean over the child's joint actions
             returns[has_child] += discount * child_mean[level.child[has_child]]
         level.returns = returns
         below = returns
@@ -157,12 +159,14 @@ def compute_returns(levels: list[Level], discount: float) -> None:
 def compute_advantages(
     levels: list[Level], num_agents: int, num_generations: int, joint_mode: str, mode: str, scale: str, eps: float
 ) -> None:
-    """Fill ``level.agent_returns[i]`` and ``level.advantages[i]`` (each ``[G·K]``, generation-row order)."""
+    """Fill ``level.agent_returns[i]`` and ``level.advantages[i]`` (each ``[G·K]``, generation-row order);
+    with per-agent returns ``[G, J, N]`` agent i's group baseline uses its own column."""
     joint_index = joint_action_indices(num_agents, num_generations, joint_mode)
     for level in levels:
         assert level.returns is not None, "compute_returns first"
         level.agent_returns, level.advantages = [], []
         for i in range(num_agents):
-            r = agent_sample_returns(level.returns, joint_index, i, num_generations)  # [G, K]
+            joint = level.returns[..., i] if level.returns.dim() == 3 else level.returns
+            r = agent_sample_returns(joint, joint_index, i, num_generations)  # [G, K]
             level.agent_returns.append(r.flatten())
             level.advantages.append(group_advantages(r, mode, scale, eps).flatten())

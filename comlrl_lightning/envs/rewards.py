@@ -1,7 +1,9 @@
 """Shared rewards: the `RewardFunction` protocol, `WeightedReward` and reward processors.
 
-A reward function scores a batch of joint actions. Every agent of the team gets the same number
-for a joint action (the Dec-POMDP's shared reward); nothing here is per agent.
+A reward function scores a batch of joint actions: one shared number per joint action (the
+Dec-POMDP's shared reward, ``[J]``), or one number per agent (``[J, N]``, for tasks that credit the
+agents separately; actor-critic trainers use each agent's column, MAGRPO groups per agent). A
+:class:`WeightedReward` mixing both broadcasts the shared ones to every agent.
 """
 
 from __future__ import annotations
@@ -19,16 +21,17 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class RewardFunction(Protocol):
-    """Scores joint actions with one shared float each.
+    """Scores joint actions with one shared float each (or one float per agent each).
 
     Called as ``fn(joint_actions, episodes, turn)`` where ``joint_actions[j][i]`` is agent ``i``'s
     completion text in joint action ``j`` and ``episodes[j]`` the episode it belongs to (episodes
-    repeat when a node has several joint actions). Returns ``len(joint_actions)`` floats.
+    repeat when a node has several joint actions). Returns ``J = len(joint_actions)`` floats, or
+    ``J`` rows of ``N`` floats (one per agent, ``N = len(joint_actions[j])``).
     Implementations should set a class attribute ``name`` (used for the ``rewards/<name>/mean``
     metric; default: the class or function name). It is not a protocol member so that
     LightningCLI/jsonargparse can check the protocol from the call signature alone.
 
-    A function returns either plain numbers (``J`` floats) or a :class:`RewardResult` (values plus
+    A function returns either plain numbers (``[J]`` or ``[J, N]``) or a :class:`RewardResult` (values plus
     per-joint-action metrics, logged as ``rewards/<name>/<key>``). Nothing is reported through
     attributes set as a side effect. (The annotation says ``list[float]`` because jsonargparse
     matches a YAML class against this protocol by its exact signature.)
@@ -49,7 +52,8 @@ class RewardResult:
     """What a reward function returns when it has more to say than the values.
 
     Attributes:
-        values: ``J`` floats, one shared reward per joint action.
+        values: ``J`` floats, one shared reward per joint action, or ``J`` rows of ``N`` floats, one
+            reward per agent.
         metrics: key -> ``J`` floats, logged as ``rewards/<name>/<key>`` (e.g. per-level values of a
             level-gated reward, or :data:`PASS_AT_1`).
     """
@@ -98,27 +102,38 @@ class RewardOutput:
     """The result of scoring J joint actions.
 
     Attributes:
-        total: ``[J]`` float32, the shared reward after weighting and processing.
-        components: reward-function name -> ``[J]`` raw (unweighted) values, for logging; also
-            ``<name>/<key>`` for each key of a function's :attr:`RewardResult.metrics`.
+        total: ``[J]`` float32, the shared reward after weighting and processing; ``[J, N]`` (one
+            column per agent) when any function returned per-agent values.
+        components: reward-function name -> ``[J]`` (or ``[J, N]``) raw (unweighted) values, for
+            logging; also ``<name>/<key>`` for each key of a function's :attr:`RewardResult.metrics`.
     """
 
     total: torch.Tensor
     components: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    @property
+    def per_agent(self) -> bool:
+        """Whether :attr:`total` has one column per agent."""
+        return self.total.dim() == 2
+
+    def agent(self, index: int) -> torch.Tensor:
+        """``[J]`` rewards of agent ``index``: its column, or the shared reward."""
+        return self.total[:, index] if self.per_agent else self.total
+
 
 class WeightedReward:
     """A weighted sum of reward functions, then an optional processor.
 
-    ``total_j = processor(sum_f w_f * f(joint_actions)_j)``. Each function's raw values are kept in
+    ``total_j = processor(sum_f w_f * f(joint_actions)_j)``, per agent when any function returns
+    ``[J, N]`` (shared values then count for every agent). Each function's raw values are kept in
     :attr:`RewardOutput.components` so they can be logged as ``rewards/<name>/mean`` (TRL's name).
 
     Args:
         functions: the reward functions (see :class:`RewardFunction`).
         weights: one weight per function; default all 1.0.
         processor: optional :class:`RewardProcessor` applied to the weighted sum.
-        skip_invalid: if False (default) a function that raises, returns the wrong count or a
-            non-finite value raises :class:`RewardError` naming it; if True such values become NaN
+        skip_invalid: if False (default) a function that raises, returns the wrong count or shape, or
+            a non-finite value raises :class:`RewardError` naming it; if True such values become NaN
             in the components, the joint action gets reward ``invalid_reward`` and the count is
             reported as ``num_invalid``.
         invalid_reward: reward given to joint actions with an invalid value when ``skip_invalid``.
@@ -153,6 +168,7 @@ class WeightedReward:
     ) -> RewardOutput:
         """Score ``J = len(joint_actions)`` joint actions. ``step`` is only used in error messages."""
         n = len(joint_actions)
+        num_agents = len(joint_actions[0]) if n else 0
         total = torch.zeros(n, dtype=torch.float32)
         invalid = torch.zeros(n, dtype=torch.bool)
         components: dict[str, torch.Tensor] = {}
@@ -163,12 +179,13 @@ class WeightedReward:
                 out = fn(joint_actions, episodes, turn)
                 if isinstance(out, RewardResult):
                     out, extras = out.values, out.metrics
-                values = _as_values(out, n)
+                values = _as_values(out, n, num_agents)
             except Exception as err:  # noqa: BLE001 - re-raised with context below
                 if not self.skip_invalid:
                     raise RewardError(f"reward function {name!r} failed at step {step}, turn {turn}: {err}") from err
                 values = torch.full((n,), float("nan"))
             bad = ~torch.isfinite(values)
+            bad = bad.any(-1) if bad.dim() == 2 else bad  # one bad agent value spoils the joint action
             if bad.any() and not self.skip_invalid:
                 raise RewardError(
                     f"reward function {name!r} returned a non-finite value at step {step}, turn {turn} "
@@ -179,7 +196,10 @@ class WeightedReward:
             for key, extra in extras.items():
                 if len(extra) == n:
                     components[f"{name}/{key}"] = torch.as_tensor(extra, dtype=torch.float32)
-            total += w * torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+            weighted = w * torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+            if weighted.dim() == 2 and total.dim() == 1:  # the first per-agent function: give every agent a column
+                total = total[:, None].expand(n, num_agents).clone()
+            total += weighted[:, None] if total.dim() == 2 and weighted.dim() == 1 else weighted
         if self.processor is not None:
             total = self.processor(total)
         if invalid.any():
@@ -188,18 +208,36 @@ class WeightedReward:
         return RewardOutput(total=total, components=components)
 
 
-def _as_values(out: object, n: int) -> torch.Tensor:
-    """``[n]`` float32 from a reward's return value. Only real numbers are accepted: a dict (whose
-    keys would be iterated) or numeric strings (which ``float`` would coerce) raise."""
-    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
-        raise RewardError(f"returned a {type(out).__name__}; expected a sequence of {n} numbers or a RewardResult")
-    bad = [v for v in out if not isinstance(v, (numbers.Real, torch.Tensor))]
-    if bad:
-        raise RewardError(f"returned a non-numeric value {bad[0]!r} ({type(bad[0]).__name__}); expected {n} numbers")
-    values = torch.as_tensor([float(v) for v in out], dtype=torch.float32)
-    if values.numel() != n:
+def _as_values(out: object, n: int, num_agents: int) -> torch.Tensor:
+    """``[n]`` (shared) or ``[n, num_agents]`` (per agent) float32 from a reward's return value. Only
+    real numbers are accepted: a dict (whose keys would be iterated) or numeric strings (which
+    ``float`` would coerce) raise, as does any other shape (named in the message)."""
+    if isinstance(out, torch.Tensor):
+        values = out.detach().float().cpu()
+    else:
+        if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
+            raise RewardError(f"returned a {type(out).__name__}; expected a sequence of {n} numbers or a RewardResult")
+        rows = list(out)
+        if rows and all(hasattr(r, "__len__") and not isinstance(r, (str, bytes, dict, torch.Tensor)) for r in rows):
+            flat = [v for r in rows for v in r]
+            shape: tuple[int, ...] = (len(rows), len(rows[0])) if len({len(r) for r in rows}) == 1 else (-1,)
+        else:
+            flat, shape = rows, (len(rows),)
+        bad = [v for v in flat if not isinstance(v, (numbers.Real, torch.Tensor))]
+        if bad:
+            raise RewardError(f"returned a non-numeric value {bad[0]!r} ({type(bad[0]).__name__}); expected {n} numbers")
+        if shape == (-1,):
+            raise RewardError(f"returned rows of different lengths {[len(r) for r in rows]}; expected [{n}] "
+                              f"(shared) or [{n}, {num_agents}] (one per agent)")  # fmt: skip
+        values = torch.as_tensor([float(v) for v in flat], dtype=torch.float32).view(shape)
+    if values.dim() == 1 and values.numel() == n:
+        return values
+    if values.shape == (n, num_agents):
+        return values
+    if values.dim() == 1:
         raise RewardError(f"returned {values.numel()} values for {n} joint actions")
-    return values
+    raise RewardError(f"returned shape {list(values.shape)} for {n} joint actions of {num_agents} agents; expected "
+                      f"[{n}] (shared) or [{n}, {num_agents}] (one per agent)")  # fmt: skip
 
 
 def as_weighted_reward(reward: RewardFunction | WeightedReward | Sequence[RewardFunction]) -> WeightedReward:
