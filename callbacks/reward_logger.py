@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -66,7 +67,7 @@ class RewardLogger(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not isinstance(outputs, dict) or "rewards" not in outputs:
+        if not isinstance(outputs, Mapping) or "rewards" not in outputs:
             return
         if self._t0 is not None:
             wall_s = time.perf_counter() - self._t0
@@ -74,7 +75,7 @@ class RewardLogger(pl.Callback):
             wall_s = float(outputs.get("step_time_s", 0.0))
         self._t0 = None
         n = outputs["num_episodes"]
-        for name, value in step_metrics(outputs, pl_module.hparams, wall_s).items():
+        for name, value in step_metrics(outputs, getattr(pl_module, "loss", {}), wall_s).items():
             # sync_dist: under DDP min/max lengths take the min/max over ranks, throughput the sum
             pl_module.log(name, value, on_step=True, on_epoch=False, batch_size=n, sync_dist=True,
                           reduce_fx=_reduce_fx(name), prog_bar=self.prog_bar and name == "tokens_per_second")

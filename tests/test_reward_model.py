@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from comlrl_lightning.core.rollout import Level, compute_advantages, compute_returns
+from comlrl_lightning.core.records import Turn as Level
+from comlrl_lightning.core.rollout import compute_advantages, compute_returns
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.reward_model import RewardModelReward, reward_models_of
 from comlrl_lightning.envs.rewards import RewardError, WeightedReward

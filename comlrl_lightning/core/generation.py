@@ -1,4 +1,4 @@
-"""Rollout: turning an agent's prompt history into text, and one batched ``generate`` per agent.
+"""Generation: turning an agent's prompt history into text, and one batched ``generate`` per agent.
 
 Shapes: ``B`` prompts, ``K`` samples each (``num_generations``), ``P`` padded prompt tokens,
 ``C`` padded completion tokens (at most ``max_new_tokens``).
@@ -13,25 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-
-@dataclass
-class SamplingConfig:
-    """Sampling knobs for one agent (TRL/CoMLRL names).
-
-    Attributes:
-        temperature: softmax temperature (> 0); log-probs for the loss use the same temperature.
-        top_p: nucleus sampling mass in (0, 1].
-        top_k: keep the k most likely tokens; ``0`` or ``None`` disables.
-        max_new_tokens: completion budget in tokens.
-        max_prompt_length: longer prompts keep their last tokens (TRL's ``max_prompt_length``);
-            ``None`` keeps everything.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    max_new_tokens: int = 64
-    max_prompt_length: int | None = None
+from comlrl_lightning.core.config import SamplingConfig
 
 
 @dataclass

@@ -328,7 +328,7 @@ class AgentParallelStrategy(SingleDeviceStrategy):
         assert module is not None, "connect a LightningModule first"
         agent_devices = self.agent_devices
         if agent_devices is None:
-            agent_devices = getattr(module, "hparams", {}).get("agent_devices") or "auto"
+            agent_devices = getattr(getattr(module, "placement", None), "agent_devices", None) or "auto"
         self.plan = plan_devices(
             module, agent_devices, self.reference_devices, self.critic_devices, self.reward_devices,
             root=self.root_device, num_gpus=visible_gpus(self._accelerator),
