@@ -4,6 +4,8 @@ from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAReMax, MAREINFORCE, MARLOO
+from comlrl_lightning.algorithms.actor_critic import IAC, MAAC, ActorCritic, ActorCriticRolloutConfig
+from comlrl_lightning.team.critics import CriticConfig, CriticSpec
 from comlrl_lightning.core.config import AdvantageConfig, LossConfig, PlacementConfig, RolloutConfig, SamplingConfig
 from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.team.team import Team
@@ -14,6 +16,6 @@ __all__ = [
     "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "AgentSpec", "DecPOMDP", "Episode", "PromptTemplate",
     "Transition", "RewardFunction", "RewardOutput", "RewardProcessor", "WeightedReward", "AgentParallelStrategy",
     "CoMLRLModule", "Team", "RolloutConfig", "AdvantageConfig", "LossConfig", "SamplingConfig", "PlacementConfig",
-    "StepOutput", "AgentStats",
+    "StepOutput", "AgentStats", "IAC", "MAAC", "ActorCritic", "ActorCriticRolloutConfig", "CriticConfig", "CriticSpec",
 ]  # fmt: skip
 __version__ = "0.1.0"

@@ -133,6 +133,14 @@ def hidden_size_of(model: nn.Module) -> int:
     raise ValueError(f"{type(model).__name__}: its config has no hidden_size/n_embd/d_model; cannot size a value head")
 
 
+def save_value_head(head: ValueHead, path: str | Path) -> None:
+    """Write ``value_head.pt`` (weights) and ``value_head.json`` (sizes) into the folder ``path``."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save(head.state_dict(), path / VALUE_HEAD_FILE)
+    (path / VALUE_HEAD_CONFIG).write_text(json.dumps({"hidden_size": head.hidden_size, "hidden_dim": head.hidden_dim}))
+
+
 class ValueModel(nn.Module):
     """A separate critic: its own causal LM's trunk plus a :class:`ValueHead`.
 
@@ -157,9 +165,7 @@ class ValueModel(nn.Module):
         self.backbone.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
-        torch.save(self.value_head.state_dict(), path / VALUE_HEAD_FILE)
-        head = {"hidden_size": self.value_head.hidden_size, "hidden_dim": self.value_head.hidden_dim}
-        (path / VALUE_HEAD_CONFIG).write_text(json.dumps(head))
+        save_value_head(self.value_head, path)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> ValueModel:

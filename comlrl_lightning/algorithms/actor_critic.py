@@ -1,0 +1,445 @@
+"""IAC and MAAC: actor-critic for a cooperative team of LLM agents (CoMLRL ``actor_critic/{iac,maac}.py``).
+
+Features:
+    - ``IAC``: one critic per agent, reading that agent's history (V) or history and completion (Q);
+      each critic a separate model with its own tokenizer (``critics[i].model``), or a value head on
+      the agent's trunk (``model: null``), trained with the actor in one joint loss;
+    - ``MAAC``: one centralised critic reading every agent's observation (and the joint action for
+      Q), rendered by :func:`~comlrl_lightning.team.critics.central_observation` with the critic's
+      own tokenizer; one shared TD error for every agent;
+    - TD targets over turns ``T_t = r_t + discount · mean(V(h_{t+1}))`` (see core/td.py), advantages
+      ``T − V`` (Q: minus the sibling mean of Q), optionally normalised per agent and turn;
+    - per-agent rewards (``[J, N]``) where the reward gives them;
+    - value loss ``value_loss_coef · (V − T)²``, clipped at ``value_clip_range`` against the values
+      from before the update;
+    - one optimizer per agent (the base class's) plus one per separate critic (``critic_learning_rate``,
+      or ``critics[i].learning_rate``); a head on the trunk is a parameter group of its agent's
+      optimizer with its own learning rate; per-agent and per-critic gradient-norm clipping;
+    - the rollout tree, policy loss, KL to a reference and placement of MAGRPO (the shared base class).
+
+Not supported: learning-rate schedulers for critics, PPO epochs over the critic.
+
+Step counting: Lightning counts every ``optimizer.step()``. One batch steps each agent
+``num_iterations`` times and each *separate* critic once (a head on the trunk steps with its agent),
+so ``global_step`` grows by ``N · num_iterations + C`` per batch (``C`` separate critics: ``N`` or 0
+for IAC, 1 for MAAC). :meth:`ActorCritic.max_steps_for` converts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any, ClassVar
+
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import nn
+
+from comlrl_lightning.algorithms.base import CoMLRLModule, normalize_agents
+from comlrl_lightning.core.advantages import agent_sample_returns, joint_action_indices
+from comlrl_lightning.core.config import LossConfig, PlacementConfig, RolloutConfig, SamplingConfig
+from comlrl_lightning.core.generation import render_prompt
+from comlrl_lightning.core.records import AgentStats, StepOutput, Turn
+from comlrl_lightning.core.rollout import compute_returns, rollout_tree
+from comlrl_lightning.core.td import (
+    critic_baseline, explained_variance, normalize_advantages, td_advantages, td_targets, value_loss,
+)  # fmt: skip
+from comlrl_lightning.core.update import agent_backward, prepare_agent_batch
+from comlrl_lightning.core.value_head import ValueHead, hidden_size_of, trunk_of, values_at
+from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.envs.reward_model import reward_models_of
+from comlrl_lightning.team.agents import AgentSpec
+from comlrl_lightning.team.critics import (
+    CriticConfig, CriticSpec, central_observation, encode_critic_inputs, load_critic, validate_critic_spec,
+)  # fmt: skip
+
+
+@dataclass
+class ActorCriticRolloutConfig(RolloutConfig):
+    """:class:`RolloutConfig` with ``num_generations >= 1``: a critic is the baseline, so one sample
+    per agent per node is enough (CoMLRL's IAC/MAAC default, and the only value it allows with
+    ``num_turns > 1``; here any K works, targets then use the mean of the children's values)."""
+
+    num_generations: int = 1
+    """K samples per agent per node (>= 1)."""
+
+    def __post_init__(self) -> None:
+        k = self.num_generations
+        if k < 1:
+            raise ValueError(f"num_generations: got {k}, must be >= 1")
+        self.num_generations = max(k, 2)  # the parent's checks assume a group baseline; K itself is checked above
+        try:
+            super().__post_init__()
+        finally:
+            self.num_generations = k
+
+
+@dataclass
+class CriticBatch:
+    """One critic's rollout-time values and TD targets, per turn (``[R_t]`` each; no grad).
+
+    ``R_t`` is ``G_t·K`` (IAC: one row per agent sample) or ``G_t·J`` (MAAC: one per joint action).
+    """
+
+    values: list[torch.Tensor]
+    targets: list[torch.Tensor]
+
+
+class ActorCritic(CoMLRLModule):
+    """Shared body of :class:`IAC` and :class:`MAAC` (see the module docstring).
+
+    Args:
+        agents: one :class:`AgentSpec` (or model string) per agent, or one broadcast to ``num_agents``.
+        num_agents: number of agents; default ``len(agents)``.
+        critics: :class:`CriticSpec` per critic (IAC: one per agent, or one broadcast; MAAC: one).
+        critic: the critic knobs (:class:`CriticConfig`: ``critic_type``, ``value_loss_coef``, ...).
+        rollout: :class:`ActorCriticRolloutConfig` (``num_generations`` >= 1, ``num_turns``, ``discount``).
+        loss: the policy update (:class:`LossConfig`; ``max_grad_norm`` clips each agent).
+        sampling, placement, optimizer, scheduler, learning_rate, val_sampling, env: see :class:`CoMLRLModule`.
+
+    Raises:
+        ValueError: a bad config value, naming the field, before any model is loaded.
+    """
+
+    centralised: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        agents: list[AgentSpec] | AgentSpec | list[str] | str,
+        num_agents: int | None = None,
+        critics: list[CriticSpec] | CriticSpec | None = None,
+        critic: CriticConfig | None = None,
+        rollout: ActorCriticRolloutConfig | None = None,
+        loss: LossConfig | None = None,
+        sampling: SamplingConfig | None = None,
+        placement: PlacementConfig | None = None,
+        optimizer: OptimizerCallable | None = None,
+        scheduler: LRSchedulerCallable | None = None,
+        learning_rate: float = 5e-6,
+        val_sampling: bool = False,
+        env: DecPOMDP | None = None,
+    ) -> None:
+        groups = {"rollout": rollout or ActorCriticRolloutConfig(), "critic": critic or CriticConfig(),
+                  "loss": loss or LossConfig(), "sampling": sampling or SamplingConfig(),
+                  "placement": placement or PlacementConfig()}  # fmt: skip
+        groups = {k: (cfg if not isinstance(cfg, dict) else _GROUP_TYPES[k](**cfg)) for k, cfg in groups.items()}
+        specs = normalize_agents(agents, num_agents)
+        groups["rollout"].check_budget(len(specs))
+        self.critic_specs = self._critic_specs(critics, specs)
+        super().__init__(specs, groups["sampling"], groups["placement"], optimizer, scheduler, learning_rate,
+                         val_sampling, env)  # fmt: skip
+        self.rollout_config: ActorCriticRolloutConfig = groups["rollout"]
+        self.critic_config: CriticConfig = groups["critic"]
+        self.loss: LossConfig = groups["loss"]
+        self.save_config(groups, ignore=["critics"])
+        self.hparams["critics"] = [asdict(s) for s in self.critic_specs]
+        self.critics = nn.ModuleList()
+        self.critic_tokenizers: list[Any] = []
+        self.reward_models = nn.ModuleList()
+
+    def _critic_specs(self, critics: Any, specs: list[AgentSpec]) -> list[CriticSpec]:
+        n = 1 if self.centralised else len(specs)
+        if critics is None:  # IAC: heads on the trunks; MAAC: a separate copy of agent 0's model
+            critics = CriticSpec(model=specs[0].model, tokenizer=specs[0].tokenizer) if self.centralised else CriticSpec()
+        items = [critics] if isinstance(critics, (CriticSpec, dict)) else list(critics)
+        out = [CriticSpec(**c) if isinstance(c, dict) else c for c in items]
+        if len(out) == 1 and n > 1:
+            out = [CriticSpec(**asdict(out[0])) for _ in range(n)]
+        if len(out) != n:
+            raise ValueError(f"critics: got {len(out)} specs, {type(self).__name__} needs {n} "
+                             f"({'one centralised critic' if self.centralised else 'one per agent'}), or one to broadcast")  # fmt: skip
+        for c, spec in enumerate(out):
+            validate_critic_spec(spec, c)
+            if self.centralised and not spec.separate:
+                raise ValueError("critics[0].model: MAAC's centralised critic reads every agent's observation, so it "
+                                 "needs a model of its own (a hub id, path or 'builtin:<name>'), not a head on a trunk")  # fmt: skip
+        return out
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def uses_reference_model(self) -> bool:
+        return self.loss.beta > 0
+
+    @property
+    def num_turns(self) -> int:
+        return self.rollout_config.num_turns
+
+    @property
+    def separate_critics(self) -> list[int]:
+        """Indices of the critics with a model (and an optimizer) of their own."""
+        return [c for c, s in enumerate(self.critic_specs) if s.separate]
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if self.num_turns > 1 and self.env.transition_fn is None:
+            raise ValueError(f"num_turns={self.num_turns} needs an env transition (data.transition)")
+
+    def configure_model(self) -> None:
+        """Load the team (base class), then each critic and every reward model of the env's reward
+        (listed in ``reward_models`` so the strategy places them). Idempotent."""
+        super().configure_model()
+        if len(self.critics):
+            return
+        for c, spec in enumerate(self.critic_specs):
+            if spec.separate:
+                model, tok = load_critic(spec)
+            else:
+                agent = self.agents[c]
+                model, tok = ValueHead(hidden_size_of(agent), spec.value_head_hidden_dim), self.tokenizers[c]
+            self.critics.append(model)
+            self.critic_tokenizers.append(tok)
+        env = self._env if self._env is not None else getattr(getattr(self._trainer, "datamodule", None), "env", None)
+        if env is not None:
+            self.reward_models.extend(rm.load() for rm in reward_models_of(env.reward_fn))
+
+    def configure_optimizers(self) -> list[dict[str, Any]]:
+        """The agents' optimizers (base class), a parameter group per head on a trunk in its agent's
+        optimizer, then one optimizer per separate critic (``AdamW``, or the ``optimizer`` factory),
+        each at its critic's learning rate."""
+        out = super().configure_optimizers()
+        for c, (spec, critic) in enumerate(zip(self.critic_specs, self.critics)):
+            lr = spec.learning_rate or self.critic_config.critic_learning_rate
+            params = [p for p in critic.parameters() if p.requires_grad]
+            if not spec.separate:
+                out[c]["optimizer"].add_param_group({"params": params, "lr": lr, "initial_lr": lr})
+                continue
+            opt = self.optimizer_factory(params) if self.optimizer_factory is not None else torch.optim.AdamW(params, lr=lr)
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] = lr
+            out.append({"optimizer": opt})
+        return out
+
+    @staticmethod
+    def max_steps_for(num_batches: int, num_agents: int, num_iterations: int = 1, num_critics: int = 0) -> int:
+        """``trainer.max_steps`` that trains ``num_batches`` batches with ``num_critics`` separate critics."""
+        return num_batches * (num_agents * num_iterations + num_critics)
+
+    # ------------------------------------------------------------------ the step, top to bottom
+    def training_step(self, batch: list[Episode], batch_idx: int) -> StepOutput:
+        t0 = time.perf_counter()
+        turns = self.rollout(batch)  # observe → generate → join → reward → transition; returns
+        critic_batches = self.estimate(turns)  # critic values, TD targets, advantages (no grad)
+        t_rollout = time.perf_counter() - t0
+        stats = self.update_agents(turns, critic_batches)  # policy loss (+ value loss of a head on the trunk)
+        value_losses = self.update_critics(turns, critic_batches)  # separate critics
+        for c, s in enumerate(stats if not self.centralised else []):
+            if not self.critic_specs[c].separate:
+                value_losses[c] = s.pop("value_loss")
+        out = StepOutput.from_turns(turns, [s["agent"] for s in stats], self.rollout_config.num_generations)
+        out.rollout_time_s, out.step_time_s = t_rollout, time.perf_counter() - t0
+        self.log_step(out, critic_batches, value_losses)
+        return out
+
+    def rollout(self, episodes: Sequence[Episode], evaluation: bool = False) -> list[Turn]:
+        """Tree rollout of ``episodes`` with returns filled in (advantages come from :meth:`estimate`).
+        ``evaluation``: one completion per agent per turn, greedy unless ``val_sampling``."""
+        cfg = self.rollout_config
+        k = 1 if evaluation else cfg.num_generations
+        turns = rollout_tree(self.env, episodes, self.team, k, cfg.num_turns, "aligned" if evaluation else cfg.joint_mode,
+                             greedy=evaluation and not self.val_sampling, stop_reward=cfg.stop_reward,
+                             termination_threshold=cfg.termination_threshold, step=self.global_step)  # fmt: skip
+        compute_returns(turns, cfg.discount)
+        return turns
+
+    @torch.no_grad()
+    def estimate(self, turns: list[Turn]) -> list[CriticBatch]:
+        """Critic values before the update, TD targets and each agent's advantages (``turn.advantages``,
+        ``turn.agent_returns``: per agent ``[G·K]``, the sample's TD target)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ critic reads
+    def critic_values(self, critic: int, turn: Turn) -> torch.Tensor:
+        """``[R]`` values of ``critic`` on ``turn`` (gradients flow unless under no_grad); see :class:`CriticBatch`."""
+        raise NotImplementedError
+
+    def _read(self, critic: int, prompts: list[str], completions: list[str] | None) -> torch.Tensor:
+        """A separate critic reads texts with its own tokenizer, ``micro_batch_size`` rows per forward."""
+        typ, size = self.critic_config.critic_type, self.loss.micro_batch_size or max(len(prompts), 1)
+        out = []
+        for s in range(0, len(prompts), size):
+            comps = None if completions is None else completions[s : s + size]
+            ids, mask, pos = encode_critic_inputs(self.critic_tokenizers[critic], prompts[s : s + size], comps,
+                                                  self.team.sampling[0].max_prompt_length, typ)  # fmt: skip
+            out.append(self.critics[critic](ids, mask, pos))
+        return torch.cat(out)
+
+    # ------------------------------------------------------------------ updates
+    def update_agents(self, turns: list[Turn], critic_batches: list[CriticBatch]) -> list[dict[str, Any]]:
+        """Each agent: ``num_iterations`` × (zero_grad, policy forward/backward, clip, step), in the
+        base class's rounds; a head on the trunk adds its value loss to the agent's first pass."""
+        stats: list[dict[str, Any]] = [{"agent": AgentStats()}] * self.num_agents
+        for agents in self.team.rounds():
+            batches = dict(zip(agents, self.team.map(partial(self._prepare, turns=turns), agents)))
+            for it in range(self.loss.num_iterations):
+                backward = partial(self._backward, batches=batches, turns=turns, critic_batches=critic_batches, first=it == 0)
+                for i, s in zip(agents, self.team.map(backward, agents)):
+                    self.step_agent(i, self.loss.max_grad_norm)
+                    stats[i] = s
+        return stats
+
+    def _prepare(self, agent: int, turns: list[Turn]) -> Any:
+        ref = self.reference_models[agent] if self.uses_reference_model else None
+        return prepare_agent_batch(self.agents[agent], ref, turns, agent, self.team.sampling[agent].temperature, self.loss)
+
+    def _backward(self, agent: int, batches: dict[int, Any], turns: list[Turn], critic_batches: list[CriticBatch],
+                  first: bool) -> dict[str, Any]:  # fmt: skip
+        opts, _ = self.agent_optimizers()
+        opts[agent].zero_grad()
+        out: dict[str, Any] = {"agent": agent_backward(self.agents[agent], batches[agent],
+                                                       self.team.sampling[agent].temperature, self.loss,
+                                                       self.locked_backward)}  # fmt: skip
+        if not self.centralised and not self.critic_specs[agent].separate:
+            out["value_loss"] = self._value_backward(agent, turns, critic_batches[agent]) if first else 0.0
+        return out
+
+    def _value_backward(self, critic: int, turns: list[Turn], data: CriticBatch) -> float:
+        """Backward of ``value_loss_coef · (V − T)²`` (clipped) over every turn; returns the loss."""
+        cfg, total = self.critic_config, sum(v.numel() for v in data.values)
+        loss_sum = 0.0
+        for t, old, target in zip(turns, data.values, data.targets):
+            values = self.critic_values(critic, t)
+            loss = value_loss(values, target, old, cfg.value_clip_range, cfg.value_loss_coef) * (values.numel() / total)
+            self.locked_backward(loss)
+            loss_sum += float(loss.detach())
+        return loss_sum
+
+    def update_critics(self, turns: list[Turn], critic_batches: list[CriticBatch]) -> dict[int, float]:
+        """One step per separate critic (zero_grad, value backward, clip at ``critic_max_grad_norm``, step)."""
+        opts, _ = self.agent_optimizers()
+        losses = {}
+        for k, c in enumerate(self.separate_critics):
+            opt = opts[self.num_agents + k]
+            opt.zero_grad()
+            losses[c] = self._value_backward(c, turns, critic_batches[c])
+            if self.critic_config.critic_max_grad_norm is not None:
+                self.clip_gradients(opt, gradient_clip_val=self.critic_config.critic_max_grad_norm,
+                                    gradient_clip_algorithm="norm")  # fmt: skip
+            opt.step()
+        return losses
+
+    # ------------------------------------------------------------------ report
+    def log_step(self, out: StepOutput, critic_batches: list[CriticBatch], value_losses: dict[int, float]) -> None:
+        """MAGRPO's scalars plus ``critic/value_mean``, ``critic/value_loss``, ``critic/explained_variance``
+        (mean over critics) and, with several critics, ``critic/agent_<i>/<name>``."""
+        dev, n = self.device, out.num_episodes
+        self.log("reward", out.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
+        self.log("reward_std", out.reward_std.to(dev), batch_size=n, sync_dist=True)
+        self.log("completions/mean_length", torch.cat(out.completion_lengths).float().mean().to(dev), batch_size=n,
+                 sync_dist=True)  # fmt: skip
+        for i, s in enumerate(out.agent_stats):
+            self.log(f"agent_{i}/loss", s.loss, batch_size=n, sync_dist=True)
+        metrics: dict[str, list[float]] = {"value_mean": [], "value_loss": [], "explained_variance": []}
+        for c, data in enumerate(critic_batches):
+            values, targets = torch.cat(data.values), torch.cat(data.targets)
+            row = {"value_mean": float(values.mean()), "value_loss": value_losses.get(c, 0.0),
+                   "explained_variance": explained_variance(values, targets)}  # fmt: skip
+            for name, v in row.items():
+                metrics[name].append(v)
+                if len(critic_batches) > 1:
+                    self.log(f"critic/agent_{c}/{name}", v, batch_size=n, sync_dist=True)
+        for name, vs in metrics.items():
+            self.log(f"critic/{name}", sum(vs) / len(vs), batch_size=n, sync_dist=True)
+
+
+class IAC(ActorCritic):
+    """Independent actor-critic: agent ``i``'s critic reads agent ``i``'s history (and completion for Q)
+    and gives agent ``i``'s TD targets (CoMLRL ``IACTrainer``). See :class:`ActorCritic` for the arguments."""
+
+    def critic_values(self, critic: int, turn: Turn) -> torch.Tensor:
+        gen, k = turn.generations[critic], self.rollout_config.num_generations
+        typ, spec = self.critic_config.critic_type, self.critic_specs[critic]
+        if typ == "v":  # one read per node: its K rows share the prompt
+            if not spec.separate:
+                idx = torch.arange(0, len(gen.texts), k)
+                g = gen.rows(idx)
+                pos = torch.full((len(idx),), g.prompt_ids.shape[1] - 1)
+                v = values_at(trunk_of(self.agents[critic]), self.critics[critic], g.prompt_ids, g.prompt_mask, pos)
+            else:
+                v = self._read(critic, list(turn.prompt_texts[critic]), None)
+            return v.repeat_interleave(k)
+        if not spec.separate:
+            from comlrl_lightning.core.value_head import read_positions
+
+            ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)
+            mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)
+            pos = read_positions(gen.prompt_mask, gen.completion_mask, "q")
+            return values_at(trunk_of(self.agents[critic]), self.critics[critic], ids, mask, pos)
+        prompts = [p for p in turn.prompt_texts[critic] for _ in range(k)]
+        return self._read(critic, prompts, list(gen.texts))
+
+    @torch.no_grad()
+    def estimate(self, turns: list[Turn]) -> list[CriticBatch]:
+        cfg, n, k = self.rollout_config, self.num_agents, self.rollout_config.num_generations
+        joint_index = joint_action_indices(n, k, cfg.joint_mode)
+        for t in turns:
+            t.agent_returns, t.advantages = [torch.empty(0)] * n, [torch.empty(0)] * n
+        out = []
+        for i in range(n):
+            values = [self.critic_values(i, t).float().cpu() for t in turns]
+            targets = []
+            for s, t in enumerate(turns):
+                g = len(t.nodes)
+                nxt = values[s + 1].view(-1, k) if s + 1 < len(turns) else None
+                rewards = t.rewards[..., i] if t.rewards.dim() == 3 else t.rewards
+                joint_t = td_targets(rewards, t.child, nxt, cfg.discount)  # [G, J]
+                sample_t = agent_sample_returns(joint_t, joint_index, i, k)  # [G, K]
+                base = critic_baseline(values[s].view(g, k), self.critic_config.critic_type)
+                adv = td_advantages(sample_t, base, self.critic_config.advantage_normalization)
+                t.agent_returns[i], t.advantages[i] = sample_t.flatten(), adv.flatten()
+                targets.append(sample_t.flatten())
+            out.append(CriticBatch(values, targets))
+        return out
+
+
+class MAAC(ActorCritic):
+    """Multi-agent actor-critic with one centralised critic reading every agent's observation (and the
+    joint action for Q); every agent gets the same TD error (CoMLRL ``MAACTrainer``). The critic is
+    updated once per batch, after the agents. See :class:`ActorCritic` for the arguments."""
+
+    centralised = True
+
+    def _joint(self, turn: Turn) -> torch.Tensor:
+        return joint_action_indices(self.num_agents, self.rollout_config.num_generations, self.rollout_config.joint_mode)
+
+    def critic_values(self, critic: int, turn: Turn) -> torch.Tensor:
+        """``[G·J]`` (row ``g·J + j``): ``V`` of node g (repeated over its joint actions) or ``Q`` of joint action j."""
+        n, k, joint = self.num_agents, self.rollout_config.num_generations, self._joint(turn)
+        obs = [[render_prompt(None, node.prompts[i], node.completions[i], False) for i in range(n)] for node in turn.nodes]
+        if self.critic_config.critic_type == "v":
+            return self._read(0, [central_observation(o)[0] for o in obs], None).repeat_interleave(joint.shape[0])
+        prompts, actions = [], []
+        for g, o in enumerate(obs):
+            for j in range(joint.shape[0]):
+                acts = [turn.generations[i].texts[g * k + int(joint[j, i])] for i in range(n)]
+                p, a = central_observation(o, acts)
+                prompts.append(p)
+                actions.append(a)
+        return self._read(0, prompts, actions)
+
+    @torch.no_grad()
+    def estimate(self, turns: list[Turn]) -> list[CriticBatch]:
+        cfg, n, k = self.rollout_config, self.num_agents, self.rollout_config.num_generations
+        values = [self.critic_values(0, t).float().cpu() for t in turns]
+        targets = []
+        for s, t in enumerate(turns):
+            joint = self._joint(t)
+            g, j = len(t.nodes), joint.shape[0]
+            nxt = values[s + 1].view(-1, j) if s + 1 < len(turns) else None
+            base = critic_baseline(values[s].view(g, j), self.critic_config.critic_type)
+            per_agent = [t.rewards[..., i] if t.rewards.dim() == 3 else t.rewards for i in range(n)]
+            joint_t = [td_targets(r, t.child, nxt, cfg.discount) for r in per_agent]  # per agent [G, J]
+            t.agent_returns, t.advantages = [], []
+            for i in range(n):
+                adv = agent_sample_returns(td_advantages(joint_t[i], base), joint, i, k)  # [G, K]
+                if self.critic_config.advantage_normalization:
+                    adv = normalize_advantages(adv)
+                t.agent_returns.append(agent_sample_returns(joint_t[i], joint, i, k).flatten())
+                t.advantages.append(adv.flatten())
+            targets.append(torch.stack(joint_t).mean(0).flatten())  # the team's target (shared rewards: every agent's)
+        return [CriticBatch(values, targets)]
+
+
+_GROUP_TYPES = {"rollout": ActorCriticRolloutConfig, "critic": CriticConfig, "loss": LossConfig,
+                "sampling": SamplingConfig, "placement": PlacementConfig}  # fmt: skip
