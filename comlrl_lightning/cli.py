@@ -1,7 +1,7 @@
 """The ``comlrl-lightning`` command: a LightningCLI over the algorithms and datamodules.
 
 ``comlrl-lightning fit --config configs/toy_length_ratio.yaml`` trains; ``fit --print_config``
-shows the full config. ``model`` and ``data`` take any :class:`MAGRPO` subclass and any
+shows the full config. ``model`` and ``data`` take any :class:`CoMLRLModule` subclass (MAGRPO, IAC, MAAC, ...) and any
 :class:`DecPOMDPDataModule` subclass (``class_path``/``init_args``).
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
-from comlrl_lightning.algorithms.magrpo import MAGRPO
+from comlrl_lightning.algorithms.base import CoMLRLModule
 
 _SUMMARY_KEYS = ("val/pass@1", "val/reward", "reward")
 
@@ -73,7 +73,7 @@ def main(args: list[str] | None = None) -> None:
     """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     CoMLRLCLI(
-        MAGRPO,
+        CoMLRLModule,
         DecPOMDPDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
