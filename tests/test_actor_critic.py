@@ -174,3 +174,18 @@ def test_actor_critic_cli_fit_logs_critic_metrics(tmp_path, config):
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"reward", "val/reward", "critic/value_mean", "critic/value_loss", "critic/explained_variance"} <= tags
+
+
+TINY_TEAM = "[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]"
+
+
+@pytest.mark.parametrize("config,extra", [("humaneval_iac.yaml", []),
+                                          ("humaneval_maac.yaml", ["--model.init_args.critics=[{model: builtin:tiny-gpt2}]"])])
+def test_actor_critic_coding_configs_run_on_the_tiny_model(tmp_path, capsys, config, extra):
+    os.chdir(ROOT)
+    main(["fit", "--config", f"configs/{config}", f"--model.init_args.agents={TINY_TEAM}", *extra,
+          "--model.init_args.sampling.max_new_tokens=8", "--model.init_args.sampling.max_prompt_length=256",
+          "--trainer.limit_train_batches=1", "--data.init_args.max_val_samples=2", "--data.init_args.val_batch_size=2",
+          "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip
+    assert "val/pass@1: first 0.000" in capsys.readouterr().out
+    assert list(tmp_path.rglob("agents/*/critic_0/value_head.pt"))  # AgentCheckpoint wrote the critic
