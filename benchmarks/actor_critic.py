@@ -24,12 +24,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
+import lightning.pytorch as pl
+import torch
+from comlrl_lightning.datamodules import LengthRatioDataModule
 
-from comlrl_lightning import IAC, MAAC, MAGRPO, ActorCriticRolloutConfig, CriticConfig, CriticSpec  # noqa: E402
-from comlrl_lightning.core.config import RolloutConfig, SamplingConfig  # noqa: E402
-from comlrl_lightning.datamodules import LengthRatioDataModule  # noqa: E402
+from comlrl_lightning import IAC, MAAC, MAGRPO, ActorCriticRolloutConfig, CriticConfig, CriticSpec
+from comlrl_lightning.core.config import RolloutConfig, SamplingConfig
 
 K, BATCH, NEW_TOKENS, LR = 4, 4, 48, 1e-3
 

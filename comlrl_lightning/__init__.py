@@ -4,7 +4,9 @@ from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAReMax, MAREINFORCE, MARLOO
-from comlrl_lightning.algorithms.actor_critic import IAC, MAAC, ActorCritic, ActorCriticRolloutConfig
+from comlrl_lightning.algorithms.actor_critic import ActorCritic, ActorCriticRolloutConfig
+from comlrl_lightning.algorithms.iac import IAC
+from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.team.critics import CriticConfig, CriticSpec
 from comlrl_lightning.core.config import AdvantageConfig, LossConfig, PlacementConfig, RolloutConfig, SamplingConfig
 from comlrl_lightning.core.records import AgentStats, StepOutput

@@ -1,4 +1,5 @@
-"""IAC and MAAC: actor-critic for a cooperative team of LLM agents (CoMLRL ``actor_critic/{iac,maac}.py``).
+"""What IAC and MAAC share (iac.py, maac.py): actor-critic for a cooperative team of LLM agents
+(CoMLRL ``actor_critic/ac_base.py``).
 
 Features:
     - ``IAC``: one critic per agent, reading that agent's history (V) or history and completion (Q);
@@ -38,21 +39,24 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from comlrl_lightning.algorithms.base import CoMLRLModule, normalize_agents
-from comlrl_lightning.core.advantages import agent_sample_returns, joint_action_indices
 from comlrl_lightning.core.config import LossConfig, PlacementConfig, RolloutConfig, SamplingConfig
-from comlrl_lightning.core.generation import render_prompt
 from comlrl_lightning.core.records import AgentStats, StepOutput, Turn
 from comlrl_lightning.core.rollout import compute_returns, rollout_tree
 from comlrl_lightning.core.td import (
-    critic_baseline, explained_variance, normalize_advantages, td_advantages, td_targets, value_loss,
-)  # fmt: skip
+    explained_variance,
+    value_loss,
+)
 from comlrl_lightning.core.update import agent_backward, prepare_agent_batch
-from comlrl_lightning.core.value_head import ValueHead, hidden_size_of, trunk_of, values_at
+from comlrl_lightning.core.value_head import ValueHead, hidden_size_of
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.envs.reward_model import reward_models_of
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.critics import (
-    CriticConfig, CriticSpec, central_observation, encode_critic_inputs, load_critic, validate_critic_spec,
+    CriticConfig,
+    CriticSpec,
+    encode_critic_inputs,
+    load_critic,
+    validate_critic_spec,
 )  # fmt: skip
 
 
@@ -341,104 +345,6 @@ class ActorCritic(CoMLRLModule):
                     self.log(f"critic/agent_{c}/{name}", v, batch_size=n, sync_dist=True)
         for name, vs in metrics.items():
             self.log(f"critic/{name}", sum(vs) / len(vs), batch_size=n, sync_dist=True)
-
-
-class IAC(ActorCritic):
-    """Independent actor-critic: agent ``i``'s critic reads agent ``i``'s history (and completion for Q)
-    and gives agent ``i``'s TD targets (CoMLRL ``IACTrainer``). See :class:`ActorCritic` for the arguments."""
-
-    def critic_values(self, critic: int, turn: Turn) -> torch.Tensor:
-        gen, k = turn.generations[critic], self.rollout_config.num_generations
-        typ, spec = self.critic_config.critic_type, self.critic_specs[critic]
-        if typ == "v":  # one read per node: its K rows share the prompt
-            if not spec.separate:
-                idx = torch.arange(0, len(gen.texts), k)
-                g = gen.rows(idx)
-                pos = torch.full((len(idx),), g.prompt_ids.shape[1] - 1)
-                v = values_at(trunk_of(self.agents[critic]), self.critics[critic], g.prompt_ids, g.prompt_mask, pos)
-            else:
-                v = self._read(critic, list(turn.prompt_texts[critic]), None)
-            return v.repeat_interleave(k)
-        if not spec.separate:
-            from comlrl_lightning.core.value_head import read_positions
-
-            ids = torch.cat([gen.prompt_ids, gen.completion_ids], 1)
-            mask = torch.cat([gen.prompt_mask, gen.completion_mask], 1)
-            pos = read_positions(gen.prompt_mask, gen.completion_mask, "q")
-            return values_at(trunk_of(self.agents[critic]), self.critics[critic], ids, mask, pos)
-        prompts = [p for p in turn.prompt_texts[critic] for _ in range(k)]
-        return self._read(critic, prompts, list(gen.texts))
-
-    @torch.no_grad()
-    def estimate(self, turns: list[Turn]) -> list[CriticBatch]:
-        cfg, n, k = self.rollout_config, self.num_agents, self.rollout_config.num_generations
-        joint_index = joint_action_indices(n, k, cfg.joint_mode)
-        for t in turns:
-            t.agent_returns, t.advantages = [torch.empty(0)] * n, [torch.empty(0)] * n
-        out = []
-        for i in range(n):
-            values = [self.critic_values(i, t).float().cpu() for t in turns]
-            targets = []
-            for s, t in enumerate(turns):
-                g = len(t.nodes)
-                nxt = values[s + 1].view(-1, k) if s + 1 < len(turns) else None
-                rewards = t.rewards[..., i] if t.rewards.dim() == 3 else t.rewards
-                joint_t = td_targets(rewards, t.child, nxt, cfg.discount)  # [G, J]
-                sample_t = agent_sample_returns(joint_t, joint_index, i, k)  # [G, K]
-                base = critic_baseline(values[s].view(g, k), self.critic_config.critic_type)
-                adv = td_advantages(sample_t, base, self.critic_config.advantage_normalization)
-                t.agent_returns[i], t.advantages[i] = sample_t.flatten(), adv.flatten()
-                targets.append(sample_t.flatten())
-            out.append(CriticBatch(values, targets))
-        return out
-
-
-class MAAC(ActorCritic):
-    """Multi-agent actor-critic with one centralised critic reading every agent's observation (and the
-    joint action for Q); every agent gets the same TD error (CoMLRL ``MAACTrainer``). The critic is
-    updated once per batch, after the agents. See :class:`ActorCritic` for the arguments."""
-
-    centralised = True
-
-    def _joint(self, turn: Turn) -> torch.Tensor:
-        return joint_action_indices(self.num_agents, self.rollout_config.num_generations, self.rollout_config.joint_mode)
-
-    def critic_values(self, critic: int, turn: Turn) -> torch.Tensor:
-        """``[G·J]`` (row ``g·J + j``): ``V`` of node g (repeated over its joint actions) or ``Q`` of joint action j."""
-        n, k, joint = self.num_agents, self.rollout_config.num_generations, self._joint(turn)
-        obs = [[render_prompt(None, node.prompts[i], node.completions[i], False) for i in range(n)] for node in turn.nodes]
-        if self.critic_config.critic_type == "v":
-            return self._read(0, [central_observation(o)[0] for o in obs], None).repeat_interleave(joint.shape[0])
-        prompts, actions = [], []
-        for g, o in enumerate(obs):
-            for j in range(joint.shape[0]):
-                acts = [turn.generations[i].texts[g * k + int(joint[j, i])] for i in range(n)]
-                p, a = central_observation(o, acts)
-                prompts.append(p)
-                actions.append(a)
-        return self._read(0, prompts, actions)
-
-    @torch.no_grad()
-    def estimate(self, turns: list[Turn]) -> list[CriticBatch]:
-        cfg, n, k = self.rollout_config, self.num_agents, self.rollout_config.num_generations
-        values = [self.critic_values(0, t).float().cpu() for t in turns]
-        targets = []
-        for s, t in enumerate(turns):
-            joint = self._joint(t)
-            g, j = len(t.nodes), joint.shape[0]
-            nxt = values[s + 1].view(-1, j) if s + 1 < len(turns) else None
-            base = critic_baseline(values[s].view(g, j), self.critic_config.critic_type)
-            per_agent = [t.rewards[..., i] if t.rewards.dim() == 3 else t.rewards for i in range(n)]
-            joint_t = [td_targets(r, t.child, nxt, cfg.discount) for r in per_agent]  # per agent [G, J]
-            t.agent_returns, t.advantages = [], []
-            for i in range(n):
-                adv = agent_sample_returns(td_advantages(joint_t[i], base), joint, i, k)  # [G, K]
-                if self.critic_config.advantage_normalization:
-                    adv = normalize_advantages(adv)
-                t.agent_returns.append(agent_sample_returns(joint_t[i], joint, i, k).flatten())
-                t.advantages.append(adv.flatten())
-            targets.append(torch.stack(joint_t).mean(0).flatten())  # the team's target (shared rewards: every agent's)
-        return [CriticBatch(values, targets)]
 
 
 _GROUP_TYPES = {"rollout": ActorCriticRolloutConfig, "critic": CriticConfig, "loss": LossConfig,
