@@ -189,3 +189,17 @@ def test_actor_critic_coding_configs_run_on_the_tiny_model(tmp_path, capsys, con
           "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip
     assert "val/pass@1: first 0.000" in capsys.readouterr().out
     assert list(tmp_path.rglob("agents/*/critic_0/value_head.pt"))  # AgentCheckpoint wrote the critic
+
+
+def test_a_non_finite_value_loss_stops_before_any_critic_step(trainer_factory, monkeypatch):
+    m = make(critics=SEPARATE)
+    real = IAC.critic_values
+
+    def poisoned(self, critic, turn):
+        v = real(self, critic, turn)
+        return v * float("nan") if torch.is_grad_enabled() else v  # the update's forward, not the rollout's
+
+    monkeypatch.setattr(IAC, "critic_values", poisoned)
+    with pytest.raises(FloatingPointError, match="critic 0: non-finite value loss at step 2"):
+        trainer_factory(max_steps=IAC.max_steps_for(1, 2, num_critics=2)).fit(m, data())
+    assert all(torch.isfinite(p).all() for p in m.critics.parameters())

@@ -226,12 +226,9 @@ class ActorCritic(CoMLRLModule):
         turns = self.rollout(batch)  # observe → generate → join → reward → transition; returns
         critic_batches = self.estimate(turns)  # critic values, TD targets, advantages (no grad)
         t_rollout = time.perf_counter() - t0
-        stats = self.update_agents(turns, critic_batches)  # policy loss (+ value loss of a head on the trunk)
-        value_losses = self.update_critics(turns, critic_batches)  # separate critics
-        for c, s in enumerate(stats if not self.centralised else []):
-            if not self.critic_specs[c].separate:
-                value_losses[c] = s.pop("value_loss")
-        out = StepOutput.from_turns(turns, [s["agent"] for s in stats], self.rollout_config.num_generations)
+        stats, value_losses = self.update_agents(turns, critic_batches)  # policy (+ value loss of heads on trunks)
+        value_losses.update(self.update_critics(turns, critic_batches))  # separate critics
+        out = StepOutput.from_turns(turns, stats, self.rollout_config.num_generations)
         out.rollout_time_s, out.step_time_s = t_rollout, time.perf_counter() - t0
         self.log_step(out, critic_batches, value_losses)
         return out
@@ -270,41 +267,52 @@ class ActorCritic(CoMLRLModule):
         return torch.cat(out)
 
     # ------------------------------------------------------------------ updates
-    def update_agents(self, turns: list[Turn], critic_batches: list[CriticBatch]) -> list[dict[str, Any]]:
+    def update_agents(
+        self, turns: list[Turn], critic_batches: list[CriticBatch]
+    ) -> tuple[list[AgentStats], dict[int, float]]:
         """Each agent: ``num_iterations`` × (zero_grad, policy forward/backward, clip, step), in the
-        base class's rounds; a head on the trunk adds its value loss to the agent's first pass."""
-        stats: list[dict[str, Any]] = [{"agent": AgentStats()}] * self.num_agents
+        base class's rounds; a head on the trunk adds its value loss to the agent's first pass (one
+        joint loss, one step). Returns each agent's stats and each head's value loss."""
+        stats: list[AgentStats] = [AgentStats()] * self.num_agents
+        value_losses: dict[int, float] = {}
         for agents in self.team.rounds():
             batches = dict(zip(agents, self.team.map(partial(self._prepare, turns=turns), agents)))
             for it in range(self.loss.num_iterations):
                 backward = partial(self._backward, batches=batches, turns=turns, critic_batches=critic_batches, first=it == 0)
-                for i, s in zip(agents, self.team.map(backward, agents)):
+                for i, (s, v) in zip(agents, self.team.map(backward, agents)):
                     self.step_agent(i, self.loss.max_grad_norm)
                     stats[i] = s
-        return stats
+                    if v is not None:
+                        value_losses[i] = v
+        return stats, value_losses
 
     def _prepare(self, agent: int, turns: list[Turn]) -> Any:
         ref = self.reference_models[agent] if self.uses_reference_model else None
         return prepare_agent_batch(self.agents[agent], ref, turns, agent, self.team.sampling[agent].temperature, self.loss)
 
     def _backward(self, agent: int, batches: dict[int, Any], turns: list[Turn], critic_batches: list[CriticBatch],
-                  first: bool) -> dict[str, Any]:  # fmt: skip
+                  first: bool) -> tuple[AgentStats, float | None]:  # fmt: skip
         opts, _ = self.agent_optimizers()
         opts[agent].zero_grad()
-        out: dict[str, Any] = {"agent": agent_backward(self.agents[agent], batches[agent],
-                                                       self.team.sampling[agent].temperature, self.loss,
-                                                       self.locked_backward)}  # fmt: skip
-        if not self.centralised and not self.critic_specs[agent].separate:
-            out["value_loss"] = self._value_backward(agent, turns, critic_batches[agent]) if first else 0.0
-        return out
+        stats = agent_backward(self.agents[agent], batches[agent], self.team.sampling[agent].temperature, self.loss,
+                               self.locked_backward)  # fmt: skip
+        head = not self.centralised and not self.critic_specs[agent].separate
+        return stats, (self._value_backward(agent, turns, critic_batches[agent]) if head and first else None)
 
     def _value_backward(self, critic: int, turns: list[Turn], data: CriticBatch) -> float:
-        """Backward of ``value_loss_coef · (V − T)²`` (clipped) over every turn; returns the loss."""
+        """Backward of ``value_loss_coef · (V − T)²`` (clipped) over every turn; returns the loss.
+
+        Raises:
+            FloatingPointError: a non-finite value loss (nothing is stepped; CoMLRL raises too).
+        """
         cfg, total = self.critic_config, sum(v.numel() for v in data.values)
         loss_sum = 0.0
         for t, old, target in zip(turns, data.values, data.targets):
             values = self.critic_values(critic, t)
             loss = value_loss(values, target, old, cfg.value_clip_range, cfg.value_loss_coef) * (values.numel() / total)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"critic {critic}: non-finite value loss at step {self.global_step}, "
+                                         f"turn {t.turn}; not stepping into non-finite weights")  # fmt: skip
             self.locked_backward(loss)
             loss_sum += float(loss.detach())
         return loss_sum
