@@ -6,8 +6,10 @@ export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export OMP_WAIT_POLICY ?= PASSIVE
 CONFIG ?= configs/humaneval_smollm2.yaml
+# an experiment combines the shared blocks it names in its header with its own file
+BLOCKS = $(shell sed -n 's/^\#.*comlrl-lightning fit \(.*\) --config [^ ]*$$/\1/p' $(1))
 
-.PHONY: setup run toy test test-fast bench clean
+.PHONY: setup run toy lint test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -20,15 +22,18 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup  ## the main job on the embedded default config
-	$(VENV)/bin/comlrl-lightning fit --config $(CONFIG)
+	$(VENV)/bin/comlrl-lightning fit $(call BLOCKS,$(CONFIG)) --config $(CONFIG)
 
 toy: setup  ## the CPU toy task (two tiny agents, ~30 s)
-	$(VENV)/bin/comlrl-lightning fit --config configs/toy_length_ratio.yaml
+	$(VENV)/bin/comlrl-lightning fit $(call BLOCKS,configs/toy_length_ratio.yaml) --config configs/toy_length_ratio.yaml
 
-test: setup  ## every test, the slow learning tests included
+test: setup lint  ## every test, the slow learning tests included
 	$(VENV)/bin/pytest -q
 
-test-fast: setup
+lint: setup  ## ruff (rules in pyproject.toml)
+	$(VENV)/bin/ruff check .
+
+test-fast: setup lint
 	$(VENV)/bin/pytest -q -m "not slow"
 
 bench: setup

@@ -27,7 +27,6 @@ sys.path.insert(0, HERE)
 
 import run  # noqa: E402  (sets the offline/wandb environment first)
 import torch  # noqa: E402
-
 from bench_lib import SMOLLM2, Setup, build_ours, fit_ours, unique_param_bytes  # noqa: E402
 
 

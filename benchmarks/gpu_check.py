@@ -42,10 +42,10 @@ def placement(module, optimizers) -> dict:
 
 def run(agent0: str = "cuda:0", accelerator: str = "gpu", steps: int = 4) -> bool:
     import lightning.pytorch as pl
+    from comlrl_lightning.datamodules import LengthRatioDataModule
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from comlrl_lightning import MAGRPO, AgentParallelStrategy
-    from comlrl_lightning.datamodules import LengthRatioDataModule
+    from comlrl_lightning import MAGRPO, AgentParallelStrategy, LossConfig, RolloutConfig, SamplingConfig
 
     expected = {0: torch.device(agent0), 1: torch.device("cpu")}
     reports: dict[str, dict] = {}
@@ -62,8 +62,9 @@ def run(agent0: str = "cuda:0", accelerator: str = "gpu", steps: int = 4) -> boo
 
     def fit(name: str, max_steps: int, ckpt_dir: Path, ckpt_path: str | None) -> pl.Trainer:
         pl.seed_everything(0)
-        model = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, num_generations=4, max_new_tokens=16,
-                       learning_rate=1e-3, beta=0.05)  # fmt: skip
+        model = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, rollout=RolloutConfig(num_generations=4),
+                       sampling=SamplingConfig(max_new_tokens=16), loss=LossConfig(beta=0.05),
+                       learning_rate=1e-3)  # fmt: skip
         strategy = AgentParallelStrategy(agent_devices=[agent0, "cpu"])
         trainer = pl.Trainer(strategy=strategy, accelerator=accelerator, devices=1, max_steps=max_steps, logger=False,
                              enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

@@ -31,8 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
-
 from bench_lib import SMOLLM2, Setup, datamodule, first_last, fit_ours, med, paired, tokenizer_for  # noqa: E402
+
 from comlrl_lightning.core.generation import has_chat_template, render_prompt  # noqa: E402
 
 SECTIONS = ("vs_comlrl", "vs_trl", "memory", "scaling", "smollm2")

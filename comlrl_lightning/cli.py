@@ -1,7 +1,7 @@
 """The ``comlrl-lightning`` command: a LightningCLI over the algorithms and datamodules.
 
 ``comlrl-lightning fit --config configs/toy_length_ratio.yaml`` trains; ``fit --print_config``
-shows the full config. ``model`` and ``data`` take any :class:`CoMLRLModule` subclass (MAGRPO, IAC, MAAC, ...) and any
+shows the full config. ``model`` and ``data`` take any :class:`CoMLRLModule` subclass (MAGRPO, ...) and any
 :class:`DecPOMDPDataModule` subclass (``class_path``/``init_args``).
 """
 
@@ -14,10 +14,11 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
-from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.algorithms.base import CoMLRLModule
+from comlrl_lightning.core import metrics as M
+from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 
-_SUMMARY_KEYS = ("val/pass@1", "val/reward", "reward")
+_SUMMARY_KEYS = (M.VAL_PASS_AT_1, M.VAL_REWARD, M.REWARD)
 
 
 class CoMLRLCLI(LightningCLI):
@@ -73,7 +74,7 @@ def main(args: list[str] | None = None) -> None:
     """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     CoMLRLCLI(
-        CoMLRLModule,
+        CoMLRLModule,  # any algorithm: model.class_path names it (MAGRPO, its aliases, ...)
         DecPOMDPDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,

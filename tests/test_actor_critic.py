@@ -10,6 +10,7 @@ import pytest
 import torch
 from comlrl_lightning.callbacks import AgentCheckpoint
 from comlrl_lightning.datamodules import LengthRatioDataModule
+from experiments import experiment
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import comlrl_lightning.team.critics as critics_mod
@@ -159,7 +160,7 @@ def test_iac_resumed_run_equals_uninterrupted(trainer_factory, tmp_path):
 
 def _cli_fit(config, tmp_path, *extra):
     os.chdir(ROOT)
-    main(["fit", "--config", str(ROOT / "configs" / config), "--trainer.enable_progress_bar=false",
+    main(["fit", *experiment(config), "--trainer.enable_progress_bar=false",
           f"--trainer.logger.init_args.save_dir={tmp_path}", *extra])  # fmt: skip
     return glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)
 
@@ -183,7 +184,7 @@ TINY_TEAM = "[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]"
                                           ("humaneval_maac.yaml", ["--model.init_args.critics=[{model: builtin:tiny-gpt2}]"])])
 def test_actor_critic_coding_configs_run_on_the_tiny_model(tmp_path, capsys, config, extra):
     os.chdir(ROOT)
-    main(["fit", "--config", f"configs/{config}", f"--model.init_args.agents={TINY_TEAM}", *extra,
+    main(["fit", *experiment(config), f"--model.init_args.agents={TINY_TEAM}", *extra,
           "--model.init_args.sampling.max_new_tokens=8", "--model.init_args.sampling.max_prompt_length=256",
           "--trainer.limit_train_batches=1", "--data.init_args.max_val_samples=2", "--data.init_args.val_batch_size=2",
           "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip

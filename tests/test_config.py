@@ -4,7 +4,12 @@ import pytest
 
 from comlrl_lightning import MAGRPO
 from comlrl_lightning.core.config import (
-    AdvantageConfig, LossConfig, PlacementConfig, RolloutConfig, SamplingConfig, group_flat_kwargs,
+    AdvantageConfig,
+    LossConfig,
+    PlacementConfig,
+    RolloutConfig,
+    SamplingConfig,
+    group_flat_kwargs,
 )  # fmt: skip
 
 BAD = [  # (config class, fields, the field the error must name)

@@ -39,6 +39,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from comlrl_lightning.algorithms.base import CoMLRLModule, normalize_agents
+from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import LossConfig, PlacementConfig, RolloutConfig, SamplingConfig
 from comlrl_lightning.core.records import AgentStats, StepOutput, Turn
 from comlrl_lightning.core.rollout import compute_returns, rollout_tree
@@ -334,26 +335,24 @@ class ActorCritic(CoMLRLModule):
     # ------------------------------------------------------------------ report
     def log_step(self, out: StepOutput, critic_batches: list[CriticBatch], value_losses: dict[int, float]) -> None:
         """MAGRPO's scalars plus ``critic/value_mean``, ``critic/value_loss``, ``critic/explained_variance``
-        (mean over critics) and, with several critics, ``critic/agent_<i>/<name>``."""
+        (mean over critics) and, with several critics, ``critic/agent_<i>/<name>`` (names: core/metrics.py)."""
         dev, n = self.device, out.num_episodes
-        self.log("reward", out.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
-        self.log("reward_std", out.reward_std.to(dev), batch_size=n, sync_dist=True)
-        self.log("completions/mean_length", torch.cat(out.completion_lengths).float().mean().to(dev), batch_size=n,
-                 sync_dist=True)  # fmt: skip
+        self.log(M.REWARD, out.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
+        self.log(M.REWARD_STD, out.reward_std.to(dev), batch_size=n, sync_dist=True)
+        self.log(M.MEAN_LENGTH, torch.cat(out.completion_lengths).float().mean().to(dev), batch_size=n, sync_dist=True)
         for i, s in enumerate(out.agent_stats):
-            self.log(f"agent_{i}/loss", s.loss, batch_size=n, sync_dist=True)
-        metrics: dict[str, list[float]] = {"value_mean": [], "value_loss": [], "explained_variance": []}
+            self.log(M.agent(i, "loss"), s.loss, batch_size=n, sync_dist=True)
+        names = (M.CRITIC_VALUE_MEAN, M.CRITIC_VALUE_LOSS, M.CRITIC_EXPLAINED_VARIANCE)
+        rows = []
         for c, data in enumerate(critic_batches):
             values, targets = torch.cat(data.values), torch.cat(data.targets)
-            row = {"value_mean": float(values.mean()), "value_loss": value_losses.get(c, 0.0),
-                   "explained_variance": explained_variance(values, targets)}  # fmt: skip
-            for name, v in row.items():
-                metrics[name].append(v)
-                if len(critic_batches) > 1:
-                    self.log(f"critic/agent_{c}/{name}", v, batch_size=n, sync_dist=True)
-        for name, vs in metrics.items():
-            self.log(f"critic/{name}", sum(vs) / len(vs), batch_size=n, sync_dist=True)
+            rows.append((float(values.mean()), value_losses.get(c, 0.0), explained_variance(values, targets)))
+            for name, v in zip(names, rows[-1]) if len(critic_batches) > 1 else ():
+                self.log(M.critic(c, name), v, batch_size=n, sync_dist=True)
+        for name, vs in zip(names, zip(*rows)):
+            self.log(name, sum(vs) / len(vs), batch_size=n, sync_dist=True)
 
 
 _GROUP_TYPES = {"rollout": ActorCriticRolloutConfig, "critic": CriticConfig, "loss": LossConfig,
                 "sampling": SamplingConfig, "placement": PlacementConfig}  # fmt: skip
+"""Init-argument name -> config group (a dict from a checkpoint's hparams is rebuilt as its group)."""

@@ -19,13 +19,18 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
+from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import PlacementConfig, SamplingConfig
 from comlrl_lightning.core.records import Turn
 from comlrl_lightning.envs.base import DecPOMDP, Episode
-from comlrl_lightning.envs.rewards import PASS_AT_1
 from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
 from comlrl_lightning.infra.strategy import (
-    AgentParallelStrategy, optimizer_state_to_param_devices, place_module, plan_devices, resolve_devices, visible_gpus,
+    AgentParallelStrategy,
+    optimizer_state_to_param_devices,
+    place_module,
+    plan_devices,
+    resolve_devices,
+    visible_gpus,
 )  # fmt: skip
 from comlrl_lightning.team.agents import AgentSpec, validate_spec
 from comlrl_lightning.team.team import BACKWARD_LOCK, Team
@@ -243,15 +248,16 @@ class CoMLRLModule(pl.LightningModule):
         the episodes ran more than one turn."""
         turns = self.rollout(batch, evaluation=True)
         n, dev = len(batch), self.device
-        self.log("val/reward", turns[0].rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
-        self.log("val/return", turns[0].returns.mean().to(dev), batch_size=n, sync_dist=True)
-        for name, v in turns[0].components.items():
-            self.log(f"val/rewards/{name}/mean", v.nanmean().to(dev), batch_size=n, sync_dist=True)
-            if name.endswith(f"/{PASS_AT_1}"):  # one sample per problem: the fraction solved is pass@1
-                self.log("val/pass@1", v.nanmean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
+        first = turns[0]
+        self.log(M.VAL_REWARD, first.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
+        self.log(M.VAL_RETURN, first.returns.mean().to(dev), batch_size=n, sync_dist=True)
+        for name, v in first.components.items():
+            self.log(M.reward_fn(name, "val/"), v.nanmean().to(dev), batch_size=n, sync_dist=True)
+        if first.pass_at_1 is not None:  # one sample per problem: the fraction solved is pass@1
+            self.log(M.VAL_PASS_AT_1, first.pass_at_1.nanmean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
         if self.num_turns > 1:
             for t in turns:
-                self.log(f"val/turn_{t.turn}/reward", t.rewards.mean().to(dev), batch_size=t.rewards.numel(),
+                self.log(M.turn(t.turn, "reward", "val/"), t.rewards.mean().to(dev), batch_size=t.rewards.numel(),
                          sync_dist=True)  # fmt: skip
         return {"turns": turns}
 

@@ -32,8 +32,14 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.algorithms.base import CoMLRLModule, normalize_agents
+from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import (
-    AdvantageConfig, LossConfig, PlacementConfig, RolloutConfig, SamplingConfig, group_flat_kwargs,
+    AdvantageConfig,
+    LossConfig,
+    PlacementConfig,
+    RolloutConfig,
+    SamplingConfig,
+    group_flat_kwargs,
 )  # fmt: skip
 from comlrl_lightning.core.records import AgentStats, StepOutput, Turn
 from comlrl_lightning.core.rollout import compute_advantages, compute_returns, rollout_tree
@@ -168,13 +174,13 @@ class MAGRPO(CoMLRLModule):
         # sync_dist: under DDP every rank saw other episodes; the logged value is the mean over ranks
         # (a no-op in one process). Values go to self.device first: NCCL cannot reduce CPU tensors.
         dev, n = self.device, out.num_episodes
-        self.log("reward", out.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
-        self.log("reward_std", out.reward_std.to(dev), batch_size=n, sync_dist=True)
-        self.log("frac_reward_zero_std", out.frac_reward_zero_std.to(dev), batch_size=n, sync_dist=True)
+        self.log(M.REWARD, out.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
+        self.log(M.REWARD_STD, out.reward_std.to(dev), batch_size=n, sync_dist=True)
+        self.log(M.FRAC_REWARD_ZERO_STD, out.frac_reward_zero_std.to(dev), batch_size=n, sync_dist=True)
         lengths = torch.cat(out.completion_lengths).float()
-        self.log("completions/mean_length", lengths.mean().to(dev), batch_size=n, sync_dist=True)
+        self.log(M.MEAN_LENGTH, lengths.mean().to(dev), batch_size=n, sync_dist=True)
         for i, s in enumerate(out.agent_stats):
-            self.log(f"agent_{i}/loss", s.loss, batch_size=n, sync_dist=True)
+            self.log(M.agent(i, "loss"), s.loss, batch_size=n, sync_dist=True)
 
 
 class MAREINFORCE(MAGRPO):

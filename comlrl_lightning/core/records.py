@@ -48,6 +48,7 @@ class Turn:
         rewards: ``[G, J]`` shared rewards, or ``[G, J, N]`` when the reward is per agent.
         components: reward-function (or metric) name -> ``[G, J]`` raw values.
         child: ``[G, J]`` index of the child node in the next turn, −1 where the branch ended.
+        pass_at_1: ``[G, J]`` 1.0 where the joint action solved the task (None: no reward reports it).
         returns: ``[G, J]`` returns (filled by :func:`~comlrl_lightning.core.rollout.compute_returns`).
         agent_returns: per agent ``[G·K]`` return of each sample (generation-row order).
         advantages: per agent ``[G·K]`` advantage of each sample (generation-row order).
@@ -60,6 +61,7 @@ class Turn:
     rewards: torch.Tensor
     components: dict[str, torch.Tensor]
     child: torch.Tensor
+    pass_at_1: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     agent_returns: list[torch.Tensor] = field(default_factory=list)
     advantages: list[torch.Tensor] = field(default_factory=list)

@@ -97,7 +97,9 @@ def rollout_tree(
                         continue
                     child[a, b] = len(next_nodes)
                     next_nodes.append(Node(node.episode, turn + 1, [node.prompts[i] + [nxt[i]] for i in range(n)], comps))
-        turns.append(Turn(turn, nodes, texts, gens, rewards, {k: v.view(g, j, *v.shape[1:]) for k, v in out.components.items()}, child))
+        pass_at_1 = None if out.pass_at_1 is None else out.pass_at_1.view(g, j)
+        components = {k: v.view(g, j, *v.shape[1:]) for k, v in out.components.items()}
+        turns.append(Turn(turn, nodes, texts, gens, rewards, components, child, pass_at_1))
         if not next_nodes:
             break
         nodes = next_nodes

@@ -106,10 +106,13 @@ class RewardOutput:
             column per agent) when any function returned per-agent values.
         components: reward-function name -> ``[J]`` (or ``[J, N]``) raw (unweighted) values, for
             logging; also ``<name>/<key>`` for each key of a function's :attr:`RewardResult.metrics`.
+        pass_at_1: ``[J]`` 1.0 where the joint action solved the task: the :data:`PASS_AT_1` metric
+            of the first function that reports it; None when none does.
     """
 
     total: torch.Tensor
     components: dict[str, torch.Tensor] = field(default_factory=dict)
+    pass_at_1: torch.Tensor | None = None
 
     @property
     def per_agent(self) -> bool:
@@ -172,6 +175,7 @@ class WeightedReward:
         total = torch.zeros(n, dtype=torch.float32)
         invalid = torch.zeros(n, dtype=torch.bool)
         components: dict[str, torch.Tensor] = {}
+        pass_at_1: torch.Tensor | None = None
         for fn, w in zip(self.functions, self.weights):
             name = reward_name(fn)
             extras: dict[str, Sequence[float]] = {}
@@ -196,6 +200,8 @@ class WeightedReward:
             for key, extra in extras.items():
                 if len(extra) == n:
                     components[f"{name}/{key}"] = torch.as_tensor(extra, dtype=torch.float32)
+                    if key == PASS_AT_1 and pass_at_1 is None:
+                        pass_at_1 = components[f"{name}/{key}"]
             weighted = w * torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
             if weighted.dim() == 2 and total.dim() == 1:  # the first per-agent function: give every agent a column
                 total = total[:, None].expand(n, num_agents).clone()
@@ -205,7 +211,7 @@ class WeightedReward:
         if invalid.any():
             self.num_invalid += int(invalid.sum())
             total[invalid] = self.invalid_reward
-        return RewardOutput(total=total, components=components)
+        return RewardOutput(total=total, components=components, pass_at_1=pass_at_1)
 
 
 def _as_values(out: object, n: int, num_agents: int) -> torch.Tensor:

@@ -230,7 +230,7 @@ def place_module(module: nn.Module, plan: DevicePlan) -> None:
     for name, child in module.named_children():
         if name not in MODEL_LISTS.values():
             child.to(plan.root)
-    for name, p in module.named_parameters(recurse=False):
+    for _, p in module.named_parameters(recurse=False):
         p.data = p.data.to(plan.root)
     for name, b in module.named_buffers(recurse=False):
         setattr(module, name, b.to(plan.root))
