@@ -204,3 +204,24 @@ def test_a_non_finite_value_loss_stops_before_any_critic_step(trainer_factory, m
     with pytest.raises(FloatingPointError, match="critic 0: non-finite value loss at step 2"):
         trainer_factory(max_steps=IAC.max_steps_for(1, 2, num_critics=2)).fit(m, data())
     assert all(torch.isfinite(p).all() for p in m.critics.parameters())
+
+
+def test_reward_models_of_the_env_are_listed_for_the_strategy(tmp_path):
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    from comlrl_lightning.envs.base import DecPOMDP
+    from comlrl_lightning.envs.reward_model import RewardModelReward
+    from comlrl_lightning.envs.toy import LengthRatioReward
+    from comlrl_lightning.team.agents import byte_tokenizer
+
+    tok = byte_tokenizer()
+    GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tok), n_embd=16, n_layer=1, n_head=2, num_labels=1,
+                                             pad_token_id=tok.pad_token_id)).save_pretrained(tmp_path)  # fmt: skip
+    tok.save_pretrained(tmp_path)
+    rm = RewardModelReward(str(tmp_path))
+    env = DecPOMDP(["{topic}", "{topic}"], [LengthRatioReward(), rm])
+    m = make(env=env)
+    m.configure_model()
+    assert list(m.reward_models) == [rm.model]
+    place_module(m, plan_devices(m, ["cpu", "cpu"], reward_devices=["meta"]))
+    assert {p.device for p in rm.model.parameters()} == {META}
