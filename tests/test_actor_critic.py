@@ -225,3 +225,46 @@ def test_reward_models_of_the_env_are_listed_for_the_strategy(tmp_path):
     assert list(m.reward_models) == [rm.model]
     place_module(m, plan_devices(m, ["cpu", "cpu"], reward_devices=["meta"]))
     assert {p.device for p in rm.model.parameters()} == {META}
+
+
+def _two_turns(turn0_rewards):
+    """Hand-built K=2 aligned tree: turn 0 one node, joint actions with children 0 and 1; turn 1 two leaves."""
+    from comlrl_lightning.core.records import Turn
+
+    t0 = Turn(0, [None], [], [], turn0_rewards, {}, torch.tensor([[0, 1]]))
+    t1 = Turn(1, [None, None], [], [], torch.tensor([[2.0, 0.0], [1.0, 1.0]]), {}, torch.full((2, 2), -1))
+    return [t0, t1]
+
+
+VALUES = {0: [torch.tensor([0.5, 0.5]), torch.tensor([4.0, 4.0, 2.0, 2.0])],  # turn -> [G·K] (or [G·J])
+          1: [torch.zeros(2), torch.zeros(4)]}  # fmt: skip
+
+
+def _with_values(cls, monkeypatch):
+    m = cls(agents="builtin:tiny-gpt2", num_agents=2, critic=CriticConfig(advantage_normalization=False),
+            rollout=ActorCriticRolloutConfig(num_generations=2, num_turns=2, discount=0.5))  # fmt: skip
+    monkeypatch.setattr(cls, "critic_values", lambda self, c, turn: VALUES[c][turn.turn])
+    return m
+
+
+def test_iac_targets_and_advantages_on_a_two_turn_tree_with_per_agent_rewards(monkeypatch):
+    m = _with_values(IAC, monkeypatch)
+    turns = _two_turns(torch.tensor([[[1.0, 5.0], [0.0, 6.0]]]))  # [G=1, J=2, N=2]: agent 1 has its own column
+    batches = m.estimate(turns)
+    # agent 0: T0 = [1 + .5*mean(4, 4), 0 + .5*mean(2, 2)] = [3, 1], A0 = T0 - V(h0) = [2.5, 0.5]
+    assert turns[0].agent_returns[0].tolist() == [3.0, 1.0] and turns[0].advantages[0].tolist() == [2.5, 0.5]
+    assert turns[1].advantages[0].tolist() == [-2.0, -4.0, -1.0, -1.0]  # last turn: T = r
+    assert turns[0].advantages[1].tolist() == [5.0, 6.0]  # agent 1: its own rewards, its own critic (V = 0)
+    assert batches[0].targets[0].tolist() == [3.0, 1.0] and len(batches) == 2
+
+
+def test_maac_gives_every_agent_the_centralised_td_error(monkeypatch):
+    m = _with_values(MAAC, monkeypatch)
+    turns = _two_turns(torch.tensor([[1.0, 0.0]]))
+    (batch,) = m.estimate(turns)
+    assert turns[0].advantages[0].tolist() == turns[0].advantages[1].tolist() == [2.5, 0.5]
+    assert batch.targets[0].tolist() == [3.0, 1.0] and batch.targets[1].tolist() == [2.0, 0.0, 1.0, 1.0]
+    per_agent = _two_turns(torch.tensor([[[1.0, 5.0], [0.0, 6.0]]]))
+    (batch,) = m.estimate(per_agent)
+    assert per_agent[0].advantages[1].tolist() == [6.5, 6.5]  # [5 + .5*4, 6 + .5*2] - V(h0) 0.5
+    assert batch.targets[0].tolist() == [5.0, 4.0]  # the critic regresses on the team's mean target
