@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any, ClassVar
 
@@ -92,6 +92,13 @@ class CriticBatch:
     targets: list[torch.Tensor]
 
 
+_GROUP_TYPES = {"rollout": ActorCriticRolloutConfig, "critic": CriticConfig, "loss": LossConfig,
+                "sampling": SamplingConfig, "placement": PlacementConfig}  # fmt: skip
+"""Init-argument name -> config group (a dict from a checkpoint's hparams is rebuilt as its group)."""
+_DEFAULTS = {name: cls() for name, cls in _GROUP_TYPES.items()}
+"""The signature defaults (so ``--print_config`` lists every field); never mutated: ``__init__`` copies."""
+
+
 class ActorCritic(CoMLRLModule):
     """Shared body of :class:`IAC` and :class:`MAAC` (see the module docstring).
 
@@ -115,21 +122,19 @@ class ActorCritic(CoMLRLModule):
         agents: list[AgentSpec] | AgentSpec | list[str] | str,
         num_agents: int | None = None,
         critics: list[CriticSpec] | CriticSpec | None = None,
-        critic: CriticConfig | None = None,
-        rollout: ActorCriticRolloutConfig | None = None,
-        loss: LossConfig | None = None,
-        sampling: SamplingConfig | None = None,
-        placement: PlacementConfig | None = None,
+        critic: CriticConfig = _DEFAULTS["critic"],
+        rollout: ActorCriticRolloutConfig = _DEFAULTS["rollout"],
+        loss: LossConfig = _DEFAULTS["loss"],
+        sampling: SamplingConfig = _DEFAULTS["sampling"],
+        placement: PlacementConfig = _DEFAULTS["placement"],
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = None,
         learning_rate: float = 5e-6,
         val_sampling: bool = False,
         env: DecPOMDP | None = None,
     ) -> None:
-        groups = {"rollout": rollout or ActorCriticRolloutConfig(), "critic": critic or CriticConfig(),
-                  "loss": loss or LossConfig(), "sampling": sampling or SamplingConfig(),
-                  "placement": placement or PlacementConfig()}  # fmt: skip
-        groups = {k: (cfg if not isinstance(cfg, dict) else _GROUP_TYPES[k](**cfg)) for k, cfg in groups.items()}
+        given = dict(rollout=rollout, critic=critic, loss=loss, sampling=sampling, placement=placement)
+        groups = {k: _GROUP_TYPES[k](**cfg) if isinstance(cfg, dict) else replace(cfg) for k, cfg in given.items()}
         specs = normalize_agents(agents, num_agents)
         groups["rollout"].check_budget(len(specs))
         self.critic_specs = self._critic_specs(critics, specs)
@@ -352,7 +357,3 @@ class ActorCritic(CoMLRLModule):
         for name, vs in zip(names, zip(*rows)):
             self.log(name, sum(vs) / len(vs), batch_size=n, sync_dist=True)
 
-
-_GROUP_TYPES = {"rollout": ActorCriticRolloutConfig, "critic": CriticConfig, "loss": LossConfig,
-                "sampling": SamplingConfig, "placement": PlacementConfig}  # fmt: skip
-"""Init-argument name -> config group (a dict from a checkpoint's hparams is rebuilt as its group)."""
