@@ -9,7 +9,7 @@ CONFIG ?= configs/humaneval_smollm2.yaml
 # an experiment combines the shared blocks it names in its header with its own file
 BLOCKS = $(shell sed -n 's/^\#.*comlrl-lightning fit \(.*\) --config [^ ]*$$/\1/p' $(1))
 
-.PHONY: setup run toy lint test test-fast bench clean
+.PHONY: setup run toy lint test test-fast bench gpu-assets gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -39,6 +39,19 @@ test-fast: setup lint
 bench: setup
 	$(PIP) install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/run.py
+
+# The GPU check (issue 16) runs on a machine with its own torch/transformers/lightning and no network, so it
+# does not use the venv: `make gpu-assets` here fills the ignored .gpu/ (wheels, the SmolLM2 GGUF in two
+# parts); `make gpu-check` there installs them into .gpu/site and runs benchmarks/gpu_check.py.
+GPU_PY ?= python3
+GPU_OUT ?= gpu_check_out
+
+gpu-assets: setup
+	$(PY) benchmarks/gpu_assets.py prepare
+
+gpu-check:
+	$(GPU_PY) benchmarks/gpu_assets.py install
+	PYTHONPATH=$(CURDIR)/.gpu/site$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/gpu_check.py --out $(GPU_OUT)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

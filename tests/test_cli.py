@@ -95,3 +95,4 @@ def test_every_shipped_experiment_parses_with_print_config(config, capsys):
     assert exit_info.value.code == 0, capsys.readouterr().err
     init = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
     assert init["rollout"]["num_generations"] >= 2 and init["sampling"]["max_new_tokens"] >= 1
+    assert init["advantage"]["advantage_mode"] == "mean" and init["loss"]["loss_type"] in ("sequence_sum", "grpo")  # every group listed

@@ -91,3 +91,17 @@ def test_hparams_hold_plain_dicts_that_rebuild_the_same_module():
     assert model.hparams.rollout["joint_mode"] == "cross"
     again = MAGRPO(**{k: v for k, v in model.hparams.items()})
     assert again.rollout_config == model.rollout_config and again.loss == model.loss
+
+
+def test_aliases_keep_their_baseline_when_another_advantage_field_is_set():
+    from comlrl_lightning import MAREINFORCE, AdvantageConfig
+
+    model = MAREINFORCE(agents="builtin:tiny-gpt2", advantage=AdvantageConfig(scale_rewards="none"))
+    assert model.advantage.advantage_mode == "raw" and model.advantage.scale_rewards == "none"
+    assert MAREINFORCE(agents="builtin:tiny-gpt2", advantage=AdvantageConfig(advantage_mode="max")).advantage.advantage_mode == "max"
+
+
+def test_default_groups_are_copied_so_one_module_cannot_change_another():
+    a, b = MAGRPO(agents="builtin:tiny-gpt2"), MAGRPO(agents="builtin:tiny-gpt2")
+    a.loss.beta = 0.5
+    assert b.loss.beta == 0.0 and LossConfig().beta == 0.0

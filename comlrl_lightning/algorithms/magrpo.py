@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -34,6 +35,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from comlrl_lightning.algorithms.base import CoMLRLModule, normalize_agents
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import (
+    DEFAULTS,
     AdvantageConfig,
     LossConfig,
     PlacementConfig,
@@ -73,17 +75,17 @@ class MAGRPO(CoMLRLModule):
     """
 
     default_advantage_mode = "mean"
-    """The baseline when neither ``advantage`` nor a flat ``advantage_mode`` is given (aliases change it)."""
+    """The baseline used in place of ``mean`` (the field's default): each alias sets its own."""
 
     def __init__(
         self,
         agents: list[AgentSpec] | AgentSpec | list[str] | str,
         num_agents: int | None = None,
-        rollout: RolloutConfig | None = None,
-        advantage: AdvantageConfig | None = None,
-        loss: LossConfig | None = None,
-        sampling: SamplingConfig | None = None,
-        placement: PlacementConfig | None = None,
+        rollout: RolloutConfig = DEFAULTS["rollout"],
+        advantage: AdvantageConfig = DEFAULTS["advantage"],
+        loss: LossConfig = DEFAULTS["loss"],
+        sampling: SamplingConfig = DEFAULTS["sampling"],
+        placement: PlacementConfig = DEFAULTS["placement"],
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = None,
         learning_rate: float = 5e-6,
@@ -91,10 +93,10 @@ class MAGRPO(CoMLRLModule):
         env: DecPOMDP | None = None,
         **flat: Any,
     ) -> None:
-        if advantage is None and "advantage_mode" not in flat:
-            advantage = AdvantageConfig(advantage_mode=self.default_advantage_mode)
         groups = group_flat_kwargs(flat, dict(rollout=rollout, advantage=advantage, loss=loss, sampling=sampling,
                                               placement=placement))  # fmt: skip
+        if groups["advantage"].advantage_mode == "mean":  # the aliases' own baseline unless another is asked for
+            groups["advantage"] = replace(groups["advantage"], advantage_mode=self.default_advantage_mode)
         specs = normalize_agents(agents, num_agents)
         groups["rollout"].check_budget(len(specs))
         super().__init__(specs, groups["sampling"], groups["placement"], optimizer, scheduler, learning_rate,

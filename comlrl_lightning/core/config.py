@@ -13,7 +13,7 @@ in Python a group is a dataclass (``MAGRPO(agents, rollout=RolloutConfig(num_gen
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 JointMode = Literal["aligned", "cross", "crossed"]
@@ -21,6 +21,10 @@ AdvantageMode = Literal["mean", "max", "rloo", "raw"]
 ScaleRewards = Literal["group", "none"]
 LossType = Literal["sequence_sum", "grpo", "dapo", "sequence_mean", "token_mean"]
 ParallelTraining = Literal["none", "mp"]
+GenerationBackend = Literal["auto", "dynamic", "static_compile", "continuous_batching"]
+AUTO_BACKEND = {"cpu": "dynamic", "cuda": "dynamic"}
+"""What ``generation_backend="auto"`` picks per device type. CUDA stays on today's path until a GPU
+measurement (``make gpu-check``, generation throughput) shows another one faster; none has run yet."""
 
 
 def _require(field: str, value: Any, ok: bool, allowed: str) -> None:
@@ -176,8 +180,20 @@ class SamplingConfig:
     """TRL's name for ``max_new_tokens``; when given it sets ``max_new_tokens`` (both given must agree)."""
     max_prompt_length: int | None = None
     """Prompts longer than this (tokens, history included) keep their last tokens; None: all. TRL name."""
+    generation_backend: GenerationBackend = "auto"
+    """How ``generate`` produces tokens: ``dynamic`` (HF ``generate``, dynamic KV cache), ``static_compile``
+    (``cache_implementation="static"``, compiled by transformers on CUDA), ``continuous_batching``
+    (transformers' ``generate_batch``, paged KV cache) or ``auto`` (:data:`AUTO_BACKEND` for the model's
+    device type). Only the sampler changes: log-probs for the loss still come from the training forward."""
+
+    def backend_for(self, device: Any) -> str:
+        """The backend ``generate`` uses on ``device`` (``"auto"`` resolved through :data:`AUTO_BACKEND`)."""
+        if self.generation_backend != "auto":
+            return self.generation_backend
+        return AUTO_BACKEND.get(device.type, "dynamic")
 
     def __post_init__(self) -> None:
+        _choice("generation_backend", self.generation_backend, GenerationBackend.__args__)
         if self.max_completion_length is not None:
             if self.max_new_tokens not in (self.max_completion_length, 64):
                 raise ValueError(f"max_completion_length: got {self.max_completion_length}, but max_new_tokens="
@@ -219,6 +235,10 @@ GROUPS: dict[str, type] = {
 }  # fmt: skip
 """Init-argument name -> config group, in the order a step uses them."""
 
+DEFAULTS: dict[str, Any] = {name: cls() for name, cls in GROUPS.items()}
+"""Each group's defaults: the signature defaults (so ``--print_config`` lists every field); never
+mutated (:func:`group_flat_kwargs` returns copies)."""
+
 DEPRECATED_KEYS: dict[str, tuple[str, str]] = {
     "scale_advantages": ("advantage", "scale_rewards"),
     "loss_aggregation": ("loss", "loss_type"),
@@ -257,5 +277,5 @@ def group_flat_kwargs(flat: dict[str, Any], groups: dict[str, Any]) -> dict[str,
             if given is not None and given != cls():
                 raise ValueError(f"{group}: given as an object and as flat keys {sorted(per_group[group])}; give one")
             given = cls(**per_group[group])
-        out[group] = given if given is not None else cls()
+        out[group] = replace(given) if given is not None else cls()  # a copy: defaults are shared
     return out
