@@ -24,9 +24,9 @@ response (same prompt). Each learner's own ``advantage_mode`` / ``scale_advantag
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -35,8 +35,16 @@ from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import WeightedReward
 
 JointMode = Literal["aligned", "cross"]
-StageFormatter = Callable[[dict[str, Any], Mapping[str, str]], str]
-"""``fn(row, responses) -> prompt``: ``responses`` maps each earlier stage's learner name to its response."""
+
+
+@runtime_checkable
+class StageFormatter(Protocol):
+    """``fn(row, responses) -> prompt``: ``responses`` maps each earlier stage's learner name to its response.
+
+    (A protocol rather than a ``Callable`` alias so that YAML can name a formatter class by ``class_path``.)
+    """
+
+    def __call__(self, row: dict[str, Any], responses: Mapping[str, str]) -> str: ...
 
 
 @dataclass
