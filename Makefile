@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM ?= false
 export OMP_WAIT_POLICY ?= PASSIVE
 CONFIG ?= configs/humaneval_smollm2.yaml
 
-.PHONY: setup run toy test test-fast bench clean
+.PHONY: setup run toy coordinate test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -24,6 +24,9 @@ run: setup  ## the main job on the embedded default config
 
 toy: setup  ## the CPU toy task (two tiny agents, ~30 s)
 	$(VENV)/bin/comlrl-lightning fit --config configs/toy_length_ratio.yaml
+
+coordinate: setup  ## proposer and reviser, one trainer each, alternating on HumanEval (CPU)
+	$(VENV)/bin/comlrl-lightning coordinate --config configs/coordinator_humaneval_smollm2.yaml
 
 test: setup  ## every test, the slow learning tests included
 	$(VENV)/bin/pytest -q
