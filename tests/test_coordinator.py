@@ -152,6 +152,8 @@ def test_learners_sharing_a_model_share_its_device_and_keep_separate_optimizer_s
     ({"accelerator": "tpu"}, "accelerator: got 'tpu'"),
     ({"learners": [learner("a"), learner("a")]}, "unique names"),
     ({"learners": [learner("a", share_weights_with="b"), learner("b")]}, "name an earlier learner"),
+    ({"learners": [learner("a"), learner("b", share_weights_with="a", precision="bf16-true")]},
+     r"learners\['b'\].precision: got 'bf16-true', but it shares the model of 'a'"),
 ])  # fmt: skip
 def test_bad_coordinator_config_fails_before_any_model_loads(tmp_path, change, message):
     learners = change.pop("learners", None)

@@ -65,3 +65,5 @@ def test_the_shipped_humaneval_example_runs_from_the_cli_on_tiny_learners(tmp_pa
         assert os.path.exists(run / "learners" / name / "checkpoints" / "round-000002.ckpt")
         assert os.path.exists(run / "learners" / name / "agent" / "config.json")
     assert os.path.exists(run / "coordinator" / "checkpoints" / "round-000002.pt")
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["learners"][0]["module"]["init_args"]["agents"] == "builtin:tiny-llama-gpt2tok"

@@ -28,12 +28,16 @@ def parser() -> LightningArgumentParser:
 
 
 def build(args: list[str]) -> Coordinator:
-    """The :class:`Coordinator` that ``args`` describe (nothing loaded yet)."""
+    """The :class:`Coordinator` that ``args`` describe (nothing loaded yet); the full config is
+    written to ``<root_dir>/config.yaml``."""
     p = parser()
     cfg = p.parse_args(args)
     init = p.instantiate_classes(cfg).as_dict()
     init.pop("config", None)
-    return Coordinator(**init)
+    coordinator = Coordinator(**init)
+    os.makedirs(coordinator.root_dir, exist_ok=True)
+    p.save(cfg, os.path.join(coordinator.root_dir, "config.yaml"), overwrite=True, skip_check=True)
+    return coordinator
 
 
 def summary(coordinator: Coordinator) -> str:

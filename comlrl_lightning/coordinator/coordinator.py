@@ -51,6 +51,7 @@ from __future__ import annotations
 import glob
 import os
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -72,11 +73,12 @@ from comlrl_lightning.infra.strategy import resolve_devices
 ACCELERATORS = ("auto", "cpu", "gpu")
 
 
-class EpisodeSource:
-    """Where a coordinator's episodes come from: :meth:`episodes` returns the training episodes."""
+class EpisodeSource(ABC):
+    """Where a coordinator's episodes come from (a class, so YAML can name one by ``class_path``)."""
 
+    @abstractmethod
     def episodes(self) -> list[Episode]:
-        raise NotImplementedError
+        """The training episodes, in a fixed order (the coordinator shuffles them per epoch)."""
 
 
 class RowEpisodes(EpisodeSource):
@@ -144,9 +146,17 @@ class Coordinator:
         if not names or len(set(names)) != len(names):
             raise ValueError(f"learners: give one or more learners with unique names, got {names}")
         for c in learners:
-            if c.share_weights_with is not None and c.share_weights_with not in names[: names.index(c.name)]:
+            if c.share_weights_with is None:
+                continue
+            if c.share_weights_with not in names[: names.index(c.name)]:
                 raise ValueError(f"learners[{c.name!r}].share_weights_with: got {c.share_weights_with!r}; "
                                  f"name an earlier learner of {names}")  # fmt: skip
+            owner = learners[names.index(c.share_weights_with)]
+            for what, mine, theirs in (("module.agents.model", c.module.specs[0].model, owner.module.specs[0].model),
+                                       ("precision", c.precision, owner.precision)):  # fmt: skip
+                if mine != theirs:
+                    raise ValueError(f"learners[{c.name!r}].{what}: got {mine!r}, but it shares the model of "
+                                     f"{owner.name!r}, which has {theirs!r}")  # fmt: skip
         checks = [  # (field, value, ok, allowed)
             ("num_rounds", num_rounds, num_rounds >= 1, ">= 1"),
             ("batch_size", batch_size, batch_size >= 1, ">= 1"),

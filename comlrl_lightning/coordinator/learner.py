@@ -106,10 +106,10 @@ class Learner:
         with self.fabric.init_module():
             module.configure_model()
         self.module: MAGRPO = module
-        self.fabric.setup_module(module)
         entry = module.configure_optimizers()[0]
-        self.optimizer = self.fabric.setup_optimizers(entry["optimizer"])
         entry["optimizer"].register_step_pre_hook(_finite_grads_hook(self.name))
+        # setup() with the optimizer (not setup_optimizers) so the module's own optimizers() returns it
+        _, self.optimizer = self.fabric.setup(module, entry["optimizer"])
         self.scheduler = entry["lr_scheduler"]["scheduler"] if "lr_scheduler" in entry else None
         self.num_updates = 0
         self.buffer: list[list[Experience]] = []  # per round since the last update, oldest first
