@@ -146,6 +146,17 @@ def test_learners_sharing_a_model_share_its_device_and_keep_separate_optimizer_s
     assert sa and sb and not torch.equal(sa[0]["exp_avg"], sb[0]["exp_avg"])  # each saw its own gradients
 
 
+def test_device_plan_puts_each_model_on_its_own_gpu_and_sharing_learners_together(tmp_path):
+    three = [learner("a"), learner("b"), learner("c", share_weights_with="a")]
+    plan = coordinator(tmp_path, three, stages=[Stage(x, "{topic}") for x in "abc"]).device_plan
+    assert [str(d) for d in plan(num_gpus=2)] == ["cuda:0", "cuda:1", "cuda:0"]
+    assert [str(d) for d in plan(num_gpus=1)] == ["cuda:0", "cuda:0", "cuda:0"]
+    assert [str(d) for d in plan(num_gpus=0)] == ["cpu"] * 3
+    pinned = LearnerConfig("b", Spy(agents={"model": "builtin:tiny-gpt2", "device": "cuda:1"}, num_generations=2))
+    with pytest.raises(ValueError, match="cuda:1 requested, but 0 CUDA device"):
+        coordinator(tmp_path, [learner("a"), pinned], accelerator="cpu").device_plan()
+
+
 @pytest.mark.parametrize("change, message", [
     ({"stages": [Stage("a", "{topic}"), Stage("zz", "{a}")]}, r"stages\[1\].learner: got 'zz'"),
     ({"num_rounds": 0}, "num_rounds: got 0"),

@@ -183,9 +183,17 @@ class Coordinator:
         self.history: list[dict[str, Any]] = []  # per round: trained learners, rewards, seconds
 
     # ------------------------------------------------------------------ setup
-    def device_plan(self) -> list[torch.device]:
-        """One device per learner (``AgentSpec.device`` pins one; learners sharing a model share its device)."""
-        gpus = 0 if self.accelerator == "cpu" else torch.cuda.device_count()
+    def device_plan(self, num_gpus: int | None = None) -> list[torch.device]:
+        """One device per learner (``AgentSpec.device`` pins one; learners sharing a model share its device).
+
+        Args:
+            num_gpus: GPUs to plan for (default: the visible ones; none under ``accelerator="cpu"``).
+
+        Raises:
+            ValueError: ``accelerator="gpu"`` without a GPU, or a pinned device that is not there.
+        """
+        gpus = torch.cuda.device_count() if num_gpus is None else num_gpus
+        gpus = 0 if self.accelerator == "cpu" else gpus
         if self.accelerator == "gpu" and gpus == 0:
             raise ValueError("accelerator: got 'gpu', but no CUDA device is visible")
         owners = [self.names.index(c.share_weights_with) if c.share_weights_with else i
