@@ -175,3 +175,21 @@ def test_bad_coordinator_config_fails_before_any_model_loads(tmp_path, change, m
 def test_a_learner_must_be_single_agent():
     with pytest.raises(ValueError, match="num_agents=2; a learner is a single-agent module"):
         LearnerConfig("a", MAGRPO(agents="builtin:tiny-gpt2", num_agents=2))
+
+
+def test_a_non_finite_gradient_is_never_stepped_and_a_non_finite_weight_never_saved(tmp_path):
+    c = coordinator(tmp_path)
+    c.setup()
+    a = c.learners["a"]
+    params = list(a.module.agents[0].parameters())
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.full_like(p, float("nan"))
+    with pytest.raises(FloatingPointError, match="learner 'a': non-finite gradient"):
+        a.optimizer.step()
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+    with torch.no_grad():
+        params[0][0] = float("inf")
+    with pytest.raises(FloatingPointError, match="non-finite weight"):
+        a.save(0)
+    assert not os.path.exists(a.checkpoint_path(0))
