@@ -167,7 +167,7 @@ class Coordinator:
         for name, value, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"{name}: got {value!r}, must be {allowed}")
-        check_stages(stages, {c.name: c.module.hparams for c in learners}, joint_mode)
+        check_stages(stages, {c.name: c for c in learners}, joint_mode)
         self.configs, self.names, self.stages = learners, names, stages
         self.reward = as_weighted_reward(reward)
         self.schedule = schedule if schedule is not None else Alternate()

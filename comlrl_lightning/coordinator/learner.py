@@ -69,6 +69,11 @@ class LearnerConfig:
             raise ValueError(f"learners[{self.name!r}]: share_weights_with with beta > 0 is not supported "
                              "(the reference model would be loaded twice); use beta=0")  # fmt: skip
 
+    @property
+    def num_generations(self) -> int:
+        """K: responses sampled per prompt (the module's ``num_generations``)."""
+        return int(self.module.hparams.num_generations)
+
 
 def _finite_grads_hook(name: str) -> Any:
     def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -117,7 +122,7 @@ class Learner:
     @property
     def num_generations(self) -> int:
         """K: responses sampled per prompt (the module's ``num_generations``)."""
-        return int(self.module.hparams.num_generations)
+        return self.config.num_generations
 
     @property
     def device(self) -> torch.device:
