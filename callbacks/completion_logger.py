@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -48,7 +49,7 @@ class CompletionLogger(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not trainer.is_global_zero or not isinstance(outputs, dict) or "completions" not in outputs:
+        if not trainer.is_global_zero or not isinstance(outputs, Mapping) or "completions" not in outputs:
             return
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         if (step + 1) % self.every_n_steps:

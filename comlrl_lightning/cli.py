@@ -1,9 +1,10 @@
 """The ``comlrl-lightning`` command: a LightningCLI over the algorithms and datamodules.
 
 ``comlrl-lightning fit --config configs/toy_length_ratio.yaml`` trains; ``fit --print_config``
-shows the full config. ``comlrl-lightning coordinate --config configs/coordinator_humaneval_smollm2.yaml``
-runs a coordinator of one trainer per agent instead (:mod:`comlrl_lightning.coordinator.cli`). ``model`` and ``data`` take any :class:`MAGRPO` subclass and any
+shows the full config. ``model`` and ``data`` take any :class:`CoMLRLModule` subclass (MAGRPO, ...) and any
 :class:`DecPOMDPDataModule` subclass (``class_path``/``init_args``).
+``comlrl-lightning coordinate --config configs/coordinator_humaneval_smollm2.yaml`` runs a coordinator
+of one trainer per agent instead (:mod:`comlrl_lightning.coordinator.cli`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
+from comlrl_lightning.algorithms.base import CoMLRLModule
+from comlrl_lightning.core import metrics as M
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
-from comlrl_lightning.algorithms.magrpo import MAGRPO
 
-_SUMMARY_KEYS = ("val/pass@1", "val/reward", "reward")
+_SUMMARY_KEYS = (M.VAL_PASS_AT_1, M.VAL_REWARD, M.REWARD)
 
 
 class CoMLRLCLI(LightningCLI):
@@ -80,7 +82,7 @@ def main(args: list[str] | None = None) -> None:
         coordinate(args[1:])
         return
     CoMLRLCLI(
-        MAGRPO,
+        CoMLRLModule,  # any algorithm: model.class_path names it (MAGRPO, its aliases, ...)
         DecPOMDPDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,

@@ -1,4 +1,4 @@
-"""Rollout: turning an agent's prompt history into text, and one batched ``generate`` per agent.
+"""Generation: turning an agent's prompt history into text, and one batched ``generate`` per agent.
 
 Shapes: ``B`` prompts, ``K`` samples each (``num_generations``), ``P`` padded prompt tokens,
 ``C`` padded completion tokens (at most ``max_new_tokens``).
@@ -13,25 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-
-@dataclass
-class SamplingConfig:
-    """Sampling knobs for one agent (TRL/CoMLRL names).
-
-    Attributes:
-        temperature: softmax temperature (> 0); log-probs for the loss use the same temperature.
-        top_p: nucleus sampling mass in (0, 1].
-        top_k: keep the k most likely tokens; ``0`` or ``None`` disables.
-        max_new_tokens: completion budget in tokens.
-        max_prompt_length: longer prompts keep their last tokens (TRL's ``max_prompt_length``);
-            ``None`` keeps everything.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    max_new_tokens: int = 64
-    max_prompt_length: int | None = None
+from comlrl_lightning.core.config import SamplingConfig
 
 
 @dataclass
@@ -156,6 +138,29 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def _continuous_batching(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+    """``[R, C]`` completions from transformers' ``generate_batch`` (unpadded prompts in, rows padded
+    with ``pad_token_id`` out), in the order of ``ids``' rows."""
+    from transformers import GenerationConfig
+
+    if not hasattr(model, "generate_batch"):
+        raise ValueError(f"generation_backend: 'continuous_batching' needs transformers' generate_batch, "
+                         f"which {type(model).__name__} lacks; use 'dynamic' or 'static_compile'")  # fmt: skip
+    prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
+    max_new = kwargs.pop("max_new_tokens")
+    config = GenerationConfig(**{k: v for k, v in kwargs.items() if v is not None}, max_new_tokens=max_new)
+    out = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    # request ids are "req_<n>", numbered in the order the prompts were given
+    rows = [out[key].generated_tokens for key in sorted(out, key=lambda k: int(k.rsplit("_", 1)[-1]))]
+    if len(rows) != len(prompts):
+        raise RuntimeError(f"continuous batching returned {len(rows)} of {len(prompts)} completions")
+    width = max(1, max(len(r) for r in rows))
+    padded = torch.full((len(rows), width), kwargs["pad_token_id"], dtype=torch.long)
+    for i, r in enumerate(rows):
+        padded[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+    return padded
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -168,9 +173,14 @@ def generate(
 ) -> Generation:
     """One batched ``generate`` call: ``K = num_generations`` samples for each of ``B`` prompts.
 
-    The model is put in eval mode (KV cache on) and restored afterwards. Tensors come back on CPU.
+    The sampler is ``sampling.backend_for(device)`` (see :class:`SamplingConfig`). The model is put in
+    eval mode (KV cache on) and restored afterwards. Tensors come back on CPU.
+
+    Raises:
+        ValueError: ``continuous_batching`` on a model without transformers' ``generate_batch``.
     """
     device = next(model.parameters()).device
+    backend = sampling.backend_for(device)
     ids, mask = tokenize_prompts(tokenizer, prompt_texts, chat_rendered, sampling.max_prompt_length)
     ids = ids.repeat_interleave(num_generations, 0)
     mask = mask.repeat_interleave(num_generations, 0)
@@ -185,10 +195,16 @@ def generate(
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     try:
         with torch.inference_mode():
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **kwargs)
+            if backend == "continuous_batching":
+                completion_ids = _continuous_batching(model, ids, mask, kwargs)
+            else:
+                if backend == "static_compile":  # transformers compiles the decode step for a static cache on CUDA
+                    kwargs["cache_implementation"] = "static"
+                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **kwargs)
+                completion_ids = out[:, ids.shape[1] :].cpu()
     finally:
         model.train(was_training)
-    completion_ids = out[:, ids.shape[1] :].cpu().clone()  # a normal tensor: inference tensors cannot enter autograd
+    completion_ids = completion_ids.clone()  # a normal tensor: inference tensors cannot enter autograd
     if completion_ids.shape[1] == 0:  # nothing generated (max_new_tokens=0 or immediate stop)
         completion_ids = torch.full((ids.shape[0], 1), tokenizer.pad_token_id, dtype=torch.long)
     completion_mask, clipped = completion_mask_from_ids(completion_ids, eos)
