@@ -9,6 +9,7 @@ import torch
 
 from comlrl_lightning import MAGRPO
 from comlrl_lightning.coordinator import Alternate, Coordinator, EveryN, LearnerConfig, RowEpisodes, Stage
+from comlrl_lightning.core.config import RolloutConfig, SamplingConfig
 
 
 class Spy(MAGRPO):
@@ -18,9 +19,9 @@ class Spy(MAGRPO):
         super().__init__(*args, **kwargs)
         self.updates = []
 
-    def _update_agent(self, agent, levels, opt, sch):
-        self.updates.append([t for lv in levels for t in lv.generations[agent].texts])
-        return super()._update_agent(agent, levels, opt, sch)
+    def update_agents(self, turns):
+        self.updates.append([t for turn in turns for t in turn.generations[0].texts])
+        return super().update_agents(turns)
 
 
 def longer_reply_reward(joint, episodes, turn):
@@ -47,7 +48,8 @@ class Recorder:
 
 
 def learner(name, lr=1e-2, scheduler=None, **kwargs):
-    module = Spy(agents="builtin:tiny-gpt2", num_generations=2, max_new_tokens=8, learning_rate=lr, scheduler=scheduler)
+    module = Spy(agents="builtin:tiny-gpt2", rollout=RolloutConfig(num_generations=2),
+                 sampling=SamplingConfig(max_new_tokens=8), learning_rate=lr, scheduler=scheduler)  # fmt: skip
     return LearnerConfig(name, module, **kwargs)
 
 
@@ -152,7 +154,8 @@ def test_device_plan_puts_each_model_on_its_own_gpu_and_sharing_learners_togethe
     assert [str(d) for d in plan(num_gpus=2)] == ["cuda:0", "cuda:1", "cuda:0"]
     assert [str(d) for d in plan(num_gpus=1)] == ["cuda:0", "cuda:0", "cuda:0"]
     assert [str(d) for d in plan(num_gpus=0)] == ["cpu"] * 3
-    pinned = LearnerConfig("b", Spy(agents={"model": "builtin:tiny-gpt2", "device": "cuda:1"}, num_generations=2))
+    pinned = LearnerConfig("b", Spy(agents={"model": "builtin:tiny-gpt2", "device": "cuda:1"},
+                                    rollout=RolloutConfig(num_generations=2)))  # fmt: skip
     with pytest.raises(ValueError, match="cuda:1 requested, but 0 CUDA device"):
         coordinator(tmp_path, [learner("a"), pinned], accelerator="cpu").device_plan()
 

@@ -16,8 +16,8 @@ SHIPPED = str(ROOT / "configs" / "coordinator_humaneval_smollm2.yaml")
 def tiny_learners(tmp_path, num_rounds=2):
     """A second --config: the shipped example with tiny learners, 2 rounds, logs in tmp_path."""
     module = {"class_path": "comlrl_lightning.MAGRPO",
-              "init_args": {"agents": "builtin:tiny-llama-gpt2tok", "num_generations": 2, "max_new_tokens": 16,
-                            "max_prompt_length": 256, "learning_rate": 1e-3}}  # fmt: skip
+              "init_args": {"agents": "builtin:tiny-llama-gpt2tok", "rollout": {"num_generations": 2},
+                            "sampling": {"max_new_tokens": 16, "max_prompt_length": 256}, "learning_rate": 1e-3}}  # fmt: skip
     override = {"num_rounds": num_rounds, "root_dir": str(tmp_path / "run"), "progress_bar": False,
                 "learners": [{"name": "proposer", "module": module}, {"name": "reviser", "module": module}]}  # fmt: skip
     path = tmp_path / "tiny.yaml"

@@ -5,15 +5,16 @@ Each learner is a full :class:`~comlrl_lightning.algorithms.magrpo.MAGRPO` with 
 gives it: its device and precision, its own optimizer and LR scheduler, its own TensorBoard logger
 (``<run>/learners/<name>/``) and its own checkpoint folder (``<run>/learners/<name>/checkpoints``).
 
-This file is the only place that reaches into the module's update internals (``_update_agent``:
-one optimizer step per ``num_iterations`` over the given turns); the rest of the coordinator sees
-:class:`Learner`'s small API (``render``, ``generate``, ``advantages``, ``update``, ``save``, ``load``).
+This file is the only place that reads the module's configs and calls its team and update
+(``team.generate``, ``update_agents``: ``num_iterations`` optimizer steps over the given turns);
+the rest of the coordinator sees :class:`Learner`'s small API (``render``, ``generate``,
+``advantages``, ``update``, ``save``, ``load``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from comlrl_lightning.algorithms.magrpo import MAGRPO
 from comlrl_lightning.coordinator.rounds import Experience
 from comlrl_lightning.core.advantages import group_advantages
 from comlrl_lightning.core.generation import Generation, render_prompt
-from comlrl_lightning.core.rollout import Level
+from comlrl_lightning.core.records import Turn
 
 PRECISIONS = ("32-true", "bf16-true", "bf16-mixed", "16-mixed", "16-true", "64-true")
 
@@ -65,14 +66,14 @@ class LearnerConfig:
             raise ValueError(f"learners[{self.name!r}].precision: got {self.precision!r}, allowed: {list(PRECISIONS)}")
         if self.experience_window < 1:
             raise ValueError(f"learners[{self.name!r}].experience_window: got {self.experience_window}, must be >= 1")
-        if self.share_weights_with is not None and self.module.hparams.beta > 0:
+        if self.share_weights_with is not None and self.module.loss.beta > 0:
             raise ValueError(f"learners[{self.name!r}]: share_weights_with with beta > 0 is not supported "
                              "(the reference model would be loaded twice); use beta=0")  # fmt: skip
 
     @property
     def num_generations(self) -> int:
         """K: responses sampled per prompt (the module's ``num_generations``)."""
-        return int(self.module.hparams.num_generations)
+        return int(self.module.rollout_config.num_generations)
 
 
 def _finite_grads_hook(name: str) -> Any:
@@ -116,6 +117,7 @@ class Learner:
         # setup() with the optimizer (not setup_optimizers) so the module's own optimizers() returns it
         _, self.optimizer = self.fabric.setup(module, entry["optimizer"])
         self.scheduler = entry["lr_scheduler"]["scheduler"] if "lr_scheduler" in entry else None
+        module.fabric_schedulers = [self.scheduler]
         self.num_updates = 0
         self.buffer: list[list[Experience]] = []  # per round since the last update, oldest first
 
@@ -135,12 +137,12 @@ class Learner:
     def generate(self, rendered: list[str], k: int) -> Generation:
         """``k`` sampled responses per rendered prompt, one batched ``generate`` (rows ``b·k + i``)."""
         with self.fabric.autocast():
-            return self.module.generate_agents([rendered], k)[0]
+            return self.module.team.generate([rendered], k)[0]
 
     def advantages(self, returns: torch.Tensor) -> torch.Tensor:
-        """``[groups, K]`` -> ``[groups, K]`` with the module's ``advantage_mode`` and ``scale_advantages``."""
-        hp = self.module.hparams
-        return group_advantages(returns, hp.advantage_mode, hp.scale_advantages, hp.advantage_eps)
+        """``[groups, K]`` -> ``[groups, K]`` with the module's ``advantage_mode`` and ``scale_rewards``."""
+        adv = self.module.advantage
+        return group_advantages(returns, adv.advantage_mode, adv.scale_rewards, adv.advantage_eps)
 
     def store(self, experiences: list[Experience]) -> None:
         """Keep this round's experience (the last ``experience_window`` rounds are kept)."""
@@ -159,14 +161,14 @@ class Learner:
         if not experiences:
             raise RuntimeError(f"learner {self.name!r}: update with no experience")
         turns = [
-            Level(turn=0, nodes=[], prompt_texts=[e.prompt_texts], generations=[e.generation], rewards=e.returns,
-                  components={}, child=torch.full(e.returns.shape, -1), returns=e.returns,
-                  agent_returns=[e.returns.flatten()], advantages=[e.advantages])
+            Turn(turn=0, nodes=[], prompt_texts=[e.prompt_texts], generations=[e.generation], rewards=e.returns,
+                 components={}, child=torch.full(e.returns.shape, -1), returns=e.returns,
+                 agent_returns=[e.returns.flatten()], advantages=[e.advantages])
             for e in experiences
         ]  # fmt: skip
         self.module.train()
         with self.fabric.autocast():
-            stats = self.module._update_agent(0, turns, self.optimizer, self.scheduler)
+            stats = asdict(self.module.update_agents(turns)[0])
         self.num_updates += 1
         self.buffer = []
         return {**stats, "num_samples": float(sum(len(e.generation.texts) for e in experiences))}

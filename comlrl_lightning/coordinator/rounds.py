@@ -206,7 +206,7 @@ def play_round(
     out = reward(joint, [episodes[g] for g in ep_of_joint], 0, step=round)
     rewards = out.total
     experiences: dict[str, list[Experience]] = {name: [] for name in players}
-    for s, (name, prompts, gen, k) in enumerate(stage_rows):
+    for s, (name, prompts, gen, _) in enumerate(stage_rows):
         returns = _stage_returns(rewards, [r[3] for r in stage_rows], s, len(episodes), joint_mode)
         adv = players[name].advantages(returns).flatten()
         rows_per_ep = returns.numel() // len(episodes)
