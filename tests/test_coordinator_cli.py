@@ -6,11 +6,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from experiments import experiment, subcommand
 
 from comlrl_lightning.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = str(ROOT / "configs" / "coordinator_humaneval_smollm2.yaml")
+
+
+def test_the_example_header_runs_the_coordinate_subcommand_on_its_own_file():
+    assert subcommand("coordinator_humaneval_smollm2.yaml") == "coordinate"
+    assert experiment("coordinator_humaneval_smollm2.yaml", "coordinate") == [
+        "--config", "configs/coordinator_humaneval_smollm2.yaml"]  # fmt: skip
 
 
 def tiny_learners(tmp_path, num_rounds=2):
