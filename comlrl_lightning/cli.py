@@ -3,6 +3,8 @@
 ``comlrl-lightning fit --config configs/toy_length_ratio.yaml`` trains; ``fit --print_config``
 shows the full config. ``model`` and ``data`` take any :class:`CoMLRLModule` subclass (MAGRPO, ...) and any
 :class:`DecPOMDPDataModule` subclass (``class_path``/``init_args``).
+``comlrl-lightning coordinate --config configs/coordinator_humaneval_smollm2.yaml`` runs a coordinator
+of one trainer per agent instead (:mod:`comlrl_lightning.coordinator.cli`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,12 @@ def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, lis
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = sys.argv[1:] if args is None else args
+    if args and args[0] == "coordinate":  # not a Trainer function: the coordinator owns its round loop
+        from comlrl_lightning.coordinator.cli import main as coordinate
+
+        coordinate(args[1:])
+        return
     CoMLRLCLI(
         CoMLRLModule,  # any algorithm: model.class_path names it (MAGRPO, its aliases, ...)
         DecPOMDPDataModule,

@@ -96,6 +96,8 @@ class CoMLRLModule(pl.LightningModule):
         self.learning_rate, self.val_sampling = learning_rate, val_sampling
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self._env = env
+        self.fabric_schedulers: list[Any] | None = None
+        """Per-agent LR schedulers when a Fabric drives this module (see :meth:`agent_optimizers`)."""
         # registered here so checkpoints, device moves and strategies see them (the team holds the same lists)
         self.agents = self.team.agents
         self.reference_models = self.team.reference_models
@@ -183,9 +185,15 @@ class CoMLRLModule(pl.LightningModule):
         return out
 
     def agent_optimizers(self) -> tuple[list[Any], list[Any]]:
-        """``(optimizers, schedulers)``, one of each per agent (scheduler None when there is none)."""
+        """``(optimizers, schedulers)``, one of each per agent (scheduler None when there is none).
+
+        Under Lightning Fabric (the coordinator's learners) Lightning keeps no scheduler configs, so
+        the schedulers are the ones the driver put in :attr:`fabric_schedulers`.
+        """
         opts = self.optimizers()
         opts = opts if isinstance(opts, list) else [opts]
+        if self.fabric is not None:
+            return opts, list(self.fabric_schedulers or [None] * self.num_agents)
         schs = self.lr_schedulers()
         schs = (schs if isinstance(schs, list) else [schs]) if schs is not None else [None] * self.num_agents
         return opts, schs
