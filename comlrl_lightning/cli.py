@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 import os
 import sys
+import traceback
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
-from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.algorithms.magrpo import MAGRPO
+from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 
 _SUMMARY_KEYS = ("val/pass@1", "val/reward", "reward")
 
@@ -37,6 +38,25 @@ class CoMLRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--validate_before_fit", type=bool, default=False,
                             help="fit only: run validation once before training (logged at step 0)")  # fmt: skip
+
+    def instantiate_classes(self) -> None:
+        """Build model, data and trainer; an error from a class's ``__init__`` is shown once, message last.
+
+        jsonargparse re-raises such an error inside a union error whose text repeats it and ends in a
+        dump of every init argument, chained to the original: the user would read the message three
+        times in two tracebacks and find a namespace last. Here the original error's own traceback is
+        printed alone and the command exits with status 1.
+        """
+        try:
+            super().instantiate_classes()
+        except Exception as err:  # re-raised unless jsonargparse wrapped it
+            root = err
+            while root.__cause__ is not None:
+                root = root.__cause__
+            if root is err:
+                raise
+            traceback.print_exception(type(root), root, root.__traceback__, chain=False, file=sys.stderr)
+            raise SystemExit(1) from None
 
     def before_fit(self) -> None:
         if self.config["fit"].get("validate_before_fit"):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import lightning.pytorch as pl
@@ -39,7 +39,8 @@ from comlrl_lightning.team.agents import GENERATION_KEYS, AgentSpec, load_agent,
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.envs.rewards import PASS_AT_1
 from comlrl_lightning.core.losses import LOSS_AGGREGATIONS, aggregate, completion_logprobs, k3_kl, policy_loss_terms
-from comlrl_lightning.core.generation import Generation, SamplingConfig, generate, has_chat_template, render_prompt
+from comlrl_lightning.core.generation import (Generation, SamplingConfig, context_length, fit_to_context, generate,
+                                             has_chat_template, render_prompt)
 from comlrl_lightning.team.parallel import BACKWARD_LOCK, AgentParallelMixin
 from comlrl_lightning.infra.strategy import resolve_devices
 from comlrl_lightning.core.rollout import Level, Node, compute_advantages, compute_returns, generations_per_episode, rollout_tree
@@ -57,6 +58,8 @@ def _normalize_agents(agents: Any, num_agents: int | None) -> list[AgentSpec]:
     specs = [AgentSpec(model=a) if isinstance(a, str) else AgentSpec(**a) if isinstance(a, dict) else a for a in agents]
     if num_agents is not None and len(specs) == 1 and num_agents > 1:
         specs = [copy.deepcopy(specs[0]) for _ in range(num_agents)]
+    if not specs:
+        raise ValueError("agents: got an empty list; give one AgentSpec (or model string) per agent, at least one")
     if num_agents is not None and len(specs) != num_agents:
         raise ValueError(f"agents: got {len(specs)} specs for num_agents={num_agents}; give one spec or num_agents")
     return specs
@@ -160,10 +163,6 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         checks = [  # (field, value, ok, allowed)
             ("advantage_eps", advantage_eps, advantage_eps >= 1e-4, ">= 1e-4"),
             ("discount", discount, 0.0 <= discount <= 1.0, "in [0, 1]"),
-            ("temperature", temperature, temperature > 0, "> 0"),
-            ("top_p", top_p, 0 < top_p <= 1, "in (0, 1]"),
-            ("max_new_tokens", max_new_tokens, max_new_tokens >= 1, ">= 1"),
-            ("max_prompt_length", max_prompt_length, max_prompt_length is None or max_prompt_length >= 1, ">= 1 or None"),
             ("num_iterations", num_iterations, num_iterations >= 1, ">= 1"),
             ("epsilon", epsilon, epsilon > 0, "> 0"),
             ("beta", beta, beta >= 0, ">= 0"),
@@ -197,12 +196,14 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         self.agents = nn.ModuleList()
         self.reference_models = nn.ModuleList()
         self.tokenizers: list[Any] = []
-        self.sampling = [
-            SamplingConfig(**{**dict(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                                     max_prompt_length=max_prompt_length),
-                              **{k: v for k, v in s.generation.items() if k in GENERATION_KEYS}})
-            for s in self.specs
-        ]  # fmt: skip
+        base = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                              max_prompt_length=max_prompt_length)  # fmt: skip
+        base.check()
+        # the module's knobs passed, so a failure below is the agent's own override: name that field
+        self.sampling = [replace(base, **{k: v for k, v in s.generation.items() if k in GENERATION_KEYS})
+                         for s in self.specs]  # fmt: skip
+        for i, sampling in enumerate(self.sampling):
+            sampling.check(prefix=f"agents[{i}].generation.")
 
     # ------------------------------------------------------------------ setup
     @property
@@ -247,6 +248,11 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
             models.append(model)
             self.tokenizers.append(tok)
         self.agents.extend(models)
+        for i, (model, sampling) in enumerate(zip(models, self.sampling)):
+            try:
+                fit_to_context(torch.zeros(1, 0), torch.zeros(1, 0), context_length(model), sampling.max_new_tokens)
+            except ValueError as err:
+                raise ValueError(f"agents[{i}] ({self.specs[i].model}): {err}") from None
         if self.hparams.beta > 0:
             refs: dict[int, nn.Module] = {}
             for m in models:

@@ -6,6 +6,7 @@ Shapes: ``B`` prompts, ``K`` samples each (``num_generations``), ``P`` padded pr
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,36 @@ class SamplingConfig:
     top_k: int | None = None
     max_new_tokens: int = 64
     max_prompt_length: int | None = None
+
+    def check(self, prefix: str = "") -> None:
+        """Refuse values ``generate`` would pass to transformers unchecked (or that crash it later).
+
+        Args:
+            prefix: prepended to the field name in the message (``"agents[1].generation."``).
+
+        Raises:
+            ValueError: naming the field, the value and what is allowed.
+        """
+        checks = [  # (field, ok, allowed)
+            ("temperature", _real(self.temperature) and self.temperature > 0,
+             "a number > 0 (validation decodes greedily by default; to sample near-greedily use e.g. 0.1)"),
+            ("top_p", _real(self.top_p) and 0 < self.top_p <= 1, "in (0, 1]"),
+            ("top_k", self.top_k is None or (_int(self.top_k) and self.top_k >= 0), "an integer >= 0 or None (0 and None: off)"),
+            ("max_new_tokens", _int(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
+            ("max_prompt_length", self.max_prompt_length is None
+             or (_int(self.max_prompt_length) and self.max_prompt_length >= 1), "an integer >= 1 or None"),
+        ]  # fmt: skip
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ValueError(f"{prefix}{name}: got {getattr(self, name)!r}, must be {allowed}")
+
+
+def _real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 @dataclass
@@ -156,6 +187,44 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def context_length(model: nn.Module) -> int | None:
+    """The model's context window in tokens (``max_position_embeddings`` / ``n_positions``), if it says."""
+    config = getattr(model, "config", None)
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def fit_to_context(
+    ids: torch.Tensor, mask: torch.Tensor, context: int | None, max_new_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the last ``context - max_new_tokens`` tokens of left-padded prompts ``[B, P]``, with a warning.
+
+    Prompt plus completion must fit the model's context: past it, absolute position embeddings
+    (GPT-2) raise ``IndexError`` and rotary ones degrade silently. Truncating from the left keeps the
+    end of each prompt (the question and the generation prompt of a chat template), as TRL's
+    ``max_prompt_length`` does.
+
+    Raises:
+        ValueError: ``max_new_tokens >= context`` (no room for any prompt token).
+    """
+    if context is None:
+        return ids, mask
+    budget = context - max_new_tokens
+    if budget < 1:
+        raise ValueError(f"max_new_tokens: got {max_new_tokens}, but the model's context is {context} tokens; "
+                         f"must be < {context} to leave room for the prompt")  # fmt: skip
+    if ids.shape[1] > budget:
+        cut = int((mask.sum(-1) > budget).sum())
+        warnings.warn(f"{cut} of {ids.shape[0]} prompts are longer than the model's context ({context} tokens) minus "
+                      f"max_new_tokens ({max_new_tokens}): their first tokens are dropped (set max_prompt_length "
+                      "to choose the cut yourself)", stacklevel=3)  # fmt: skip
+        ids, mask = ids[:, -budget:], mask[:, -budget:]
+    return ids, mask
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -169,9 +238,15 @@ def generate(
     """One batched ``generate`` call: ``K = num_generations`` samples for each of ``B`` prompts.
 
     The model is put in eval mode (KV cache on) and restored afterwards. Tensors come back on CPU.
+    Prompts that do not fit the model's context with ``max_new_tokens`` lose their first tokens,
+    with a warning (:func:`fit_to_context`).
+
+    Raises:
+        ValueError: ``max_new_tokens`` is not below the model's context length.
     """
     device = next(model.parameters()).device
     ids, mask = tokenize_prompts(tokenizer, prompt_texts, chat_rendered, sampling.max_prompt_length)
+    ids, mask = fit_to_context(ids, mask, context_length(model), sampling.max_new_tokens)
     ids = ids.repeat_interleave(num_generations, 0)
     mask = mask.repeat_interleave(num_generations, 0)
     was_training = model.training

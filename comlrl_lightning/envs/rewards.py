@@ -9,7 +9,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -21,22 +21,24 @@ if TYPE_CHECKING:
 class RewardFunction(Protocol):
     """Scores joint actions with one shared float each.
 
-    Called as ``fn(joint_actions, episodes, turn)`` where ``joint_actions[j][i]`` is agent ``i``'s
-    completion text in joint action ``j`` and ``episodes[j]`` the episode it belongs to (episodes
-    repeat when a node has several joint actions). Returns ``len(joint_actions)`` floats.
+    Called positionally as ``fn(joint_actions, episodes, turn)`` where ``joint_actions[j][i]`` is
+    agent ``i``'s completion text in joint action ``j`` (``Sequence[Sequence[str]]``), ``episodes[j]``
+    the :class:`~comlrl_lightning.envs.base.Episode` it belongs to (episodes repeat when a node has
+    several joint actions) and ``turn`` the 0-based turn (``int``). Returns either plain numbers
+    (``len(joint_actions)`` floats) or a :class:`RewardResult` (values plus per-joint-action metrics,
+    logged as ``rewards/<name>/<key>``). Nothing is reported through attributes set as a side effect.
+
     Implementations should set a class attribute ``name`` (used for the ``rewards/<name>/mean``
     metric; default: the class or function name). It is not a protocol member so that
     LightningCLI/jsonargparse can check the protocol from the call signature alone.
 
-    A function returns either plain numbers (``J`` floats) or a :class:`RewardResult` (values plus
-    per-joint-action metrics, logged as ``rewards/<name>/<key>``). Nothing is reported through
-    attributes set as a side effect. (The annotation says ``list[float]`` because jsonargparse
-    matches a YAML class against this protocol by its exact signature.)
+    The signature below is positional-only and annotated ``Any`` on purpose: jsonargparse matches a
+    function or class named in YAML against this protocol by its signature, and with these
+    annotations it accepts any callable taking three positional arguments (whatever their names and
+    annotations), and refuses one of another arity.
     """
 
-    def __call__(
-        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
-    ) -> list[float]: ...
+    def __call__(self, joint_actions: Any, episodes: Any, turn: Any, /) -> Any: ...
 
 
 PASS_AT_1 = "all_passed"
