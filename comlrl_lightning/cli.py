@@ -19,6 +19,10 @@ from comlrl_lightning.algorithms.magrpo import MAGRPO
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 
 _SUMMARY_KEYS = ("val/pass@1", "val/reward", "reward")
+DEFAULT_SAVE_DIR = "runs"
+"""Where loggers without a ``save_dir`` write when ``trainer.default_root_dir`` is not given."""
+SAVE_DIR_MARK = "<trainer.default_root_dir, else runs>"
+"""The CLI's default logger ``save_dir``: replaced before instantiation (see ``before_instantiate_classes``)."""
 
 
 class CoMLRLCLI(LightningCLI):
@@ -38,6 +42,24 @@ class CoMLRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--validate_before_fit", type=bool, default=False,
                             help="fit only: run validation once before training (logged at step 0)")  # fmt: skip
+
+    def before_instantiate_classes(self) -> None:
+        """Loggers without a ``save_dir`` write under ``trainer.default_root_dir`` (default ``runs``).
+
+        The shipped configs leave ``save_dir`` out (it then holds :data:`SAVE_DIR_MARK`, as
+        ``--print_config`` shows), so ``--trainer.default_root_dir=/x`` moves the logs (and the
+        checkpoints under the log folder) to ``/x``; an explicit ``--trainer.logger.init_args.save_dir``
+        still wins.
+        """
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        trainer = config.get("trainer") if config is not None else None
+        if trainer is None:
+            return
+        loggers = trainer.get("logger")
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            init_args = logger.get("init_args") if hasattr(logger, "get") else None
+            if init_args is not None and init_args.get("save_dir") in (None, SAVE_DIR_MARK):
+                init_args["save_dir"] = trainer.get("default_root_dir") or DEFAULT_SAVE_DIR
 
     def instantiate_classes(self) -> None:
         """Build model, data and trainer; an error from a class's ``__init__`` is shown once, message last.
@@ -100,7 +122,7 @@ def main(args: list[str] | None = None) -> None:
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                                     "init_args": {"save_dir": "runs"}}},
+                                     "init_args": {"save_dir": SAVE_DIR_MARK}}},
         args=args,
     )  # fmt: skip
 

@@ -84,3 +84,10 @@ def test_saved_config_keeps_template_formatters_verbatim(tmp_path):
     fit("toy_grpo.yaml", tmp_path, "--trainer.max_steps=1", "--trainer.limit_val_batches=0")
     saved = yaml.safe_load(next(tmp_path.rglob("config.yaml")).read_text())
     assert saved["data"]["init_args"]["formatters"] == ["Note on {topic}:"]
+
+
+def test_default_root_dir_moves_the_logs_of_a_shipped_config(tmp_path):
+    os.chdir(ROOT)
+    main(["fit", "--config", "configs/toy_grpo.yaml", "--trainer.enable_progress_bar=false", "--trainer.max_steps=1",
+          "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+    assert glob.glob(str(tmp_path / "toy_grpo" / "version_0" / "events.out.tfevents.*"))

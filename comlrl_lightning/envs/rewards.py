@@ -7,6 +7,7 @@ for a joint action (the Dec-POMDP's shared reward); nothing here is per agent.
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -58,6 +59,10 @@ class RewardResult:
 
     values: Sequence[float]
     metrics: dict[str, Sequence[float]] = field(default_factory=dict)
+
+
+ERRORS = "errors"
+"""The component that marks (1.0) joint actions whose reward was invalid and skipped (``skip_invalid``)."""
 
 
 class RewardError(RuntimeError):
@@ -121,8 +126,10 @@ class WeightedReward:
         processor: optional :class:`RewardProcessor` applied to the weighted sum.
         skip_invalid: if False (default) a function that raises, returns the wrong count or a
             non-finite value raises :class:`RewardError` naming it; if True such values become NaN
-            in the components, the joint action gets reward ``invalid_reward`` and the count is
-            reported as ``num_invalid``.
+            in the components, the joint action gets reward ``invalid_reward``, the component
+            :data:`ERRORS` marks it (1.0; logged per step as the count ``rewards/errors``), the
+            running total is :attr:`num_invalid`, and the first fault of each kind (raised,
+            non-finite) per function is shown as a warning.
         invalid_reward: reward given to joint actions with an invalid value when ``skip_invalid``.
 
     Raises:
@@ -149,6 +156,7 @@ class WeightedReward:
         self.skip_invalid = skip_invalid
         self.invalid_reward = invalid_reward
         self.num_invalid = 0
+        self._warned: set[tuple[str, str]] = set()
 
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int, step: int = -1
@@ -169,6 +177,8 @@ class WeightedReward:
             except Exception as err:  # noqa: BLE001 - re-raised with context below
                 if not self.skip_invalid:
                     raise RewardError(f"reward function {name!r} failed at step {step}, turn {turn}: {err}") from err
+                self._warn_once(name, "raised", f"reward function {name!r} failed at step {step}, turn {turn}: "
+                                      f"{type(err).__name__}: {err}")  # fmt: skip
                 values = torch.full((n,), float("nan"))
             bad = ~torch.isfinite(values)
             if bad.any() and not self.skip_invalid:
@@ -176,6 +186,9 @@ class WeightedReward:
                     f"reward function {name!r} returned a non-finite value at step {step}, turn {turn} "
                     f"(joint actions {bad.nonzero().flatten().tolist()})"
                 )
+            if bad.any():
+                self._warn_once(name, "non-finite", f"reward function {name!r} returned a non-finite value at step {step}, "
+                                      f"turn {turn}")  # fmt: skip
             invalid |= bad
             components[name] = values
             for key, extra in extras.items():
@@ -184,10 +197,19 @@ class WeightedReward:
             total += w * torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
         if self.processor is not None:
             total = self.processor(total)
+        if self.skip_invalid:
+            components[ERRORS] = invalid.float()
         if invalid.any():
             self.num_invalid += int(invalid.sum())
             total[invalid] = self.invalid_reward
         return RewardOutput(total=total, components=components)
+
+    def _warn_once(self, name: str, kind: str, message: str) -> None:
+        # skipped faults are counted in rewards/errors; the first of each kind per function is also shown
+        if (name, kind) not in self._warned:
+            self._warned.add((name, kind))
+            warnings.warn(f"{message} (skip_invalid=True: such joint actions get invalid_reward and are counted "
+                          f"in the metric rewards/{ERRORS}; further such faults are not shown)", stacklevel=3)  # fmt: skip
 
 
 def _as_values(out: object, n: int) -> torch.Tensor:
