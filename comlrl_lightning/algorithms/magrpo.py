@@ -84,7 +84,11 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         termination_threshold: a joint action with reward ≥ this ends its branch (None: never).
         max_generations_per_episode: budget guard; a larger full tree raises at construction.
         temperature, top_p, top_k, max_new_tokens: sampling (``AgentSpec.generation`` overrides per agent).
-        max_prompt_length: prompts longer than this (tokens, history included) keep their last tokens.
+        max_prompt_length: prompts longer than this (tokens, history included) keep their last tokens;
+            prompts are also cut from the left to fit the model's context with ``max_new_tokens``
+            (with a warning).
+        stop_after_code_block: end each completion after its first complete fenced code block
+            (for coding prompts that ask for one block; see ``core/stopping.py``).
         loss_aggregation: ``"sequence_sum"`` (MAGRPO paper) | ``"sequence_mean"`` | ``"token_mean"``.
         num_iterations: optimisation passes per rollout batch (> 1 uses the clipped ratio).
         epsilon: lower clip ε of the ratio; epsilon_high: upper ε (default ``epsilon``).
@@ -134,6 +138,7 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         top_k: int | None = None,
         max_new_tokens: int = 64,
         max_prompt_length: int | None = None,
+        stop_after_code_block: bool = False,
         loss_aggregation: str = "sequence_sum",
         num_iterations: int = 1,
         epsilon: float = 0.2,
@@ -197,7 +202,7 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         self.reference_models = nn.ModuleList()
         self.tokenizers: list[Any] = []
         base = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                              max_prompt_length=max_prompt_length)  # fmt: skip
+                              max_prompt_length=max_prompt_length, stop_after_code_block=stop_after_code_block)  # fmt: skip
         base.check()
         # the module's knobs passed, so a failure below is the agent's own override: name that field
         self.sampling = [replace(base, **{k: v for k, v in s.generation.items() if k in GENERATION_KEYS})
@@ -384,6 +389,9 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
         if self.hparams.max_grad_norm is not None:
             self.clip_gradients(opt, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm")
         opt.step()
+        # free this agent's gradients now, not at its next zero_grad: otherwise every other agent's
+        # backward runs while they still hold memory (one parameter-sized buffer per agent)
+        opt.zero_grad(set_to_none=True)
         if sch is not None:
             sch.step()
 

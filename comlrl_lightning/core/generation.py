@@ -13,6 +13,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import StoppingCriteriaList
+
+from comlrl_lightning.core.stopping import CodeBlockEnd, apply_stops
 
 
 @dataclass
@@ -25,7 +28,9 @@ class SamplingConfig:
         top_k: keep the k most likely tokens; ``0`` or ``None`` disables.
         max_new_tokens: completion budget in tokens.
         max_prompt_length: longer prompts keep their last tokens (TRL's ``max_prompt_length``);
-            ``None`` keeps everything.
+            ``None`` keeps everything. Prompts are also cut from the left so that prompt plus
+            ``max_new_tokens`` fits the model's context (with a warning, :func:`fit_to_context`).
+        stop_after_code_block: see below.
     """
 
     temperature: float = 1.0
@@ -33,6 +38,10 @@ class SamplingConfig:
     top_k: int | None = None
     max_new_tokens: int = 64
     max_prompt_length: int | None = None
+    stop_after_code_block: bool = False
+    """End a completion right after its first complete fenced code block (```` ``` ... ``` ````),
+    as if the model had written EOS there (:mod:`comlrl_lightning.core.stopping`). For tasks that
+    ask for one code block: the text after it is never generated, scored or trained on."""
 
     def check(self, prefix: str = "") -> None:
         """Refuse values ``generate`` would pass to transformers unchecked (or that crash it later).
@@ -51,6 +60,7 @@ class SamplingConfig:
             ("max_new_tokens", _int(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
             ("max_prompt_length", self.max_prompt_length is None
              or (_int(self.max_prompt_length) and self.max_prompt_length >= 1), "an integer >= 1 or None"),
+            ("stop_after_code_block", isinstance(self.stop_after_code_block, bool), "true or false"),
         ]  # fmt: skip
         for name, ok, allowed in checks:
             if not ok:
@@ -258,6 +268,9 @@ def generate(
         kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
     else:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    stopper = CodeBlockEnd(tokenizer, ids.shape[1]) if sampling.stop_after_code_block else None
+    if stopper is not None:
+        kwargs["stopping_criteria"] = StoppingCriteriaList([stopper])
     try:
         with torch.inference_mode():
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **kwargs)
@@ -267,5 +280,6 @@ def generate(
     if completion_ids.shape[1] == 0:  # nothing generated (max_new_tokens=0 or immediate stop)
         completion_ids = torch.full((ids.shape[0], 1), tokenizer.pad_token_id, dtype=torch.long)
     completion_mask, clipped = completion_mask_from_ids(completion_ids, eos)
+    completion_mask, clipped = apply_stops(completion_mask, clipped, stopper and stopper.stop_lengths)
     texts = tokenizer.batch_decode(completion_ids * completion_mask + tokenizer.pad_token_id * (1 - completion_mask), skip_special_tokens=True)
     return Generation(ids, mask, completion_ids, completion_mask, texts, clipped)

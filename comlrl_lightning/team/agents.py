@@ -33,7 +33,7 @@ class AgentSpec:
         share_weights_with: index of an earlier agent whose weights this agent uses (one copy of the
             weights, its own optimizer state).
         generation: per-agent overrides of the module's sampling knobs (``temperature``, ``top_p``,
-            ``top_k``, ``max_new_tokens``).
+            ``top_k``, ``max_new_tokens``, ``max_prompt_length``, ``stop_after_code_block``).
         chat_template: wrap prompts in the tokenizer's chat template when it has one.
         learning_rate: overrides the optimizer's learning rate for this agent.
         model_kwargs: extra keyword arguments for ``from_pretrained`` (or config fields for
@@ -52,7 +52,7 @@ class AgentSpec:
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "max_prompt_length")
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "max_prompt_length", "stop_after_code_block")
 
 
 def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
