@@ -460,6 +460,7 @@ class MAGRPO(AgentParallelMixin, pl.LightningModule):
             "num_episodes": len(batch),
             "num_tokens": int(sum(lv.generations[i].completion_mask.sum() for lv in levels for i in range(self.num_agents))),
             "prompts": first.prompt_texts,
+            "user_prompts": [[node.prompts[i][-1] for node in first.nodes] for i in range(self.num_agents)],
             "completions": [first.generations[i].texts for i in range(self.num_agents)],
             "turn0_rewards": first.rewards,
             "num_generations": self.hparams.num_generations,
