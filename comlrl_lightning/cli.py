@@ -17,6 +17,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from comlrl_lightning.algorithms.magrpo import MAGRPO
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
+from comlrl_lightning.infra.memory import release_freed_memory
 
 _SUMMARY_KEYS = ("val/pass@1", "val/reward", "reward")
 DEFAULT_SAVE_DIR = "runs"
@@ -114,6 +115,7 @@ def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, lis
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    release_freed_memory()  # freed activations and gradients leave the resident set (infra/memory.py)
     CoMLRLCLI(
         MAGRPO,
         DecPOMDPDataModule,
