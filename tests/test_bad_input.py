@@ -31,6 +31,12 @@ def test_template_with_a_syntax_error_names_the_formatter_at_construction():
         DecPOMDPDataModule([{"topic": "x"}], ["A {topic}", "{topic"], TargetLengthReward(4))
 
 
+@pytest.mark.parametrize("template", ["Q: {}", "Q: {0}"])
+def test_a_positional_template_field_is_refused_at_construction(template):
+    with pytest.raises(ValueError, match=r"data\.formatters\[0\]: .*positional fields"):
+        DecPOMDPDataModule([{"q": "x"}], [template], TargetLengthReward(4))
+
+
 def test_unknown_placeholder_fails_at_setup_naming_the_formatter_and_the_row_fields():
     dm = DecPOMDPDataModule([{"topic": "x"}] * 4, ["A {topic}", "B {subject}"], TargetLengthReward(4))
     with pytest.raises(ValueError, match=r"data\.formatters\[1\].*first training row.*\['topic'\].*'subject'"):
