@@ -2,7 +2,7 @@
 
 Two agents (GPT-2 built from a config over the byte vocabulary, size set by the flags) are placed on
 two devices: ``cuda:0`` and ``cuda:1`` when there are two GPUs, else ``cuda:0`` and ``cpu``. Each
-repeat times ``MAGRPO.generate_agents`` (one batched ``generate`` per agent) serially and with one
+repeat times ``Team.generate`` (one batched ``generate`` per agent) serially and with one
 thread per device, same seeds, and prints the times and the ratio serial / threaded (> 1: overlap
 helps; 2.0 is the ceiling for two equal agents on two GPUs).
 
@@ -44,17 +44,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     devices = ["cuda:0", "cuda:1"] if torch.cuda.device_count() >= 2 else ["cuda:0", "cpu"]
 
-    from comlrl_lightning import MAGRPO
-    from comlrl_lightning.infra.strategy import plan_devices, place_module
+    from comlrl_lightning import MAGRPO, RolloutConfig, SamplingConfig
+    from comlrl_lightning.infra.strategy import place_module, plan_devices
 
     kwargs = {"n_layer": args.layers, "n_embd": args.width, "n_head": args.heads, "n_positions": 1024}
     spec = {"model": "builtin:tiny-gpt2", "model_kwargs": kwargs}
-    model = MAGRPO(agents=[spec, dict(spec)], num_generations=args.k, max_new_tokens=args.new_tokens)
+    model = MAGRPO(agents=[spec, dict(spec)], rollout=RolloutConfig(num_generations=args.k),
+                   sampling=SamplingConfig(max_new_tokens=args.new_tokens))  # fmt: skip
     model.configure_model()
     for agent in model.agents:
         agent.generation_config.min_new_tokens = args.new_tokens  # equal work in both modes
     place_module(model, plan_devices(model, devices, root=devices[0]))
-    placed = [model._agent_device(i) for i in range(2)]
+    placed = [model.team.device(i) for i in range(2)]
     params = sum(p.numel() for p in model.agents[0].parameters())
     prompts = [[f"Agent {i} prompt number {b}: write about topic {b % 7}." for b in range(args.batch)] for i in range(2)]
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(0)
         _sync(placed)
         t0 = time.perf_counter()
-        model.generate_agents(prompts, args.k)
+        model.team.generate(prompts, args.k)
         _sync(placed)
         return time.perf_counter() - t0
 
@@ -74,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         threaded.append(timed(True))
     s, t = statistics.median(serial), statistics.median(threaded)
     print(f"agents: 2 x {params / 1e6:.1f}M params on {devices}; {args.batch} prompts x K={args.k}, {args.new_tokens} new tokens")
-    print(f"serial   generate_agents: median {s:.3f} s  ({', '.join(f'{x:.3f}' for x in serial)})")
-    print(f"threaded generate_agents: median {t:.3f} s  ({', '.join(f'{x:.3f}' for x in threaded)})")
+    print(f"serial   Team.generate: median {s:.3f} s  ({', '.join(f'{x:.3f}' for x in serial)})")
+    print(f"threaded Team.generate: median {t:.3f} s  ({', '.join(f'{x:.3f}' for x in threaded)})")
     print(f"ratio serial/threaded: {s / t:.2f}x")
     return 0
 

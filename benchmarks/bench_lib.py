@@ -30,10 +30,18 @@ import transformers  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 
-from comlrl_lightning import MAGRPO  # noqa: E402
-from comlrl_lightning.team.agents import AgentSpec, build_tiny_gpt2, byte_tokenizer, disable_dropout, load_agent, load_tokenizer  # noqa: E402
 from comlrl_lightning.datamodules import DecPOMDPDataModule, LengthRatioDataModule  # noqa: E402
+
+from comlrl_lightning import MAGRPO, LossConfig, RolloutConfig, SamplingConfig  # noqa: E402
 from comlrl_lightning.envs.toy import LengthRatioReward, TargetLengthReward, length_ratio_rows  # noqa: E402
+from comlrl_lightning.team.agents import (  # noqa: E402
+    AgentSpec,
+    build_tiny_gpt2,
+    byte_tokenizer,
+    disable_dropout,
+    load_agent,
+    load_tokenizer,
+)
 
 TINY = "builtin:tiny-gpt2"
 SMOLLM2 = "builtin:smollm2-135m-instruct"
@@ -116,7 +124,7 @@ def fresh_model(setup: Setup, agent: int, tokenizer: Any | None = None) -> torch
 @torch.no_grad()
 def sync_weights(dst: torch.nn.Module, src: torch.nn.Module) -> None:
     """Copy ``src``'s parameters into ``dst`` in place (optimizers keep pointing at ``dst``'s tensors)."""
-    for (name, p), (_, q) in zip(dst.named_parameters(), src.named_parameters(), strict=True):
+    for (_, p), (_, q) in zip(dst.named_parameters(), src.named_parameters(), strict=True):
         p.copy_(q)
 
 
@@ -164,8 +172,10 @@ def build_ours(setup: Setup) -> MAGRPO:
         share = 0 if (setup.share_weights and i > 0) else None
         specs.append(AgentSpec(model=setup.model, dtype=setup.dtype, share_weights_with=share))
     module = MAGRPO(
-        agents=specs, num_generations=setup.k, max_new_tokens=setup.max_new_tokens, temperature=setup.temperature,
-        top_p=setup.top_p, top_k=setup.top_k, learning_rate=setup.lr, loss_aggregation=setup.loss_aggregation,
+        agents=specs, rollout=RolloutConfig(num_generations=setup.k), loss=LossConfig(loss_type=setup.loss_aggregation),
+        sampling=SamplingConfig(max_new_tokens=setup.max_new_tokens, temperature=setup.temperature, top_p=setup.top_p,
+                                top_k=setup.top_k),
+        learning_rate=setup.lr,
     )  # fmt: skip
     module.configure_model()
     states = initial_states(setup)

@@ -19,7 +19,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-
 from bench_lib import Setup, build_ours, fit_ours, unique_param_bytes  # noqa: E402
 
 

@@ -14,11 +14,17 @@ import time
 from typing import Any
 
 import torch
-
 from bench_lib import Peer, Setup, fresh_model, sync_weights
-from comlrl_lightning.envs.toy import LengthRatioReward, TargetLengthReward
+
+from comlrl_lightning.core.generation import (
+    completion_mask_from_ids,
+    has_chat_template,
+    position_ids_from_mask,
+    render_prompt,
+    tokenize_prompts,
+)
 from comlrl_lightning.core.losses import selective_log_softmax
-from comlrl_lightning.core.generation import completion_mask_from_ids, has_chat_template, position_ids_from_mask, render_prompt, tokenize_prompts
+from comlrl_lightning.envs.toy import LengthRatioReward, TargetLengthReward
 
 
 def _sync_device(device: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -50,7 +51,7 @@ class CompletionLogger(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not trainer.is_global_zero or not isinstance(outputs, dict) or "completions" not in outputs:
+        if not trainer.is_global_zero or not isinstance(outputs, Mapping) or "completions" not in outputs:
             return
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         if (step + 1) % self.every_n_steps:
@@ -83,7 +84,7 @@ def completion_report(out: dict[str, Any], max_rows: int, max_chars: int) -> str
     Raises:
         ValueError: ``J`` is neither ``K`` (aligned) nor ``K^N`` (cross).
     """
-    prompts, completions, rewards = out.get("user_prompts", out["prompts"]), out["completions"], out["turn0_rewards"]
+    prompts, completions, rewards = out.get("user_prompts") or out["prompts"], out["completions"], out["turn0_rewards"]
     k, n = int(out["num_generations"]), len(completions)
     num_episodes, j = rewards.shape
     if j == k:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,6 +12,7 @@ import torch
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric
 
+from comlrl_lightning.core import metrics as M
 from comlrl_lightning.envs.rewards import ERRORS
 
 _KINDS: dict[str, type[Metric]] = {"mean": MeanMetric, "min": MinMetric, "max": MaxMetric}
@@ -70,7 +72,7 @@ class RewardLogger(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if not isinstance(outputs, dict) or "rewards" not in outputs:
+        if not isinstance(outputs, Mapping) or "rewards" not in outputs:
             return
         if self._t0 is not None:
             wall_s = time.perf_counter() - self._t0
@@ -78,25 +80,25 @@ class RewardLogger(pl.Callback):
             wall_s = float(outputs.get("step_time_s", 0.0))
         self._t0 = None
         n = outputs["num_episodes"]
-        for name, value in step_metrics(outputs, pl_module.hparams, wall_s).items():
+        for name, value in step_metrics(outputs, _loss_config(pl_module), wall_s).items():
             # sync_dist: under DDP min/max lengths take the min/max over ranks, throughput the sum
             pl_module.log(name, value, on_step=True, on_epoch=False, batch_size=n, sync_dist=True,
-                          reduce_fx=_reduce_fx(name), prog_bar=self.prog_bar and name == "tokens_per_second")
+                          reduce_fx=_reduce_fx(name), prog_bar=self.prog_bar and name == M.TOKENS_PER_SECOND)
         self._update_epoch_metrics(pl_module, outputs)
 
     # ---------------------------------------------------------------- epoch
     def _update_epoch_metrics(self, pl_module: pl.LightningModule, out: dict[str, Any]) -> None:
         n = out["num_episodes"]
         reward_std = torch.as_tensor(out["reward_std"], dtype=torch.float32)
-        self._epoch(pl_module, "epoch/reward", "mean", out["rewards"].float(), n)
-        self._epoch(pl_module, "epoch/reward_std", "mean", reward_std, n, weight=n)
+        self._epoch(pl_module, "epoch/" + M.REWARD, "mean", out["rewards"].float(), n)
+        self._epoch(pl_module, "epoch/" + M.REWARD_STD, "mean", reward_std, n, weight=n)
         for fn, values in out.get("reward_components", {}).items():
-            self._epoch(pl_module, f"epoch/rewards/{fn}/mean", "mean", values.float(), n)
+            self._epoch(pl_module, M.reward_fn(fn, "epoch/"), "mean", values.float(), n)
         clipped = torch.cat([c.float().flatten() for c in out["clipped"]])
-        self._epoch(pl_module, "epoch/completions/clipped_ratio", "mean", clipped, n)
+        self._epoch(pl_module, "epoch/" + M.CLIPPED_RATIO, "mean", clipped, n)
         for i, lengths in enumerate(out["completion_lengths"]):
             for kind in ("mean", "min", "max"):
-                self._epoch(pl_module, f"epoch/agent_{i}/completions/{kind}_length", kind, lengths.float(), n)
+                self._epoch(pl_module, "epoch/" + M.agent(i, f"completions/{kind}_length"), kind, lengths.float(), n)
 
     def _epoch(
         self,
@@ -121,12 +123,14 @@ class RewardLogger(pl.Callback):
         pl_module.log(name, metric, on_step=False, on_epoch=True, batch_size=batch_size, metric_attribute=key)
 
 
-def step_metrics(out: dict[str, Any], hparams: Any, wall_s: float) -> dict[str, float]:
+def step_metrics(out: Mapping[str, Any], loss_config: Any, wall_s: float) -> dict[str, float]:
     """The per-step metrics of one ``training_step`` output dict (see :class:`RewardLogger`).
 
     Args:
-        out: the dict ``MAGRPO.training_step`` returns.
-        hparams: the module's hparams (``beta`` and ``num_iterations`` decide which agent stats are logged).
+        out: the :class:`~comlrl_lightning.core.records.StepOutput` a training step returns (or a
+            mapping with its keys).
+        loss_config: the module's :class:`~comlrl_lightning.core.config.LossConfig` or a mapping
+            (``beta`` and ``num_iterations`` decide which agent stats are logged).
         wall_s: wall time of the step in seconds (throughput is skipped when ≤ 0).
 
     Returns:
@@ -137,30 +141,30 @@ def step_metrics(out: dict[str, Any], hparams: Any, wall_s: float) -> dict[str, 
         if fn == ERRORS:  # a count, not a reward: how many joint actions had a skipped reward fault
             metrics[f"rewards/{ERRORS}"] = float(values.float().sum())
         else:
-            metrics[f"rewards/{fn}/mean"] = float(values.float().nanmean())
+            metrics[M.reward_fn(fn)] = float(values.float().nanmean())
     if len(out.get("turn_rewards", ())) > 1:
         for t, (rewards, returns) in enumerate(zip(out["turn_rewards"], out["turn_returns"])):
-            metrics[f"turn_{t}/reward"] = float(rewards.float().mean())
-            metrics[f"turn_{t}/return"] = float(returns.float().mean())
+            metrics[M.turn(t, "reward")] = float(rewards.float().mean())
+            metrics[M.turn(t, "return")] = float(returns.float().mean())
     for i, (lengths, clipped) in enumerate(zip(out["completion_lengths"], out["clipped"])):
         lengths = lengths.float()
-        metrics[f"agent_{i}/completions/mean_length"] = float(lengths.mean())
-        metrics[f"agent_{i}/completions/min_length"] = float(lengths.min())
-        metrics[f"agent_{i}/completions/max_length"] = float(lengths.max())
-        metrics[f"agent_{i}/completions/clipped_ratio"] = float(clipped.float().mean())
+        metrics[M.agent(i, "completions/mean_length")] = float(lengths.mean())
+        metrics[M.agent(i, "completions/min_length")] = float(lengths.min())
+        metrics[M.agent(i, "completions/max_length")] = float(lengths.max())
+        metrics[M.agent(i, "completions/clipped_ratio")] = float(clipped.float().mean())
     all_clipped = torch.cat([c.float().flatten() for c in out["clipped"]])
-    metrics["completions/clipped_ratio"] = float(all_clipped.mean())
-    beta = float(_hp(hparams, "beta", 0.0))
-    iterations = int(_hp(hparams, "num_iterations", 1))
+    metrics[M.CLIPPED_RATIO] = float(all_clipped.mean())
+    beta = float(_field(loss_config, "beta", 0.0))
+    iterations = int(_field(loss_config, "num_iterations", 1))
     for i, stats in enumerate(out.get("agent_stats", ())):
-        metrics[f"agent_{i}/grad_norm"] = float(stats["grad_norm"])
+        metrics[M.agent(i, "grad_norm")] = float(stats["grad_norm"])
         if beta > 0:
-            metrics[f"agent_{i}/kl"] = float(stats["kl"])
+            metrics[M.agent(i, "kl")] = float(stats["kl"])
         if iterations > 1:
-            metrics[f"agent_{i}/clip_ratio"] = float(stats["clip_ratio"])
+            metrics[M.agent(i, "clip_ratio")] = float(stats["clip_ratio"])
     if wall_s > 0:
-        metrics["tokens_per_second"] = out["num_tokens"] / wall_s
-        metrics["episodes_per_second"] = out["num_episodes"] / wall_s
+        metrics[M.TOKENS_PER_SECOND] = out["num_tokens"] / wall_s
+        metrics[M.EPISODES_PER_SECOND] = out["num_episodes"] / wall_s
     return metrics
 
 
@@ -172,5 +176,10 @@ def _reduce_fx(name: str) -> str:
     return "sum" if name.endswith("_per_second") else "mean"
 
 
-def _hp(hparams: Any, key: str, default: Any) -> Any:
-    return hparams.get(key, default) if hasattr(hparams, "get") else getattr(hparams, key, default)
+def _field(config: Any, key: str, default: Any) -> Any:
+    return config.get(key, default) if isinstance(config, Mapping) else getattr(config, key, default)
+
+
+def _loss_config(pl_module: pl.LightningModule) -> Any:
+    """The module's LossConfig (``beta``, ``num_iterations``); a module without one: its hparams."""
+    return getattr(pl_module, "loss", None) or pl_module.hparams

@@ -1,13 +1,27 @@
 """comlrl-lightning: cooperative multi-LLM reinforcement learning as PyTorch Lightning modules."""
 
-from comlrl_lightning.team.agents import AgentSpec
+from comlrl_lightning.algorithms.base import CoMLRLModule
+from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
+from comlrl_lightning.core.config import (
+    AdvantageConfig,
+    LossConfig,
+    PlacementConfig,
+    RolloutConfig,
+    SamplingConfig,
+)
+from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
-from comlrl_lightning.algorithms.magrpo import MAGRPO, MAReMax, MAREINFORCE, MARLOO
 from comlrl_lightning.envs.rewards import RewardFunction, RewardOutput, RewardProcessor, WeightedReward
-from comlrl_lightning.infra.strategy import AgentParallelStrategy  # registers the 'agent_parallel' strategy name
+from comlrl_lightning.infra.strategy import (
+    AgentParallelStrategy,  # registers the 'agent_parallel' strategy name
+)
+from comlrl_lightning.team.agents import AgentSpec
+from comlrl_lightning.team.team import Team
 
 __all__ = [
     "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "AgentSpec", "DecPOMDP", "Episode", "PromptTemplate",
     "Transition", "RewardFunction", "RewardOutput", "RewardProcessor", "WeightedReward", "AgentParallelStrategy",
+    "CoMLRLModule", "Team", "RolloutConfig", "AdvantageConfig", "LossConfig", "SamplingConfig", "PlacementConfig",
+    "StepOutput", "AgentStats",
 ]  # fmt: skip
 __version__ = "0.1.0"

@@ -1,7 +1,7 @@
 """The ``comlrl-lightning`` command: a LightningCLI over the algorithms and datamodules.
 
 ``comlrl-lightning fit --config configs/toy_length_ratio.yaml`` trains; ``fit --print_config``
-shows the full config. ``model`` and ``data`` take any :class:`MAGRPO` subclass and any
+shows the full config. ``model`` and ``data`` take any :class:`CoMLRLModule` subclass (MAGRPO, ...) and any
 :class:`DecPOMDPDataModule` subclass (``class_path``/``init_args``).
 """
 
@@ -15,11 +15,12 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
-from comlrl_lightning.algorithms.magrpo import MAGRPO
+from comlrl_lightning.algorithms.base import CoMLRLModule
+from comlrl_lightning.core import metrics as M
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.infra.memory import release_freed_memory
 
-_SUMMARY_KEYS = ("val/pass@1", "val/reward", "reward")
+_SUMMARY_KEYS = (M.VAL_PASS_AT_1, M.VAL_REWARD, M.REWARD)
 DEFAULT_SAVE_DIR = "runs"
 """Where loggers without a ``save_dir`` write when ``trainer.default_root_dir`` is not given."""
 SAVE_DIR_MARK = "<trainer.default_root_dir, else runs>"
@@ -117,7 +118,7 @@ def main(args: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     release_freed_memory()  # freed activations and gradients leave the resident set (infra/memory.py)
     CoMLRLCLI(
-        MAGRPO,
+        CoMLRLModule,  # any algorithm: model.class_path names it (MAGRPO, its aliases, ...)
         DecPOMDPDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,

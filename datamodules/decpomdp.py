@@ -8,11 +8,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from comlrl_lightning.datamodules.loader import EpisodeDataset, ResumableSampler, collate_episodes
 from torch.utils.data import DataLoader
 
 from comlrl_lightning.envs.base import DecPOMDP, Formatter, Transition
 from comlrl_lightning.envs.rewards import RewardFunction, WeightedReward
-from comlrl_lightning.datamodules.loader import EpisodeDataset, ResumableSampler, collate_episodes
 
 _LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 

@@ -6,7 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
+
 from comlrl_lightning.envs.base import Formatter, Transition
+from comlrl_lightning.envs.rewards import RewardFunction, WeightedReward
+from comlrl_lightning.sandbox.api import SandboxConfig
 from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
 from comlrl_lightning.tasks.coding.reward import (
     CooperativeCodeReward,
@@ -17,8 +20,6 @@ from comlrl_lightning.tasks.coding.reward import (
     load_humaneval_rows,
     train_val_split,
 )
-from comlrl_lightning.envs.rewards import RewardFunction, WeightedReward
-from comlrl_lightning.sandbox.api import SandboxConfig
 
 
 class HumanEvalDataModule(DecPOMDPDataModule):

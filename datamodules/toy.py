@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from comlrl_lightning.envs.toy import LengthRatioReward, length_ratio_rows
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
+
+from comlrl_lightning.envs.toy import LengthRatioReward, length_ratio_rows
 
 
 class LengthRatioDataModule(DecPOMDPDataModule):

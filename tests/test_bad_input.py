@@ -5,18 +5,19 @@ import os
 from pathlib import Path
 
 import pytest
+from experiments import experiment
 
 from comlrl_lightning import MAGRPO, AgentSpec
-from comlrl_lightning.algorithms import magrpo as magrpo_mod
 from comlrl_lightning.cli import main
 from comlrl_lightning.datamodules import DecPOMDPDataModule, load_rows
 from comlrl_lightning.envs.toy import TargetLengthReward
+from comlrl_lightning.team import team as team_mod
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def no_model_loads(monkeypatch):
-    monkeypatch.setattr(magrpo_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded")))
+    monkeypatch.setattr(team_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded")))
 
 
 def jsonl(tmp_path, rows, name="rows.jsonl"):
@@ -199,7 +200,7 @@ def test_an_init_error_is_printed_once_with_the_message_last(monkeypatch, capsys
     no_model_loads(monkeypatch)
     os.chdir(ROOT)
     with pytest.raises(SystemExit) as info:
-        main(["fit", "--config", "configs/toy_grpo.yaml", "--model.init_args.top_k=-1"])
+        main(["fit", *experiment("toy_grpo.yaml"), "--model.init_args.sampling.top_k=-1"])
     assert info.value.code == 1
     err = capsys.readouterr().err
     message = "top_k: got -1, must be an integer >= 0 or None"

@@ -10,11 +10,6 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-from comlrl_lightning import MAGRPO
-from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 from comlrl_lightning.callbacks import AgentCheckpoint, CompletionLogger, GradientCheckpointing, RewardLogger
 from comlrl_lightning.callbacks.agent_checkpoint import save_agents
 from comlrl_lightning.callbacks.completion_logger import completion_report
@@ -24,7 +19,13 @@ from comlrl_lightning.callbacks.gradient_checkpointing import (
 )
 from comlrl_lightning.callbacks.reward_logger import step_metrics
 from comlrl_lightning.datamodules import LengthRatioDataModule
+from experiments import experiment
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from comlrl_lightning import MAGRPO
 from comlrl_lightning.core.losses import completion_logprobs
+from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -310,16 +311,19 @@ def test_agent_checkpoint_rejects_bad_arguments(kwargs, field):
 def test_toy_config_fit_writes_all_metrics_text_and_agent_folders(tmp_path):
     from comlrl_lightning.cli import main
 
-    cfg = yaml.safe_load((ROOT / "configs" / "toy_length_ratio.yaml").read_text())
+    args = experiment("toy_length_ratio.yaml")
+    assert "configs/callbacks/default.yaml" in args
+    cfg = yaml.safe_load((ROOT / "configs" / "callbacks" / "default.yaml").read_text())
     classes = [c["class_path"].rsplit(".", 1)[1] for c in cfg["trainer"]["callbacks"]]
     assert classes == ["InterruptCheckpoint", "RewardLogger", "CompletionLogger", "AgentCheckpoint", "ModelCheckpoint"]
     cfg["trainer"]["callbacks"][2]["init_args"]["every_n_steps"] = 2  # the shipped 25 is past this short run
-    config = tmp_path / "toy.yaml"
+    config = tmp_path / "callbacks.yaml"
     config.write_text(yaml.safe_dump(cfg))
     os.chdir(ROOT)  # the config's paths are relative to the repository root
-    main(["fit", "--config", str(config), "--trainer.max_steps=8", "--trainer.log_every_n_steps=1",
+    args = [str(config) if a == "configs/callbacks/default.yaml" else a for a in args]
+    main(["fit", *args, "--trainer.max_steps=8", "--trainer.log_every_n_steps=1",
           f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.enable_progress_bar=false",
-          "--model.init_args.max_new_tokens=16", "--data.init_args.batch_size=2"])  # fmt: skip
+          "--model.init_args.sampling.max_new_tokens=16", "--data.init_args.batch_size=2"])  # fmt: skip
     (events,) = glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)
     acc = EventAccumulator(events, size_guidance={"tensors": 0, "scalars": 0})
     acc.Reload()

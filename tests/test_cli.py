@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from experiments import experiment
 
 from comlrl_lightning.cli import main
 
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def fit(config, tmp_path, *extra):
     os.chdir(ROOT)  # configs use paths relative to the repository root
-    main(["fit", "--config", str(ROOT / "configs" / config), "--trainer.enable_progress_bar=false",
+    main(["fit", *experiment(config), "--trainer.enable_progress_bar=false",
           f"--trainer.logger.init_args.save_dir={tmp_path}", *extra])  # fmt: skip
     return glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)
 
@@ -39,18 +40,18 @@ def test_single_agent_grpo_fit(tmp_path):
 def test_print_config_round_trips(tmp_path, capsys):
     os.chdir(ROOT)
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", "configs/toy_length_ratio.yaml", "--print_config"])
+        main(["fit", *experiment("toy_length_ratio.yaml"), "--print_config"])
     assert exit_info.value.code == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["model"]["class_path"] == "comlrl_lightning.MAGRPO"
-    assert cfg["model"]["init_args"]["num_generations"] == 4
+    assert cfg["model"]["init_args"]["rollout"]["num_generations"] == 4
     assert [a["model"] for a in cfg["model"]["init_args"]["agents"]] == ["builtin:tiny-gpt2"] * 2
 
 
 def test_a_stray_optimizer_key_is_rejected_not_silently_applied(tmp_path, capsys):
     os.chdir(ROOT)
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", "--config", "configs/toy_length_ratio.yaml", "--optimizer=torch.optim.SGD", "--optimizer.lr=0.1"])
+        main(["fit", *experiment("toy_length_ratio.yaml"), "--optimizer=torch.optim.SGD", "--optimizer.lr=0.1"])
     assert exit_info.value.code != 0
     assert "optimizer" in capsys.readouterr().err
 
@@ -62,7 +63,7 @@ def test_validate_subcommand_restores_a_fit_checkpoint(tmp_path, capsys):
         f"--trainer.callbacks.dirpath={tmp_path}/ckpt", "--trainer.callbacks.save_last=true")  # fmt: skip
     ckpt = tmp_path / "ckpt" / "last.ckpt"
     assert ckpt.exists()
-    main(["validate", "--config", "configs/toy_length_ratio.yaml", f"--ckpt_path={ckpt}",
+    main(["validate", *experiment("toy_length_ratio.yaml"), f"--ckpt_path={ckpt}",
           "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}/val"])  # fmt: skip
     out = capsys.readouterr().out
     assert "val/reward" in out
@@ -86,8 +87,19 @@ def test_saved_config_keeps_template_formatters_verbatim(tmp_path):
     assert saved["data"]["init_args"]["formatters"] == ["Note on {topic}:"]
 
 
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))  # blocks: subfolders
+def test_every_shipped_experiment_parses_with_print_config(config, capsys):
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *experiment(config), "--print_config"])
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    init = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
+    assert init["rollout"]["num_generations"] >= 2 and init["sampling"]["max_new_tokens"] >= 1
+    assert init["advantage"]["advantage_mode"] == "mean" and init["loss"]["loss_type"] in ("sequence_sum", "grpo")  # every group listed
+
+
 def test_default_root_dir_moves_the_logs_of_a_shipped_config(tmp_path):
     os.chdir(ROOT)
-    main(["fit", "--config", "configs/toy_grpo.yaml", "--trainer.enable_progress_bar=false", "--trainer.max_steps=1",
+    main(["fit", *experiment("toy_grpo.yaml"), "--trainer.enable_progress_bar=false", "--trainer.max_steps=1",
           "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
     assert glob.glob(str(tmp_path / "toy_grpo" / "version_0" / "events.out.tfevents.*"))

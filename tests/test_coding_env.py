@@ -9,6 +9,7 @@ import random
 import pytest
 
 from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.envs.rewards import RewardFunction
 from comlrl_lightning.tasks.coding.reward import (
     CooperativeCodeReward,
     HelperPrompt,
@@ -23,7 +24,6 @@ from comlrl_lightning.tasks.coding.reward import (
     split_tests,
     train_val_split,
 )
-from comlrl_lightning.envs.rewards import RewardFunction
 
 
 @pytest.fixture(scope="module")

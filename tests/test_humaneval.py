@@ -4,12 +4,13 @@ import os
 from pathlib import Path
 
 import pytest
+from comlrl_lightning.datamodules import HumanEvalDataModule
+from experiments import experiment
 
 from comlrl_lightning.cli import main
-from comlrl_lightning.datamodules import HumanEvalDataModule
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward, SingleAgentCodeReward
 from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
+from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward, SingleAgentCodeReward
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TEAM = "[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]"
@@ -61,16 +62,16 @@ def test_feedback_quotes_the_failing_assertion_and_ends_solved_episodes(dm):
 
 def test_two_turn_coding_config_runs_from_the_cli_on_the_tiny_model(tmp_path):
     os.chdir(ROOT)
-    main(["fit", "--config", "configs/humaneval_feedback_smollm2.yaml", f"--model.init_args.agents={TINY_TEAM}",
-          "--model.init_args.max_new_tokens=16", "--model.init_args.max_prompt_length=256", "--trainer.max_steps=2", "--data.init_args.max_val_samples=2",
+    main(["fit", *experiment("humaneval_feedback_smollm2.yaml"), f"--model.init_args.agents={TINY_TEAM}",
+          "--model.init_args.sampling.max_new_tokens=16", "--model.init_args.sampling.max_prompt_length=256", "--trainer.max_steps=2", "--data.init_args.max_val_samples=2",
           "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip
     assert list(tmp_path.rglob("events.out.tfevents.*"))
 
 
 def test_main_job_config_runs_end_to_end_on_the_tiny_model(tmp_path, capsys):
     os.chdir(ROOT)
-    main(["fit", "--config", "configs/humaneval_smollm2.yaml", f"--model.init_args.agents={TINY_TEAM}",
-          "--model.init_args.max_new_tokens=8", "--model.init_args.max_prompt_length=256",
+    main(["fit", *experiment("humaneval_smollm2.yaml"), f"--model.init_args.agents={TINY_TEAM}",
+          "--model.init_args.sampling.max_new_tokens=8", "--model.init_args.sampling.max_prompt_length=256",
           "--trainer.limit_train_batches=1", "--data.init_args.max_val_samples=2", "--data.init_args.val_batch_size=2",
           "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip
     out = capsys.readouterr().out

@@ -1,8 +1,14 @@
 import torch
 
-from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
-from comlrl_lightning.core.losses import aggregate, completion_logprobs, k3_kl, policy_loss_terms, selective_log_softmax
 from comlrl_lightning.core.generation import completion_mask_from_ids
+from comlrl_lightning.core.losses import (
+    aggregate,
+    completion_logprobs,
+    k3_kl,
+    policy_loss_terms,
+    selective_log_softmax,
+)
+from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 
 
 def test_selective_log_softmax_matches_full_log_softmax():

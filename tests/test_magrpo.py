@@ -1,9 +1,9 @@
 import pytest
 import torch
-
-import comlrl_lightning.algorithms.magrpo as magrpo_mod
-from comlrl_lightning import MAGRPO, MAReMax, MAREINFORCE, MARLOO
 from comlrl_lightning.datamodules import DecPOMDPDataModule, LengthRatioDataModule
+
+import comlrl_lightning.team.team as team_mod
+from comlrl_lightning import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.envs.toy import TargetLengthReward, length_ratio_rows
 
 
@@ -84,46 +84,22 @@ def test_training_step_returns_rewards_lengths_and_texts_for_callbacks(trainer_f
         assert key in trainer.callback_metrics, key
 
 
-@pytest.mark.parametrize(
-    "kwargs,field",
-    [
-        (dict(num_generations=1), "num_generations"),
-        (dict(joint_mode="crossed"), "joint_mode"),
-        (dict(advantage_mode="median"), "advantage_mode"),
-        (dict(loss_aggregation="mean"), "loss_aggregation"),
-        (dict(scale_advantages="batch"), "scale_advantages"),
-        (dict(temperature=0.0), "temperature"),
-        (dict(agents=[{"model": "builtin:tiny-gpt2", "dtype": "fp8"}] * 2), r"agents\[0\].dtype"),
-        (dict(agents=["builtin:nope", "builtin:tiny-gpt2"]), r"agents\[0\].model"),
-        (dict(num_generations=8, num_turns=3, joint_mode="cross"), "max_generations_per_episode"),
-    ],
-)
-def test_config_errors_raise_before_any_model_loads(monkeypatch, kwargs, field):
-    def boom(*a, **k):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(magrpo_mod, "load_agent", boom)
-    args = dict(agents="builtin:tiny-gpt2", num_agents=2, num_generations=2)
-    args.update(kwargs)
-    with pytest.raises(ValueError, match=field):
-        MAGRPO(**args)
-
-
 def test_formatter_count_must_match_num_agents():
     with pytest.raises(ValueError, match="data.formatters"):
         LengthRatioDataModule(num_agents=3)
 
 
-def test_env_with_other_agent_count_fails_in_setup_before_loading(trainer_factory, monkeypatch):
-    monkeypatch.setattr(magrpo_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("loaded")))
+def test_env_with_other_agent_count_fails_in_setup_before_loading(trainer_factory):
+    model = tiny(3)
     with pytest.raises(ValueError, match="num_agents=3"):
-        trainer_factory(max_steps=1).fit(tiny(3), LengthRatioDataModule(batch_size=2, num_train=4))
+        trainer_factory(max_steps=1).fit(model, LengthRatioDataModule(batch_size=2, num_train=4))
+    assert len(model.agents) == 0  # setup raised before configure_model loaded anything
 
 
 def test_aliases_only_change_the_advantage_mode():
-    assert MAREINFORCE(agents="builtin:tiny-gpt2").hparams.advantage_mode == "raw"
-    assert MARLOO(agents="builtin:tiny-gpt2").hparams.advantage_mode == "rloo"
-    assert MAReMax(agents="builtin:tiny-gpt2").hparams.advantage_mode == "max"
+    assert MAREINFORCE(agents="builtin:tiny-gpt2").advantage.advantage_mode == "raw"
+    assert MARLOO(agents="builtin:tiny-gpt2").advantage.advantage_mode == "rloo"
+    assert MAReMax(agents="builtin:tiny-gpt2").hparams.advantage["advantage_mode"] == "max"
 
 
 def test_beta_keeps_a_frozen_reference_and_reports_kl(trainer_factory):
@@ -146,13 +122,13 @@ def test_beta_keeps_a_frozen_reference_and_reports_kl(trainer_factory):
 @pytest.mark.parametrize("val_sampling", [False, True])
 def test_validation_decodes_greedily_unless_val_sampling(trainer_factory, monkeypatch, val_sampling):
     seen = []
-    real = magrpo_mod.generate
+    real = team_mod.generate
 
     def spy(*args, **kwargs):
         seen.append((args[3], kwargs["do_sample"]))  # (num_generations, do_sample)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(magrpo_mod, "generate", spy)
+    monkeypatch.setattr(team_mod, "generate", spy)
     trainer = trainer_factory(max_steps=2, limit_val_batches=1)
     trainer.fit(tiny(val_sampling=val_sampling), LengthRatioDataModule(batch_size=2, num_train=2, num_val=2))
     assert (2, True) in seen  # training: K samples

@@ -4,10 +4,11 @@ import os
 from pathlib import Path
 
 import pytest
+from comlrl_lightning.datamodules import DecPOMDPDataModule
+from experiments import experiment
 
 from comlrl_lightning import MAGRPO
 from comlrl_lightning.cli import main
-from comlrl_lightning.datamodules import DecPOMDPDataModule
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.toy import TargetLengthReward, length_ratio_rows
 from comlrl_lightning.envs.transitions import RolePromptTransition
@@ -48,6 +49,6 @@ def test_multi_turn_without_transition_is_a_config_error(trainer_factory):
 
 def test_self_play_config_runs_from_the_cli(tmp_path):
     os.chdir(ROOT)
-    main(["fit", "--config", "configs/selfplay_grpo.yaml", "--trainer.max_steps=2", "--trainer.enable_progress_bar=false",
+    main(["fit", *experiment("selfplay_grpo.yaml"), "--trainer.max_steps=2", "--trainer.enable_progress_bar=false",
           "--trainer.limit_val_batches=1", f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip
     assert list(tmp_path.rglob("events.out.tfevents.*"))

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.envs.toy import LengthRatioReward
 from comlrl_lightning.envs.rewards import RewardError, RewardProcessor, WeightedReward
+from comlrl_lightning.envs.toy import LengthRatioReward
 
 EPS = [Episode(0), Episode(0)]
 
@@ -82,3 +82,17 @@ def test_reward_result_metrics_are_logged_as_components():
     fn.name = "r"
     out = WeightedReward([fn])([["x"], ["y"]], EPS, 0)
     assert out.total.tolist() == [1.0, 0.0] and out.components["r/all_passed"].tolist() == [1.0, 0.0]
+
+
+def test_pass_at_1_is_the_declared_metric_not_a_name_suffix():
+    from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
+
+    def solved(joint_actions, episodes, turn):
+        return RewardResult([2.0, 0.5], {"level": [1.0, 1.0], PASS_AT_1: [1.0, 0.0]})
+
+    def plain(joint_actions, episodes, turn):
+        return RewardResult([0.0, 0.0], {"level/all_passed_like": [1.0, 1.0]})
+
+    solved.name, plain.name = "s", "p"
+    assert WeightedReward([plain, solved])([["x"], ["y"]], EPS, 0).pass_at_1.tolist() == [1.0, 0.0]
+    assert WeightedReward([plain])([["x"], ["y"]], EPS, 0).pass_at_1 is None

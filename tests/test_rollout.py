@@ -1,7 +1,7 @@
 import torch
 
-from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 from comlrl_lightning.core.generation import SamplingConfig, generate, render_prompt, tokenize_prompts
+from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 
 
 class ChatTok:

@@ -209,7 +209,7 @@ def test_network_is_unreachable():
 
 
 def test_pool_runs_in_parallel_and_keeps_order():
-    jobs = [TestJob(f"import time\ntime.sleep(0.6)\nVALUE = {i}\n", 
+    jobs = [TestJob(f"import time\ntime.sleep(0.6)\nVALUE = {i}\n",
                     [f"assert VALUE == {i}", "assert VALUE == 2"])
             for i in range(4)]
     with SandboxPool(max_workers=4, config=FAST) as pool:

@@ -12,20 +12,25 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
+from comlrl_lightning.datamodules import LengthRatioDataModule
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
 from torch import nn
 
-import comlrl_lightning.algorithms.magrpo as magrpo_mod
-import comlrl_lightning.team.parallel as parallel_mod
+import comlrl_lightning.algorithms.base as base_mod
 import comlrl_lightning.infra.strategy as strategy_mod
+import comlrl_lightning.team.team as team_mod
 from comlrl_lightning import MAGRPO, AgentParallelStrategy
-from comlrl_lightning.datamodules import LengthRatioDataModule
-from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.core.generation import Generation, completion_mask_from_ids, tokenize_prompts
+from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.infra.strategy import (
-    DevicePlan, optimizer_state_to_param_devices, place_module, plan_devices, resolve_devices, visible_gpus,
+    DevicePlan,
+    optimizer_state_to_param_devices,
+    place_module,
+    plan_devices,
+    resolve_devices,
+    visible_gpus,
 )  # fmt: skip
 
 CPU, META = torch.device("cpu"), torch.device("meta")
@@ -112,8 +117,7 @@ def test_strategy_auto_plan_with_mocked_gpus_and_agentspec_override(monkeypatch)
     assert strategy.root_device == CPU and strategy.resolve_plan().agents == [CPU] * 3
 
 
-def test_module_device_args_are_validated_before_loading(monkeypatch):
-    monkeypatch.setattr(magrpo_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("loaded")))
+def test_module_device_args_are_validated_at_construction():
     with pytest.raises(ValueError, match=r"parallel_training: got 'ddp', allowed: \['none', 'mp'\]"):
         tiny(parallel_training="ddp")
     with pytest.raises(ValueError, match="agent_devices: parallel_training='mp' needs a list of 2"):
@@ -247,8 +251,8 @@ def test_fit_checkpoint_and_resume_under_agent_parallel(tmp_path):
 
 def test_parallel_training_mp_under_a_plain_trainer_places_the_team_itself(monkeypatch):
     calls = []
-    real = parallel_mod.place_module
-    monkeypatch.setattr(parallel_mod, "place_module", lambda m, plan: (calls.append(plan.agents), real(m, plan)))
+    real = base_mod.place_module
+    monkeypatch.setattr(base_mod, "place_module", lambda m, plan: (calls.append(plan.agents), real(m, plan)))
     trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                          enable_checkpointing=False)  # fmt: skip
@@ -283,17 +287,17 @@ SHARED = [NO_DROPOUT, {"model": "builtin:tiny-gpt2", "share_weights_with": 0}, N
 
 @pytest.mark.parametrize("agents,num_iterations", [([NO_DROPOUT] * 2, 2), (SHARED, 1)])
 def test_threaded_agents_match_serial_and_count_n_steps_per_batch(monkeypatch, trainer_factory, agents, num_iterations):
-    monkeypatch.setattr(magrpo_mod, "generate", fake_generate)
+    monkeypatch.setattr(team_mod, "generate", fake_generate)
     threads = []
-    real_backward = MAGRPO._agent_backward
+    real_backward = MAGRPO._backward
 
-    def spy(self, agent, batch, opt):
+    def spy(self, agent, batches):
         import threading
 
         threads.append(threading.current_thread().name)
-        return real_backward(self, agent, batch, opt)
+        return real_backward(self, agent, batches)
 
-    monkeypatch.setattr(MAGRPO, "_agent_backward", spy)
+    monkeypatch.setattr(MAGRPO, "_backward", spy)
     n = len(agents)  # dropout off: its draws from the global RNG would depend on thread order
     results = []
     for concurrent in (False, True):
@@ -358,13 +362,13 @@ class GradCheckAdamW(torch.optim.AdamW):
         params = list(model.parameters())
         with torch.enable_grad():
             loss = 0.0
-            for g, adv in batch["chunks"]:  # sequence_sum, on-policy: -mean_rows(A * sum_t log pi)
+            for g, adv in batch.chunks:  # sequence_sum, on-policy: -mean_rows(A * sum_t log pi)
                 logits = model(input_ids=torch.cat([g.prompt_ids, g.completion_ids], 1),
                                attention_mask=torch.cat([g.prompt_mask, g.completion_mask], 1),
                                position_ids=(torch.cat([g.prompt_mask, g.completion_mask], 1).cumsum(-1) - 1).clamp(min=0)).logits
                 c = g.completion_ids.shape[1]
                 logp = torch.log_softmax(logits[:, -c - 1 : -1].float(), -1).gather(-1, g.completion_ids[..., None])[..., 0]
-                loss = loss - (adv[:, None] * logp * g.completion_mask).sum() / batch["num_rows"]
+                loss = loss - (adv[:, None] * logp * g.completion_mask).sum() / batch.num_rows
             expected = torch.autograd.grad(loss, params, allow_unused=True)
         diffs = [float((p.grad - e).abs().max()) for p, e in zip(params, expected) if e is not None]
         GradCheckAdamW.seen.append((self.agent, max(diffs), [p.grad.clone() for p in params[:1]]))
@@ -373,14 +377,14 @@ class GradCheckAdamW(torch.optim.AdamW):
 
 def test_each_shared_agent_steps_with_exactly_its_own_gradient(monkeypatch, trainer_factory):
     GradCheckAdamW.made, GradCheckAdamW.stash, GradCheckAdamW.seen = [], {}, []
-    real = MAGRPO._agent_batch
+    real = MAGRPO._prepare
 
-    def stash(self, agent, levels):
-        out = real(self, agent, levels)
+    def stash(self, agent, turns):
+        out = real(self, agent, turns)
         GradCheckAdamW.stash[agent] = out
         return out
 
-    monkeypatch.setattr(MAGRPO, "_agent_batch", stash)
+    monkeypatch.setattr(MAGRPO, "_prepare", stash)
     model = MAGRPO(agents=[NO_DROPOUT, {"model": "builtin:tiny-gpt2", "share_weights_with": 0}],
                    num_generations=3, max_new_tokens=8, max_grad_norm=None, scale_advantages="none",
                    optimizer=lambda params: GradCheckAdamW(params, lr=1e-2))  # fmt: skip
@@ -418,14 +422,14 @@ def test_checkpoint_round_trip_keeps_the_sharing(tmp_path, trainer_factory):
 # --------------------------------------------------------------- heterogeneous team
 def test_heterogeneous_team_each_agent_uses_its_own_tokenizer_and_template(monkeypatch, trainer_factory):
     calls = []
-    real = magrpo_mod.generate
+    real = team_mod.generate
 
     def spy(model, tokenizer, prompt_texts, *args, **kwargs):
         out = real(model, tokenizer, prompt_texts, *args, **kwargs)
         calls.append((model, tokenizer, list(prompt_texts), out))
         return out
 
-    monkeypatch.setattr(magrpo_mod, "generate", spy)
+    monkeypatch.setattr(team_mod, "generate", spy)
     model = MAGRPO(agents=["builtin:tiny-gpt2", "builtin:tiny-llama-gpt2tok"], num_generations=2, max_new_tokens=6,
                    learning_rate=1e-2)  # fmt: skip
     got = {}
@@ -484,8 +488,8 @@ def test_cli_accepts_both_strategy_forms(tmp_path, monkeypatch, strategy):
                     "enable_progress_bar": False, "enable_checkpointing": False, "limit_val_batches": 0,
                     "default_root_dir": str(tmp_path)},
         "model": {"class_path": "comlrl_lightning.MAGRPO",
-                  "init_args": {"agents": [{"model": "builtin:tiny-gpt2"}] * 2, "num_generations": 2,
-                                "max_new_tokens": 8, "beta": 0.1}},
+                  "init_args": {"agents": [{"model": "builtin:tiny-gpt2"}] * 2, "rollout": {"num_generations": 2},
+                                "sampling": {"max_new_tokens": 8}, "loss": {"beta": 0.1}}},
         "data": {"class_path": "comlrl_lightning.datamodules.LengthRatioDataModule",
                  "init_args": {"num_train": 8, "batch_size": 2}},
     }  # fmt: skip

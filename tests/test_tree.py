@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.core.config import RolloutConfig
 from comlrl_lightning.core.generation import Generation
-from comlrl_lightning.core.rollout import compute_advantages, compute_returns, generations_per_episode, rollout_tree
+from comlrl_lightning.core.rollout import compute_advantages, compute_returns, rollout_tree
+from comlrl_lightning.envs.base import DecPOMDP, Episode
 
 K = 2
 
@@ -19,7 +20,11 @@ class Recorder:
     def __init__(self):
         self.generate_calls, self.reward_calls, self.transitions = [], [], []
 
-    def generate(self, prompts):
+    def render(self, agent, node):
+        return node.prompts[agent][-1]
+
+    def generate(self, prompts, num_generations, greedy=False):
+        assert num_generations == K and not greedy
         self.generate_calls.append([len(p) for p in prompts])
         gens = []
         for i, agent_prompts in enumerate(prompts):
@@ -51,10 +56,10 @@ def make(rec):
     return DecPOMDP(["E", "E"], rec.reward, rec.transition)
 
 
-def run(mode, discount=0.5, threshold=None, episodes=1):
+def run(mode, discount=0.5, threshold=None, episodes=1, comlrl_threshold=None):
     rec = Recorder()
-    levels = rollout_tree(make(rec), [Episode(i) for i in range(episodes)], rec.generate,
-                          lambda i, node: node.prompts[i][-1], K, 2, mode, threshold)  # fmt: skip
+    levels = rollout_tree(make(rec), [Episode(i) for i in range(episodes)], rec, K, 2, mode, stop_reward=threshold,
+                          termination_threshold=comlrl_threshold)  # fmt: skip
     compute_returns(levels, discount)
     compute_advantages(levels, 2, K, mode, "mean", "none", 1e-4)
     return rec, levels
@@ -94,17 +99,25 @@ def test_transition_sees_each_agents_own_history_in_order():
     assert completions == [["E>01"], ["E>11"]]  # joint action k=1: each agent's own completion
 
 
-def test_termination_threshold_ends_a_branch():
+def test_stop_reward_ends_a_branch():
     rec, levels = run("aligned", threshold=4.0)
     assert levels[1].rewards.shape == (1, 2)  # only joint action k=0 (reward 1) continues
     assert levels[0].child.tolist() == [[0, -1]]
     assert levels[0].returns.tolist() == [[1 + 0.5 * 11, 4.0]]
 
 
+def test_comlrl_termination_threshold_stops_a_node_whose_mean_reward_exceeds_it():
+    # turn-0 rewards of the aligned joint actions are 1 and 4: node mean 2.5
+    _, levels = run("aligned", comlrl_threshold=2.0)
+    assert len(levels) == 1 and levels[0].child.tolist() == [[-1, -1]]
+    _, levels = run("aligned", comlrl_threshold=2.5)  # strict >, as in CoMLRL
+    assert len(levels) == 2 and levels[0].child.tolist() == [[0, 1]]
+
+
 def test_budget_counts_the_full_tree():
-    assert generations_per_episode(2, 4, 1, "aligned") == 8
-    assert generations_per_episode(2, 2, 2, "aligned") == 2 * 2 * (1 + 2)
-    assert generations_per_episode(2, 2, 2, "cross") == 2 * 2 * (1 + 4)
+    assert RolloutConfig(num_generations=4, num_turns=1).generations_per_episode(2) == 8
+    assert RolloutConfig(num_generations=2, num_turns=2).generations_per_episode(2) == 2 * 2 * (1 + 2)
+    assert RolloutConfig(num_generations=2, num_turns=2, joint_mode="cross").generations_per_episode(2) == 2 * 2 * (1 + 4)
 
 
 def test_wrong_prompt_count_from_transition_is_an_error():

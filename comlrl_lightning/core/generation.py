@@ -1,4 +1,4 @@
-"""Rollout: turning an agent's prompt history into text, and one batched ``generate`` per agent.
+"""Generation: turning an agent's prompt history into text, and one batched ``generate`` per agent.
 
 Shapes: ``B`` prompts, ``K`` samples each (``num_generations``), ``P`` padded prompt tokens,
 ``C`` padded completion tokens (at most ``max_new_tokens``).
@@ -17,62 +17,7 @@ from transformers import StoppingCriteriaList
 
 from comlrl_lightning.core.stopping import CodeBlockEnd, apply_stops
 
-
-@dataclass
-class SamplingConfig:
-    """Sampling knobs for one agent (TRL/CoMLRL names).
-
-    Attributes:
-        temperature: softmax temperature (> 0); log-probs for the loss use the same temperature.
-        top_p: nucleus sampling mass in (0, 1].
-        top_k: keep the k most likely tokens; ``0`` or ``None`` disables.
-        max_new_tokens: completion budget in tokens.
-        max_prompt_length: longer prompts keep their last tokens (TRL's ``max_prompt_length``);
-            ``None`` keeps everything. Prompts are also cut from the left so that prompt plus
-            ``max_new_tokens`` fits the model's context (with a warning, :func:`fit_to_context`).
-        stop_after_code_block: see below.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    max_new_tokens: int = 64
-    max_prompt_length: int | None = None
-    stop_after_code_block: bool = False
-    """End a completion right after its first complete fenced code block (```` ``` ... ``` ````),
-    as if the model had written EOS there (:mod:`comlrl_lightning.core.stopping`). For tasks that
-    ask for one code block: the text after it is never generated, scored or trained on."""
-
-    def check(self, prefix: str = "") -> None:
-        """Refuse values ``generate`` would pass to transformers unchecked (or that crash it later).
-
-        Args:
-            prefix: prepended to the field name in the message (``"agents[1].generation."``).
-
-        Raises:
-            ValueError: naming the field, the value and what is allowed.
-        """
-        checks = [  # (field, ok, allowed)
-            ("temperature", _real(self.temperature) and self.temperature > 0,
-             "a number > 0 (validation decodes greedily by default; to sample near-greedily use e.g. 0.1)"),
-            ("top_p", _real(self.top_p) and 0 < self.top_p <= 1, "in (0, 1]"),
-            ("top_k", self.top_k is None or (_int(self.top_k) and self.top_k >= 0), "an integer >= 0 or None (0 and None: off)"),
-            ("max_new_tokens", _int(self.max_new_tokens) and self.max_new_tokens >= 1, "an integer >= 1"),
-            ("max_prompt_length", self.max_prompt_length is None
-             or (_int(self.max_prompt_length) and self.max_prompt_length >= 1), "an integer >= 1 or None"),
-            ("stop_after_code_block", isinstance(self.stop_after_code_block, bool), "true or false"),
-        ]  # fmt: skip
-        for name, ok, allowed in checks:
-            if not ok:
-                raise ValueError(f"{prefix}{name}: got {getattr(self, name)!r}, must be {allowed}")
-
-
-def _real(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+from comlrl_lightning.core.config import SamplingConfig
 
 
 @dataclass
@@ -197,6 +142,29 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def _continuous_batching(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+    """``[R, C]`` completions from transformers' ``generate_batch`` (unpadded prompts in, rows padded
+    with ``pad_token_id`` out), in the order of ``ids``' rows."""
+    from transformers import GenerationConfig
+
+    if not hasattr(model, "generate_batch"):
+        raise ValueError(f"generation_backend: 'continuous_batching' needs transformers' generate_batch, "
+                         f"which {type(model).__name__} lacks; use 'dynamic' or 'static_compile'")  # fmt: skip
+    prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
+    max_new = kwargs.pop("max_new_tokens")
+    config = GenerationConfig(**{k: v for k, v in kwargs.items() if v is not None}, max_new_tokens=max_new)
+    out = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    # request ids are "req_<n>", numbered in the order the prompts were given
+    rows = [out[key].generated_tokens for key in sorted(out, key=lambda k: int(k.rsplit("_", 1)[-1]))]
+    if len(rows) != len(prompts):
+        raise RuntimeError(f"continuous batching returned {len(rows)} of {len(prompts)} completions")
+    width = max(1, max(len(r) for r in rows))
+    padded = torch.full((len(rows), width), kwargs["pad_token_id"], dtype=torch.long)
+    for i, r in enumerate(rows):
+        padded[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+    return padded
+
+
 def context_length(model: nn.Module) -> int | None:
     """The model's context window in tokens (``max_position_embeddings`` / ``n_positions``), if it says."""
     config = getattr(model, "config", None)
@@ -247,14 +215,20 @@ def generate(
 ) -> Generation:
     """One batched ``generate`` call: ``K = num_generations`` samples for each of ``B`` prompts.
 
-    The model is put in eval mode (KV cache on) and restored afterwards. Tensors come back on CPU.
+    The sampler is ``sampling.backend_for(device)`` (see :class:`SamplingConfig`). The model is put in
+    eval mode (KV cache on) and restored afterwards. Tensors come back on CPU.
+
     Prompts that do not fit the model's context with ``max_new_tokens`` lose their first tokens,
-    with a warning (:func:`fit_to_context`).
+    with a warning (:func:`fit_to_context`). ``sampling.stop_after_code_block`` ends completions at
+    their first closed code block (:mod:`comlrl_lightning.core.stopping`; not with
+    ``continuous_batching``, which takes no stopping criteria).
 
     Raises:
-        ValueError: ``max_new_tokens`` is not below the model's context length.
+        ValueError: ``continuous_batching`` on a model without transformers' ``generate_batch``, or
+            ``max_new_tokens`` not below the model's context length.
     """
     device = next(model.parameters()).device
+    backend = sampling.backend_for(device)
     ids, mask = tokenize_prompts(tokenizer, prompt_texts, chat_rendered, sampling.max_prompt_length)
     ids, mask = fit_to_context(ids, mask, context_length(model), sampling.max_new_tokens)
     ids = ids.repeat_interleave(num_generations, 0)
@@ -269,14 +243,20 @@ def generate(
     else:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     stopper = CodeBlockEnd(tokenizer, ids.shape[1]) if sampling.stop_after_code_block else None
-    if stopper is not None:
+    if stopper is not None and backend != "continuous_batching":
         kwargs["stopping_criteria"] = StoppingCriteriaList([stopper])
     try:
         with torch.inference_mode():
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **kwargs)
+            if backend == "continuous_batching":
+                completion_ids = _continuous_batching(model, ids, mask, kwargs)
+            else:
+                if backend == "static_compile":  # transformers compiles the decode step for a static cache on CUDA
+                    kwargs["cache_implementation"] = "static"
+                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **kwargs)
+                completion_ids = out[:, ids.shape[1] :].cpu()
     finally:
         model.train(was_training)
-    completion_ids = out[:, ids.shape[1] :].cpu().clone()  # a normal tensor: inference tensors cannot enter autograd
+    completion_ids = completion_ids.clone()  # a normal tensor: inference tensors cannot enter autograd
     if completion_ids.shape[1] == 0:  # nothing generated (max_new_tokens=0 or immediate stop)
         completion_ids = torch.full((ids.shape[0], 1), tokenizer.pad_token_id, dtype=torch.long)
     completion_mask, clipped = completion_mask_from_ids(completion_ids, eos)

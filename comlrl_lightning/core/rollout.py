@@ -13,108 +13,68 @@ A leaf's return is its reward. Advantages are grouped per node and agent (the K 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 from comlrl_lightning.core.advantages import agent_sample_returns, group_advantages, joint_action_indices
-from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.core.generation import Generation
-
-GenerateFn = Callable[[Sequence[Sequence[str]]], list[Generation]]
-"""Given, per agent, the prompt texts of all nodes of a turn, returns one Generation per agent."""
-
-
-@dataclass
-class Node:
-    """An episode at a turn, with every agent's history.
-
-    Attributes:
-        episode: the episode.
-        turn: 0-based turn.
-        prompts: ``prompts[i]``: agent i's prompts for turns ``0..turn``.
-        completions: ``completions[i]``: agent i's completions for turns ``0..turn-1``.
-    """
-
-    episode: Episode
-    turn: int
-    prompts: list[list[str]]
-    completions: list[list[str]]
+from comlrl_lightning.core.records import Node, Turn
+from comlrl_lightning.envs.base import DecPOMDP, Episode
 
 
-@dataclass
-class Level:
-    """All nodes of one turn and what happened there (``G`` nodes, ``J`` joint actions per node).
+class Actors(Protocol):
+    """What the rollout needs from the team (:class:`comlrl_lightning.team.team.Team` is one)."""
 
-    Attributes:
-        prompt_texts: per agent, the rendered prompt of each node (history and chat template).
-        generations: per agent, a Generation whose row ``g·K + k`` is sample k at node g.
-        rewards: ``[G, J]`` shared rewards.
-        components: reward-function name -> ``[G, J]`` raw values.
-        child: ``[G, J]`` index of the child node in the next level, −1 where the branch ended.
-        returns: ``[G, J]`` returns (filled by :func:`compute_returns`).
-    """
+    def render(self, agent: int, node: Node) -> str:
+        """The prompt text of ``agent`` at ``node`` (history and chat template)."""
+        ...
 
-    turn: int
-    nodes: list[Node]
-    prompt_texts: list[list[str]]
-    generations: list[Generation]
-    rewards: torch.Tensor
-    components: dict[str, torch.Tensor]
-    child: torch.Tensor
-    returns: torch.Tensor | None = None
-    agent_returns: list[torch.Tensor] = field(default_factory=list)
-    advantages: list[torch.Tensor] = field(default_factory=list)
-
-
-def generations_per_episode(num_agents: int, num_generations: int, num_turns: int, joint_mode: str) -> int:
-    """Upper bound on completions generated per episode by a full tree.
-
-    A node has ``J = K`` (aligned) or ``K^N`` (cross) children; turn t has ``J^t`` nodes; each node
-    costs ``N·K`` completions: total ``N·K·Σ_{t<T} J^t``.
-    """
-    j = num_generations if joint_mode == "aligned" else num_generations**num_agents
-    return num_agents * num_generations * sum(j**t for t in range(num_turns))
+    def generate(self, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool = False) -> list[Generation]:
+        """Per agent, ``num_generations`` completions of each of its prompts (one Generation per agent)."""
+        ...
 
 
 def rollout_tree(
     env: DecPOMDP,
     episodes: Sequence[Episode],
-    generate_fn: GenerateFn,
-    render_fn: Callable[[int, Node], str],
+    team: Actors,
     num_generations: int,
     num_turns: int,
     joint_mode: str,
+    greedy: bool = False,
+    stop_reward: float | None = None,
     termination_threshold: float | None = None,
     step: int = -1,
-) -> list[Level]:
-    """Roll out a batch of episodes as trees, level by level (one generate per agent per turn).
+) -> list[Turn]:
+    """Roll out a batch of episodes as trees, turn by turn (one generate per agent per turn).
 
     Args:
         env: the Dec-POMDP (observe, reward, transition).
         episodes: ``E`` episodes.
-        generate_fn: see :data:`GenerateFn`.
-        render_fn: ``(agent, node) -> prompt text`` (history + chat template).
+        team: renders each agent's prompt and generates (see :class:`Actors`).
         num_generations: ``K`` samples per agent per node.
         num_turns: maximum turns ``T``.
         joint_mode: ``"aligned"`` or ``"cross"``.
-        termination_threshold: a joint action whose reward is ``>=`` this ends its branch (the team
-            solved the task; no revision turn). ``None``: branches run all ``T`` turns unless the
-            transition ends them. Unlike CoMLRL's default (−0.2 on the node mean, which with
-            non-negative rewards stops every branch after turn 1) nothing stops early by default.
+        greedy: decode greedily instead of sampling (evaluation).
+        stop_reward: a joint action whose reward is ``>=`` this ends its branch (the team solved the
+            task; no revision turn). ``None``: never.
+        termination_threshold: CoMLRL's rule: a node whose mean reward is ``>`` this expands no
+            children. ``None``: never. With neither set, branches run all ``T`` turns unless the
+            transition ends them (CoMLRL's default −0.2 would stop every branch after turn 1).
         step: training step, used in reward error messages.
 
     Returns:
-        One :class:`Level` per turn reached.
+        One :class:`~comlrl_lightning.core.records.Turn` per turn reached.
     """
     n = env.num_agents
     joint_index = joint_action_indices(n, num_generations, joint_mode)
     nodes = [Node(ep, 0, [[env.observe(ep, i)] for i in range(n)], [[] for _ in range(n)]) for ep in episodes]
-    levels: list[Level] = []
+    turns: list[Turn] = []
     for turn in range(num_turns):
-        texts = [[render_fn(i, node) for node in nodes] for i in range(n)]
-        gens = generate_fn(texts)
+        texts = [[team.render(i, node) for node in nodes] for i in range(n)]
+        gens = team.generate(texts, num_generations, greedy)
         g, j = len(nodes), joint_index.shape[0]
         rows = torch.arange(g)[:, None] * num_generations + joint_index.T[:, None, :]  # [N, G, J]
         joint_actions = [[gens[i].texts[rows[i, a, b]] for i in range(n)] for a in range(g) for b in range(j)]
@@ -124,8 +84,10 @@ def rollout_tree(
         next_nodes: list[Node] = []
         if turn + 1 < num_turns:
             for a, node in enumerate(nodes):
+                if termination_threshold is not None and float(rewards[a].mean()) > termination_threshold:
+                    continue
                 for b in range(j):
-                    if termination_threshold is not None and rewards[a, b] >= termination_threshold:
+                    if stop_reward is not None and rewards[a, b] >= stop_reward:
                         continue
                     acts = joint_actions[a * j + b]
                     comps = [node.completions[i] + [acts[i]] for i in range(n)]
@@ -134,35 +96,37 @@ def rollout_tree(
                         continue
                     child[a, b] = len(next_nodes)
                     next_nodes.append(Node(node.episode, turn + 1, [node.prompts[i] + [nxt[i]] for i in range(n)], comps))
-        levels.append(Level(turn, nodes, texts, gens, rewards, {k: v.view(g, j) for k, v in out.components.items()}, child))
+        pass_at_1 = None if out.pass_at_1 is None else out.pass_at_1.view(g, j)
+        components = {k: v.view(g, j) for k, v in out.components.items()}
+        turns.append(Turn(turn, nodes, texts, gens, rewards, components, child, pass_at_1))
         if not next_nodes:
             break
         nodes = next_nodes
-    return levels
+    return turns
 
 
-def compute_returns(levels: list[Level], discount: float) -> None:
-    """Fill ``level.returns`` bottom-up: ``R = r + discount · mean(child returns)`` (leaf: ``R = r``)."""
+def compute_returns(turns: list[Turn], discount: float) -> None:
+    """Fill ``turn.returns`` bottom-up: ``R = r + discount · mean(child returns)`` (leaf: ``R = r``)."""
     below: torch.Tensor | None = None
-    for level in reversed(levels):
-        returns = level.rewards.clone()
+    for t in reversed(turns):
+        returns = t.rewards.clone()
         if below is not None:
-            has_child = level.child >= 0
+            has_child = t.child >= 0
             child_mean = below.mean(-1)  # [G_next]
-            returns[has_child] += discount * child_mean[level.child[has_child]]
-        level.returns = returns
+            returns[has_child] += discount * child_mean[t.child[has_child]]
+        t.returns = returns
         below = returns
 
 
 def compute_advantages(
-    levels: list[Level], num_agents: int, num_generations: int, joint_mode: str, mode: str, scale: str, eps: float
+    turns: list[Turn], num_agents: int, num_generations: int, joint_mode: str, mode: str, scale: str, eps: float
 ) -> None:
-    """Fill ``level.agent_returns[i]`` and ``level.advantages[i]`` (each ``[G·K]``, generation-row order)."""
+    """Fill ``turn.agent_returns[i]`` and ``turn.advantages[i]`` (each ``[G·K]``, generation-row order)."""
     joint_index = joint_action_indices(num_agents, num_generations, joint_mode)
-    for level in levels:
-        assert level.returns is not None, "compute_returns first"
-        level.agent_returns, level.advantages = [], []
+    for t in turns:
+        assert t.returns is not None, "compute_returns first"
+        t.agent_returns, t.advantages = [], []
         for i in range(num_agents):
-            r = agent_sample_returns(level.returns, joint_index, i, num_generations)  # [G, K]
-            level.agent_returns.append(r.flatten())
-            level.advantages.append(group_advantages(r, mode, scale, eps).flatten())
+            r = agent_sample_returns(t.returns, joint_index, i, num_generations)  # [G, K]
+            t.agent_returns.append(r.flatten())
+            t.advantages.append(group_advantages(r, mode, scale, eps).flatten())

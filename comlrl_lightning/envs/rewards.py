@@ -108,10 +108,13 @@ class RewardOutput:
         total: ``[J]`` float32, the shared reward after weighting and processing.
         components: reward-function name -> ``[J]`` raw (unweighted) values, for logging; also
             ``<name>/<key>`` for each key of a function's :attr:`RewardResult.metrics`.
+        pass_at_1: ``[J]`` 1.0 where the joint action solved the task: the :data:`PASS_AT_1` metric
+            of the first function that reports it; None when none does.
     """
 
     total: torch.Tensor
     components: dict[str, torch.Tensor] = field(default_factory=dict)
+    pass_at_1: torch.Tensor | None = None
 
 
 class WeightedReward:
@@ -166,6 +169,7 @@ class WeightedReward:
         total = torch.zeros(n, dtype=torch.float32)
         invalid = torch.zeros(n, dtype=torch.bool)
         components: dict[str, torch.Tensor] = {}
+        pass_at_1: torch.Tensor | None = None
         for fn, w in zip(self.functions, self.weights):
             name = reward_name(fn)
             extras: dict[str, Sequence[float]] = {}
@@ -194,6 +198,8 @@ class WeightedReward:
             for key, extra in extras.items():
                 if len(extra) == n:
                     components[f"{name}/{key}"] = torch.as_tensor(extra, dtype=torch.float32)
+                    if key == PASS_AT_1 and pass_at_1 is None:
+                        pass_at_1 = components[f"{name}/{key}"]
             total += w * torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
         if self.processor is not None:
             total = self.processor(total)
@@ -202,7 +208,7 @@ class WeightedReward:
         if invalid.any():
             self.num_invalid += int(invalid.sum())
             total[invalid] = self.invalid_reward
-        return RewardOutput(total=total, components=components)
+        return RewardOutput(total=total, components=components, pass_at_1=pass_at_1)
 
     def _warn_once(self, name: str, kind: str, message: str) -> None:
         # skipped faults are counted in rewards/errors; the first of each kind per function is also shown

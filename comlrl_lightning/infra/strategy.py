@@ -230,7 +230,7 @@ def place_module(module: nn.Module, plan: DevicePlan) -> None:
     for name, child in module.named_children():
         if name not in MODEL_LISTS.values():
             child.to(plan.root)
-    for name, p in module.named_parameters(recurse=False):
+    for _, p in module.named_parameters(recurse=False):
         p.data = p.data.to(plan.root)
     for name, b in module.named_buffers(recurse=False):
         setattr(module, name, b.to(plan.root))
@@ -328,7 +328,7 @@ class AgentParallelStrategy(SingleDeviceStrategy):
         assert module is not None, "connect a LightningModule first"
         agent_devices = self.agent_devices
         if agent_devices is None:
-            agent_devices = getattr(module, "hparams", {}).get("agent_devices") or "auto"
+            agent_devices = getattr(getattr(module, "placement", None), "agent_devices", None) or "auto"
         self.plan = plan_devices(
             module, agent_devices, self.reference_devices, self.critic_devices, self.reward_devices,
             root=self.root_device, num_gpus=visible_gpus(self._accelerator),

@@ -33,7 +33,8 @@ class AgentSpec:
         share_weights_with: index of an earlier agent whose weights this agent uses (one copy of the
             weights, its own optimizer state).
         generation: per-agent overrides of the module's sampling knobs (``temperature``, ``top_p``,
-            ``top_k``, ``max_new_tokens``, ``max_prompt_length``, ``stop_after_code_block``).
+            ``top_k``, ``max_new_tokens``, ``max_prompt_length``, ``generation_backend``: see
+            ``comlrl_lightning.core.generation.SamplingConfig``).
         chat_template: wrap prompts in the tokenizer's chat template when it has one.
         learning_rate: overrides the optimizer's learning rate for this agent.
         model_kwargs: extra keyword arguments for ``from_pretrained`` (or config fields for
@@ -52,16 +53,15 @@ class AgentSpec:
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "max_prompt_length", "stop_after_code_block")
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "max_prompt_length", "generation_backend",
+                   "stop_after_code_block")
 
 
 def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
     """Check an AgentSpec without loading anything.
 
     Raises:
-        ValueError: naming the field (``agents[i].<field>``), the bad value and what is allowed;
-            also a ``model``/``tokenizer`` that is a missing local folder, or a hub id absent from
-            the cache under ``HF_HUB_OFFLINE=1``.
+        ValueError: naming the field (``agents[i].<field>``), the bad value and what is allowed.
     """
     where = f"agents[{index}]"
     if not isinstance(spec.model, str) or not spec.model:
@@ -202,8 +202,7 @@ def load_agent(spec: AgentSpec) -> tuple[nn.Module, Any]:
 
     Raises:
         ValueError: unknown builtin name.
-        OSError: the hub id or path cannot be loaded (transformers' OSError or ValueError), naming it and
-            appending transformers' first line.
+        OSError: the hub id or path cannot be found (transformers' error; offline without a cache).
     """
     tok = load_tokenizer(spec)
     dtype = _DTYPES[spec.dtype]

@@ -1,0 +1,289 @@
+"""Typed configuration of an algorithm, grouped by concern (litgpt ``args.py`` style).
+
+Every knob is declared once here, with its unit, default and source under it. ``Literal`` types let
+LightningCLI reject a bad value with the allowed list; ``__post_init__`` holds the cross-field rules
+and normalises accepted aliases (TRL's and CoMLRL's spellings), so the rest of the code reads one
+canonical value. Derived quantities are methods (:meth:`RolloutConfig.generations_per_episode`,
+:meth:`LossConfig.max_steps_for`).
+
+In YAML a group is a nested mapping under ``model.init_args`` (``rollout: {num_generations: 4}``);
+in Python a group is a dataclass (``MAGRPO(agents, rollout=RolloutConfig(num_generations=4))``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+
+JointMode = Literal["aligned", "cross", "crossed"]
+AdvantageMode = Literal["mean", "max", "rloo", "raw"]
+ScaleRewards = Literal["group", "none"]
+LossType = Literal["sequence_sum", "grpo", "dapo", "sequence_mean", "token_mean"]
+ParallelTraining = Literal["none", "mp"]
+GenerationBackend = Literal["auto", "dynamic", "static_compile", "continuous_batching"]
+AUTO_BACKEND = {"cpu": "dynamic", "cuda": "dynamic"}
+"""What ``generation_backend="auto"`` picks per device type. CUDA stays on today's path until a GPU
+measurement (``make gpu-check``, generation throughput) shows another one faster; none has run yet."""
+
+
+def _require(field: str, value: Any, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{field}: got {value!r}, must be {allowed}")
+
+
+def _choice(field: str, value: Any, allowed: tuple[Any, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{field}: got {value!r}, allowed: {list(allowed)}")
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are rolled out as trees (MAGRPO Alg. 1; see :mod:`comlrl_lightning.core.rollout`)."""
+
+    num_generations: int = 4
+    """K samples per agent per node (>= 2: the group baseline needs siblings). TRL/CoMLRL name."""
+    num_turns: int = 1
+    """Turns per episode (> 1 needs the env's transition). CoMLRL name."""
+    joint_mode: JointMode = "aligned"
+    """``aligned``: the j-th sample of every agent forms joint action j (K per node); ``cross``:
+    the Cartesian product (K^N per node). ``crossed`` is CoMLRL's spelling of ``cross``."""
+    discount: float = 1.0
+    """γ in ``R_t = r_t + γ·mean(child returns)``, in [0, 1] (CoMLRL ignores it: γ = 1)."""
+    stop_reward: float | None = None
+    """A joint action whose reward is ``>=`` this ends its branch (the team solved the task). None:
+    never. Before this release this knob was called ``termination_threshold``."""
+    termination_threshold: float | None = None
+    """CoMLRL's ``early_termination_threshold``: a node whose mean reward over its joint actions is
+    ``>`` this expands no children (CoMLRL's default −0.2 stops every branch after turn 1 when rewards
+    are non-negative). None: never."""
+    max_generations_per_episode: int = 4096
+    """Budget guard: a config whose full tree makes more completions per episode raises at construction."""
+
+    def __post_init__(self) -> None:
+        _require("num_generations", self.num_generations, self.num_generations >= 2,
+                 ">= 2 (the group baseline needs >= 2 samples)")  # fmt: skip
+        _require("num_turns", self.num_turns, self.num_turns >= 1, ">= 1")
+        _choice("joint_mode", self.joint_mode, ("aligned", "cross", "crossed"))
+        if self.joint_mode == "crossed":
+            self.joint_mode = "cross"
+        _require("discount", self.discount, 0.0 <= self.discount <= 1.0, "in [0, 1]")
+
+    def generations_per_episode(self, num_agents: int) -> int:
+        """Upper bound on completions per episode by a full tree: ``N·K·Σ_{t<T} J^t`` with ``J = K``
+        (aligned) or ``K^N`` (cross) joint actions per node."""
+        j = self.num_generations if self.joint_mode == "aligned" else self.num_generations**num_agents
+        return num_agents * self.num_generations * sum(j**t for t in range(self.num_turns))
+
+    def check_budget(self, num_agents: int) -> None:
+        """Raises ValueError when the full tree exceeds ``max_generations_per_episode``."""
+        budget = self.generations_per_episode(num_agents)
+        if budget > self.max_generations_per_episode:
+            raise ValueError(
+                f"num_generations={self.num_generations}, num_agents={num_agents}, num_turns={self.num_turns}, "
+                f"joint_mode={self.joint_mode!r} make up to {budget} generations per episode, over "
+                f"max_generations_per_episode={self.max_generations_per_episode}; lower K/turns, use 'aligned', "
+                "set stop_reward, or raise the limit"
+            )
+
+
+@dataclass
+class AdvantageConfig:
+    """Group baselines over the K siblings of a node (see :mod:`comlrl_lightning.core.advantages`)."""
+
+    advantage_mode: AdvantageMode = "mean"
+    """Baseline: ``mean`` (GRPO/MAGRPO), ``max`` (MAReMax), ``rloo`` (leave-one-out, MARLOO) or ``raw``
+    (no baseline, MAREINFORCE). CoMLRL name."""
+    scale_rewards: ScaleRewards | bool = "group"
+    """``group``: divide by the group's std + ``advantage_eps`` (GRPO, Shao et al. 2024); ``none``: do
+    not (Dr. GRPO, Liu et al. 2025, which shows the std division biases towards easy/hard questions).
+    TRL name; ``True``/``False`` mean ``group``/``none``. Formerly ``scale_advantages``."""
+    advantage_eps: float = 1e-4
+    """Std floor (>= 1e-4): an all-equal group gets advantage exactly 0, never NaN."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.scale_rewards, bool):
+            self.scale_rewards = "group" if self.scale_rewards else "none"
+        _choice("advantage_mode", self.advantage_mode, ("mean", "max", "rloo", "raw"))
+        _choice("scale_rewards", self.scale_rewards, ("group", "none"))
+        _require("advantage_eps", self.advantage_eps, self.advantage_eps >= 1e-4, ">= 1e-4")
+
+
+# TRL's loss_type names -> the aggregation losses.aggregate computes
+_AGGREGATION = {"sequence_sum": "sequence_sum", "grpo": "sequence_mean", "dapo": "token_mean"}
+_LOSS_TYPE_ALIASES = {"sequence_mean": "grpo", "token_mean": "dapo"}
+
+
+@dataclass
+class LossConfig:
+    """The per-agent update: loss aggregation, optimisation passes, ratio clipping, KL, gradients."""
+
+    loss_type: LossType = "sequence_sum"
+    """How per-token terms become a loss: ``sequence_sum`` (sum over a completion's tokens, mean over
+    completions: the MAGRPO paper's reference code), ``grpo`` (mean per completion, then over
+    completions: Shao et al. 2024; formerly ``sequence_mean``) or ``dapo`` (mean over every token of
+    the batch: Yu et al. 2025, no length bias; formerly ``token_mean``). TRL name; formerly
+    ``loss_aggregation``."""
+    num_iterations: int = 1
+    """Optimisation passes per rollout batch (> 1 uses the clipped ratio against the pre-update
+    log-probs, PPO-style). TRL name."""
+    epsilon: float = 0.2
+    """Lower clip ε of the ratio (> 0). TRL name."""
+    epsilon_high: float | None = None
+    """Upper clip ε (DAPO's clip-higher); None: ``epsilon``. TRL name."""
+    beta: float = 0.0
+    """Weight of the k3 KL to a frozen reference copy of each agent (0: no reference model is kept). TRL name."""
+    max_grad_norm: float | None = 1.0
+    """Per-agent gradient-norm clip; None: off. TRL name."""
+    micro_batch_size: int | None = None
+    """Samples per forward/backward (gradients accumulate into one step per agent); None: all at once."""
+
+    def __post_init__(self) -> None:
+        _choice("loss_type", self.loss_type, tuple(_AGGREGATION) + tuple(_LOSS_TYPE_ALIASES))
+        self.loss_type = _LOSS_TYPE_ALIASES.get(self.loss_type, self.loss_type)
+        _require("num_iterations", self.num_iterations, self.num_iterations >= 1, ">= 1")
+        _require("epsilon", self.epsilon, self.epsilon > 0, "> 0")
+        _require("epsilon_high", self.epsilon_high, self.epsilon_high is None or self.epsilon_high > 0, "> 0 or None")
+        _require("beta", self.beta, self.beta >= 0, ">= 0")
+        _require("micro_batch_size", self.micro_batch_size,
+                 self.micro_batch_size is None or self.micro_batch_size >= 1, ">= 1 or None")  # fmt: skip
+
+    @property
+    def aggregation(self) -> str:
+        """The aggregation name :func:`comlrl_lightning.core.losses.aggregate` takes."""
+        return _AGGREGATION[self.loss_type]
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clip ε in use."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def max_steps_for(self, num_batches: int, num_agents: int) -> int:
+        """``trainer.max_steps`` that trains ``num_batches`` batches: Lightning counts every optimizer
+        step, and one batch steps each of the N agents ``num_iterations`` times."""
+        return num_batches * num_agents * self.num_iterations
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling knobs (TRL/CoMLRL names); ``AgentSpec.generation`` overrides them per agent."""
+
+    temperature: float = 1.0
+    """Softmax temperature (> 0); the loss's log-probs use the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    top_k: int | None = None
+    """Keep the k most likely tokens; 0 or None disables."""
+    max_new_tokens: int = 64
+    """Completion budget in tokens (>= 1). CoMLRL name."""
+    max_completion_length: int | None = None
+    """TRL's name for ``max_new_tokens``; when given it sets ``max_new_tokens`` (both given must agree)."""
+    max_prompt_length: int | None = None
+    """Prompts longer than this (tokens, history included) keep their last tokens; None: all. TRL name.
+    Prompts are also cut from the left to fit the model's context with ``max_new_tokens`` (warned)."""
+    stop_after_code_block: bool = False
+    """End a completion right after its first complete fenced code block, as if the model had written
+    EOS there (:mod:`comlrl_lightning.core.stopping`): for prompts that ask for one code block."""
+    generation_backend: GenerationBackend = "auto"
+    """How ``generate`` produces tokens: ``dynamic`` (HF ``generate``, dynamic KV cache), ``static_compile``
+    (``cache_implementation="static"``, compiled by transformers on CUDA), ``continuous_batching``
+    (transformers' ``generate_batch``, paged KV cache) or ``auto`` (:data:`AUTO_BACKEND` for the model's
+    device type). Only the sampler changes: log-probs for the loss still come from the training forward."""
+
+    def backend_for(self, device: Any) -> str:
+        """The backend ``generate`` uses on ``device`` (``"auto"`` resolved through :data:`AUTO_BACKEND`)."""
+        if self.generation_backend != "auto":
+            return self.generation_backend
+        return AUTO_BACKEND.get(device.type, "dynamic")
+
+    def __post_init__(self) -> None:
+        _choice("generation_backend", self.generation_backend, GenerationBackend.__args__)
+        if self.max_completion_length is not None:
+            if self.max_new_tokens not in (self.max_completion_length, 64):
+                raise ValueError(f"max_completion_length: got {self.max_completion_length}, but max_new_tokens="
+                                 f"{self.max_new_tokens}; give one of the two (they are the same knob)")  # fmt: skip
+            self.max_new_tokens, self.max_completion_length = self.max_completion_length, None
+        _require("temperature", self.temperature, self.temperature > 0, "> 0")
+        _require("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]")
+        _require("top_k", self.top_k, self.top_k is None or (isinstance(self.top_k, int) and self.top_k >= 0),
+                 "an integer >= 0 or None (0 and None: off)")  # fmt: skip
+        _require("stop_after_code_block", self.stop_after_code_block, isinstance(self.stop_after_code_block, bool),
+                 "true or false")  # fmt: skip
+        _require("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1")
+        _require("max_prompt_length", self.max_prompt_length,
+                 self.max_prompt_length is None or self.max_prompt_length >= 1, ">= 1 or None")  # fmt: skip
+
+
+@dataclass
+class PlacementConfig:
+    """Where the agents live (CoMLRL names); see :mod:`comlrl_lightning.infra.strategy`."""
+
+    parallel_training: ParallelTraining = "none"
+    """``none``: Lightning places the module; ``mp``: one process, agent i on ``agent_devices[i]``. Under
+    ``Trainer(strategy="agent_parallel")`` the strategy places the models; under a plain single-device
+    strategy the module places them itself at fit start. Multi-process strategies are refused."""
+    agent_devices: list[str] | str | None = None
+    """One device per agent (``["cuda:0", "cuda:1"]``), ``"auto"`` or None; a list of ``num_agents`` is
+    required with ``mp``; read by the ``agent_parallel`` strategy when it gets no devices of its own."""
+
+    def __post_init__(self) -> None:
+        _choice("parallel_training", self.parallel_training, ("none", "mp"))
+
+    def check(self, num_agents: int) -> None:
+        """Raises ValueError when ``mp`` lacks one device per agent."""
+        devices = self.agent_devices
+        if self.parallel_training == "mp" and (isinstance(devices, str) or devices is None or len(devices) != num_agents):
+            raise ValueError(f"agent_devices: parallel_training='mp' needs a list of {num_agents} devices "
+                             f"(one per agent), got {devices!r}")  # fmt: skip
+
+
+GROUPS: dict[str, type] = {
+    "rollout": RolloutConfig, "advantage": AdvantageConfig, "loss": LossConfig,
+    "sampling": SamplingConfig, "placement": PlacementConfig,
+}  # fmt: skip
+"""Init-argument name -> config group, in the order a step uses them."""
+
+DEFAULTS: dict[str, Any] = {name: cls() for name, cls in GROUPS.items()}
+"""Each group's defaults: the signature defaults (so ``--print_config`` lists every field); never
+mutated (:func:`group_flat_kwargs` returns copies)."""
+
+DEPRECATED_KEYS: dict[str, tuple[str, str]] = {
+    "scale_advantages": ("advantage", "scale_rewards"),
+    "loss_aggregation": ("loss", "loss_type"),
+}
+"""Old flat names whose field was renamed: old name -> (group, new name)."""
+
+
+def group_flat_kwargs(flat: dict[str, Any], groups: dict[str, Any]) -> dict[str, Any]:
+    """Build every config group from ``groups`` (given objects or None) plus flat keyword arguments.
+
+    ``MAGRPO(agents, num_generations=2)`` (the pre-grouping spelling) keeps working: each flat key
+    goes to the group declaring it, with a DeprecationWarning; renamed keys (:data:`DEPRECATED_KEYS`)
+    go to their new field. A non-default group object given alongside flat keys of the same group is
+    an error; a dict is taken as that group's fields.
+
+    Raises:
+        TypeError: an unknown flat key (naming it and the groups' fields).
+        ValueError: a flat key for a group that was also given as an object, or a bad value.
+    """
+    owner = {f.name: (g, f.name) for g, cls in GROUPS.items() for f in fields(cls)}
+    owner.update(DEPRECATED_KEYS)
+    per_group: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+    for key, value in flat.items():
+        if key not in owner:
+            raise TypeError(f"unknown argument {key!r}; config fields: {sorted(owner)}")
+        group, name = owner[key]
+        warnings.warn(f"{key}=... is deprecated: use {group}={GROUPS[group].__name__}({name}=...) "
+                      f"(YAML: {group}: {{{name}: ...}})", DeprecationWarning, stacklevel=3)  # fmt: skip
+        per_group[group][name] = value
+    out = {}
+    for group, cls in GROUPS.items():
+        given = groups.get(group)
+        if isinstance(given, dict):  # hparams of a checkpoint, or a plain mapping from Python
+            given = cls(**given)
+        if per_group[group]:
+            if given is not None and given != cls():
+                raise ValueError(f"{group}: given as an object and as flat keys {sorted(per_group[group])}; give one")
+            given = cls(**per_group[group])
+        out[group] = replace(given) if given is not None else cls()  # a copy: defaults are shared
+    return out

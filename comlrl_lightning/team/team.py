@@ -1,0 +1,168 @@
+"""The team: every agent's spec, model, reference model, tokenizer and sampling config, and the one
+place where per-agent work runs in threads (:meth:`Team.map`).
+
+When the agents span two or more devices and one is a GPU, per-agent work runs in one thread per
+device: CUDA kernels of different devices overlap while Python drives them. Serial and threaded
+execution go through the same :meth:`Team.map`; :meth:`Team.rounds` says which agents may run
+together (agents sharing weights never do, so they cannot overwrite each other's gradients).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, nullcontext
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from comlrl_lightning.core.config import SamplingConfig
+from comlrl_lightning.core.generation import (Generation, context_length, fit_to_context, generate, has_chat_template,
+                                             render_prompt)
+from comlrl_lightning.core.records import Node
+from comlrl_lightning.team.agents import GENERATION_KEYS, AgentSpec, load_agent
+
+BACKWARD_LOCK = threading.Lock()
+"""Serialises ``manual_backward`` across agent threads (Lightning's hooks and precision plugin are not
+thread-safe); CUDA launches are asynchronous, so the kernels of different devices still overlap."""
+
+
+def _thread_state() -> Callable[[], ExitStack]:
+    """A context factory that re-enters the calling thread's grad mode and autocast (both thread-local)
+    in a worker thread."""
+    grad = torch.is_grad_enabled()
+    casts = [(d, torch.get_autocast_dtype(d)) for d in ("cuda", "cpu") if torch.is_autocast_enabled(d)]
+
+    def enter() -> ExitStack:
+        stack = ExitStack()
+        stack.enter_context(torch.set_grad_enabled(grad))
+        for device_type, dtype in casts:
+            stack.enter_context(torch.autocast(device_type, dtype=dtype, cache_enabled=False))
+        return stack
+
+    return enter
+
+
+class Team:
+    """N agents and what each needs to act: ``specs``, ``agents`` / ``reference_models`` (ModuleLists
+    the owning LightningModule registers, so checkpoints and device moves see them), ``tokenizers``
+    and per-agent ``sampling`` (the module's :class:`SamplingConfig` with ``AgentSpec.generation``
+    overrides).
+
+    Attributes:
+        concurrent: None: threads when the agents span >= 2 devices, one of them a GPU; True/False:
+            force (True on one device: one thread per distinct agent model, which only contends;
+            useful for tests and benchmarks).
+    """
+
+    def __init__(self, specs: Sequence[AgentSpec], sampling: SamplingConfig) -> None:
+        self.specs = list(specs)
+        self.sampling = []
+        for i, s in enumerate(self.specs):
+            try:  # the module's knobs passed already, so a failure is this agent's override: name it
+                self.sampling.append(SamplingConfig(**{**vars(sampling),
+                                                       **{k: v for k, v in s.generation.items() if k in GENERATION_KEYS}}))
+            except ValueError as err:
+                raise ValueError(f"agents[{i}].generation.{err}") from None  # fmt: skip
+        self.agents = nn.ModuleList()
+        self.reference_models = nn.ModuleList()
+        self.tokenizers: list[Any] = []
+        self.concurrent: bool | None = None
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.specs)
+
+    def load(self, with_reference: bool) -> None:
+        """Load every agent once (agents sharing weights get the same module and tokenizer) and, with
+        ``with_reference``, one frozen reference copy per distinct model. Idempotent."""
+        if len(self.agents):
+            return
+        models: list[nn.Module] = []
+        for spec in self.specs:
+            if spec.share_weights_with is not None:
+                models.append(models[spec.share_weights_with])
+                self.tokenizers.append(self.tokenizers[spec.share_weights_with])
+                continue
+            model, tok = load_agent(spec)
+            models.append(model)
+            self.tokenizers.append(tok)
+        self.agents.extend(models)
+        for i, (model, sampling) in enumerate(zip(models, self.sampling)):
+            try:  # refuse now, not at the first generate: max_new_tokens must leave room for a prompt
+                fit_to_context(torch.zeros(1, 0), torch.zeros(1, 0), context_length(model), sampling.max_new_tokens)
+            except ValueError as err:
+                raise ValueError(f"agents[{i}] ({self.specs[i].model}): {err}") from None
+        if with_reference:
+            refs: dict[int, nn.Module] = {}
+            for m in models:
+                if id(m) not in refs:
+                    refs[id(m)] = copy.deepcopy(m).requires_grad_(False).eval()
+                self.reference_models.append(refs[id(m)])
+
+    def device(self, agent: int) -> torch.device:
+        """The device of ``agent``'s parameters."""
+        return next(self.agents[agent].parameters()).device
+
+    # ------------------------------------------------------------ acting (the rollout's protocol)
+    def render(self, agent: int, node: Node) -> str:
+        """The text ``agent`` conditions on at ``node``: its history, in its chat template if it has one."""
+        return render_prompt(self.tokenizers[agent], node.prompts[agent], node.completions[agent],
+                             self.specs[agent].chat_template)  # fmt: skip
+
+    def generate(self, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool = False) -> list[Generation]:
+        """One batched ``generate`` per agent; ``prompts[i]`` are agent i's ``B`` prompt texts. Returns
+        per agent a Generation of ``B·K`` rows (see :func:`comlrl_lightning.core.generation.generate`)."""
+        return self.map(partial(self._generate, prompts=prompts, num_generations=num_generations, greedy=greedy))
+
+    def _generate(self, agent: int, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool) -> Generation:
+        tok = self.tokenizers[agent]
+        chat = self.specs[agent].chat_template and has_chat_template(tok)
+        return generate(self.agents[agent], tok, prompts[agent], num_generations, self.sampling[agent], chat,
+                        do_sample=not greedy)  # fmt: skip
+
+    # ------------------------------------------------------------ threads
+    def _groups(self, agents: Sequence[int]) -> list[list[int]]:
+        """``agents`` grouped by device (by distinct model when ``concurrent`` is True); agents sharing
+        weights are always in one group."""
+        groups: dict[Any, list[int]] = {}
+        for i in agents:
+            groups.setdefault(id(self.agents[i]) if self.concurrent else self.device(i), []).append(i)
+        return list(groups.values())
+
+    def _threaded(self, groups: list[list[int]]) -> bool:
+        if len(groups) < 2 or self.concurrent is False:
+            return False
+        return bool(self.concurrent) or any(self.device(g[0]).type == "cuda" for g in groups)
+
+    def rounds(self) -> list[list[int]]:
+        """Agents that may be updated together: one per device group per round when threaded, else
+        one agent per round in agent order."""
+        groups = self._groups(range(self.num_agents))
+        if not self._threaded(groups):
+            return [[i] for i in range(self.num_agents)]
+        return [[g[r] for g in groups if r < len(g)] for r in range(max(len(g) for g in groups))]
+
+    def map(self, fn: Callable[[int], Any], agents: Sequence[int] | None = None) -> list[Any]:
+        """``[fn(i) for i in agents]`` (default: every agent), in that order; one thread per device group
+        when threaded (agents of a group run in order within their thread)."""
+        agents = list(range(self.num_agents)) if agents is None else list(agents)
+        groups = self._groups(agents)
+        if not self._threaded(groups):
+            return [fn(i) for i in agents]
+        enter = _thread_state()
+
+        def work(group: list[int]) -> list[tuple[int, Any]]:
+            device = self.device(group[0])
+            with enter(), torch.cuda.device(device) if device.type == "cuda" else nullcontext():
+                return [(i, fn(i)) for i in group]
+
+        results: dict[int, Any] = {}
+        with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="comlrl-agent") as pool:
+            for part in pool.map(work, groups):
+                results.update(part)
+        return [results[i] for i in agents]

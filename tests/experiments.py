@@ -1,0 +1,17 @@
+"""The ``--config`` arguments of a shipped experiment, read from the command in its header comment
+(``#   comlrl-lightning fit --config A --config B``), so tests run exactly what the file documents."""
+
+import shlex
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def experiment(name: str) -> list[str]:
+    """``["--config", "configs/trainer/cpu.yaml", ..., "--config", "configs/<name>"]`` for ``configs/<name>``."""
+    for line in (ROOT / "configs" / name).read_text().splitlines():
+        if line.startswith("#") and "comlrl-lightning fit" in line:
+            args = shlex.split(line.lstrip("# ").split("comlrl-lightning fit", 1)[1])
+            assert args[-1] == f"configs/{name}", f"configs/{name}: its header command must end with itself"
+            return args
+    raise AssertionError(f"configs/{name}: no '#   comlrl-lightning fit --config ...' line in its header")

@@ -1,0 +1,107 @@
+"""Config rules as a table against the config objects; aliases; flat (pre-grouping) arguments."""
+
+import pytest
+
+from comlrl_lightning import MAGRPO
+from comlrl_lightning.core.config import (
+    AdvantageConfig,
+    LossConfig,
+    PlacementConfig,
+    RolloutConfig,
+    SamplingConfig,
+    group_flat_kwargs,
+)  # fmt: skip
+
+BAD = [  # (config class, fields, the field the error must name)
+    (RolloutConfig, dict(num_generations=1), "num_generations"),
+    (RolloutConfig, dict(num_turns=0), "num_turns"),
+    (RolloutConfig, dict(joint_mode="diagonal"), "joint_mode"),
+    (RolloutConfig, dict(discount=1.5), "discount"),
+    (AdvantageConfig, dict(advantage_mode="median"), "advantage_mode"),
+    (AdvantageConfig, dict(scale_rewards="batch"), "scale_rewards"),
+    (AdvantageConfig, dict(advantage_eps=1e-6), "advantage_eps"),
+    (LossConfig, dict(loss_type="mean"), "loss_type"),
+    (LossConfig, dict(num_iterations=0), "num_iterations"),
+    (LossConfig, dict(epsilon=0.0), "epsilon"),
+    (LossConfig, dict(beta=-0.1), "beta"),
+    (LossConfig, dict(micro_batch_size=0), "micro_batch_size"),
+    (SamplingConfig, dict(temperature=0.0), "temperature"),
+    (SamplingConfig, dict(top_p=0.0), "top_p"),
+    (SamplingConfig, dict(max_new_tokens=0), "max_new_tokens"),
+    (SamplingConfig, dict(max_new_tokens=32, max_completion_length=16), "max_completion_length"),
+    (PlacementConfig, dict(parallel_training="ddp"), "parallel_training"),
+]
+
+
+@pytest.mark.parametrize("cls,kwargs,field", BAD, ids=[f"{c.__name__}-{f}" for c, _, f in BAD])
+def test_bad_config_value_names_its_field_and_the_value(cls, kwargs, field):
+    with pytest.raises(ValueError, match=field) as info:
+        cls(**kwargs)
+    assert repr(next(iter(kwargs.values()))) in str(info.value) or "must be" in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(agents=[{"model": "builtin:tiny-gpt2", "dtype": "fp8"}] * 2), r"agents\[0\].dtype"),
+    (dict(agents=["builtin:nope", "builtin:tiny-gpt2"]), r"agents\[0\].model"),
+    (dict(rollout=RolloutConfig(num_generations=8, num_turns=3, joint_mode="cross")), "max_generations_per_episode"),
+    (dict(placement=PlacementConfig(parallel_training="mp")), "agent_devices"),
+    (dict(learning_rate=0.0), "learning_rate"),
+])  # fmt: skip
+def test_module_level_rules_raise_at_construction(kwargs, field):
+    args = dict(agents="builtin:tiny-gpt2", num_agents=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        MAGRPO(**args)  # construction never loads a model: loading happens in configure_model
+
+
+def test_aliases_normalise_to_one_canonical_value():
+    assert RolloutConfig(joint_mode="crossed").joint_mode == "cross"
+    assert AdvantageConfig(scale_rewards=False).scale_rewards == "none"
+    assert AdvantageConfig(scale_rewards=True).scale_rewards == "group"
+    assert LossConfig(loss_type="token_mean").loss_type == "dapo"
+    assert LossConfig(loss_type="dapo").aggregation == "token_mean"
+    assert LossConfig(loss_type="sequence_mean").loss_type == "grpo"
+    assert LossConfig(loss_type="grpo").aggregation == "sequence_mean"
+    assert LossConfig().aggregation == "sequence_sum"
+    assert SamplingConfig(max_completion_length=16).max_new_tokens == 16
+
+
+def test_derived_quantities_are_methods_of_the_config():
+    assert RolloutConfig(num_generations=4).generations_per_episode(2) == 8
+    assert RolloutConfig(num_generations=2, num_turns=2).generations_per_episode(2) == 2 * 2 * (1 + 2)
+    assert RolloutConfig(num_generations=2, num_turns=2, joint_mode="cross").generations_per_episode(2) == 2 * 2 * (1 + 4)
+    assert LossConfig(num_iterations=3).max_steps_for(num_batches=5, num_agents=2) == 30
+    assert LossConfig(epsilon=0.2).clip_high == 0.2 and LossConfig(epsilon_high=0.28).clip_high == 0.28
+
+
+def test_flat_arguments_go_to_their_group_with_a_deprecation_warning():
+    with pytest.warns(DeprecationWarning, match="scale_advantages"):
+        groups = group_flat_kwargs(dict(num_generations=3, scale_advantages="none", loss_aggregation="token_mean"), {})
+    assert groups["rollout"].num_generations == 3
+    assert groups["advantage"].scale_rewards == "none"
+    assert groups["loss"].loss_type == "dapo"
+    with pytest.raises(TypeError, match="num_generation"):
+        group_flat_kwargs(dict(num_generation=3), {})
+    with pytest.raises(ValueError, match="rollout"):
+        group_flat_kwargs(dict(num_turns=2), dict(rollout=RolloutConfig(num_generations=3)))
+
+
+def test_hparams_hold_plain_dicts_that_rebuild_the_same_module():
+    model = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, rollout=RolloutConfig(num_generations=3, joint_mode="crossed"))
+    assert model.hparams.rollout["joint_mode"] == "cross"
+    again = MAGRPO(**{k: v for k, v in model.hparams.items()})
+    assert again.rollout_config == model.rollout_config and again.loss == model.loss
+
+
+def test_aliases_keep_their_baseline_when_another_advantage_field_is_set():
+    from comlrl_lightning import MAREINFORCE, AdvantageConfig
+
+    model = MAREINFORCE(agents="builtin:tiny-gpt2", advantage=AdvantageConfig(scale_rewards="none"))
+    assert model.advantage.advantage_mode == "raw" and model.advantage.scale_rewards == "none"
+    assert MAREINFORCE(agents="builtin:tiny-gpt2", advantage=AdvantageConfig(advantage_mode="max")).advantage.advantage_mode == "max"
+
+
+def test_default_groups_are_copied_so_one_module_cannot_change_another():
+    a, b = MAGRPO(agents="builtin:tiny-gpt2"), MAGRPO(agents="builtin:tiny-gpt2")
+    a.loss.beta = 0.5
+    assert b.loss.beta == 0.0 and LossConfig().beta == 0.0
