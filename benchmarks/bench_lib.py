@@ -9,8 +9,10 @@ on the same batch (:class:`Harness`), so the systems alternate A B A B ... in on
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
+import os
 import statistics
 import time
 import warnings
@@ -290,3 +292,27 @@ def unique_param_bytes(modules: Sequence[torch.nn.Module]) -> int:
 
 def deepcopy_model(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model)
+
+
+def ran_lines(res: dict[str, Any], sections: Sequence[str]) -> str:
+    """Markdown list: when, how long and under what load each recorded section of ``res`` ran."""
+    lines = []
+    for name in sections:
+        if name in res:
+            r = res[name]["ran"]
+            start, end = (tuple(round(x, 2) for x in r[k]) for k in ("loadavg_start", "loadavg_end"))
+            lines.append(f"- `{name}`: {r['date']}, {r['wall_s'] / 60:.1f} min, load average {start} -> {end}")
+    return "\n".join(lines)
+
+
+def recorded_sections(path: str, sections: Sequence[str]) -> dict[str, Any]:
+    """The sections of an earlier ``results.json`` (those that predate per-section ``ran`` records get
+    the file's date, wall time and load)."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as fh:
+        old = json.load(fh)
+    load = old["machine"]["loadavg_start"]
+    ran = {"date": old.get("date"), "wall_s": old.get("wall_s", 0.0), "loadavg_start": load,
+           "loadavg_end": old.get("loadavg_end", load)}  # fmt: skip
+    return {name: {"ran": ran, **old[name]} for name in sections if name in old}

@@ -118,7 +118,7 @@ def test_canonical_main_with_trivial_aux_passes_all_tests(coop, rows, he0):
     result = coop([[TRIVIAL_AUX, _main(ep.data)] for ep in eps], eps, 0)
     assert result.values == [pytest.approx(3.0)] * 3  # 0.4 + 0.6 + 0.5 + 1.5; no cooperation bonus
     assert result.metrics["all_passed"] == [1.0, 1.0, 1.0]
-    assert {k: v[0] for k, v in result.metrics.items() if k != "all_passed"} == {
+    assert {k: result.metrics[k][0] for k in coop.LEVELS} == {
         "aux_defined": 0.4, "main_defined": 0.6, "syntax": 0.5, "tests": 1.5, "coop_calls_aux": 0.0,
         "coop_nontrivial": 0.0}
 

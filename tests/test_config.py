@@ -18,12 +18,17 @@ BAD = [  # (config class, fields, the field the error must name)
     (RolloutConfig, dict(joint_mode="diagonal"), "joint_mode"),
     (RolloutConfig, dict(discount=1.5), "discount"),
     (AdvantageConfig, dict(advantage_mode="median"), "advantage_mode"),
-    (AdvantageConfig, dict(scale_rewards="batch"), "scale_rewards"),
+    (RolloutConfig, dict(credit="difference"), "credit"),
+    (RolloutConfig, dict(credit="counterfactual", joint_mode="cross"), "credit"),
+    (AdvantageConfig, dict(scale_rewards="global"), "scale_rewards"),
     (AdvantageConfig, dict(advantage_eps=1e-6), "advantage_eps"),
     (LossConfig, dict(loss_type="mean"), "loss_type"),
     (LossConfig, dict(num_iterations=0), "num_iterations"),
     (LossConfig, dict(epsilon=0.0), "epsilon"),
     (LossConfig, dict(beta=-0.1), "beta"),
+    (LossConfig, dict(delta=1.1, epsilon=0.2), "delta"),
+    (LossConfig, dict(importance_sampling_level="group"), "importance_sampling_level"),
+    (LossConfig, dict(kl_mode="advantage"), "kl_mode"),
     (LossConfig, dict(micro_batch_size=0), "micro_batch_size"),
     (SamplingConfig, dict(temperature=0.0), "temperature"),
     (SamplingConfig, dict(top_p=0.0), "top_p"),
@@ -45,6 +50,8 @@ def test_bad_config_value_names_its_field_and_the_value(cls, kwargs, field):
     (dict(agents=["builtin:nope", "builtin:tiny-gpt2"]), r"agents\[0\].model"),
     (dict(rollout=RolloutConfig(num_generations=8, num_turns=3, joint_mode="cross")), "max_generations_per_episode"),
     (dict(placement=PlacementConfig(parallel_training="mp")), "agent_devices"),
+    (dict(num_agents=3, rollout=RolloutConfig(num_generations=8, num_turns=3, credit="cross_rewards")),
+     "max_reward_calls_per_episode=16384"),
     (dict(learning_rate=0.0), "learning_rate"),
 ])  # fmt: skip
 def test_module_level_rules_raise_at_construction(kwargs, field):
@@ -59,10 +66,7 @@ def test_aliases_normalise_to_one_canonical_value():
     assert AdvantageConfig(scale_rewards=False).scale_rewards == "none"
     assert AdvantageConfig(scale_rewards=True).scale_rewards == "group"
     assert LossConfig(loss_type="token_mean").loss_type == "dapo"
-    assert LossConfig(loss_type="dapo").aggregation == "token_mean"
     assert LossConfig(loss_type="sequence_mean").loss_type == "grpo"
-    assert LossConfig(loss_type="grpo").aggregation == "sequence_mean"
-    assert LossConfig().aggregation == "sequence_sum"
     assert SamplingConfig(max_completion_length=16).max_new_tokens == 16
 
 
@@ -72,6 +76,9 @@ def test_derived_quantities_are_methods_of_the_config():
     assert RolloutConfig(num_generations=2, num_turns=2, joint_mode="cross").generations_per_episode(2) == 2 * 2 * (1 + 4)
     assert LossConfig(num_iterations=3).max_steps_for(num_batches=5, num_agents=2) == 30
     assert LossConfig(epsilon=0.2).clip_high == 0.2 and LossConfig(epsilon_high=0.28).clip_high == 0.28
+    # reward calls: counterfactual N=3, K=3 scores 3 + 3*3*2 = 21 joint actions per node, one node per turn 0
+    assert RolloutConfig(num_generations=3, credit="counterfactual").reward_calls_per_episode(3) == 21
+    assert RolloutConfig(num_generations=2, num_turns=2, joint_mode="cross").reward_calls_per_episode(2) == 4 * (1 + 4)
 
 
 def test_flat_arguments_go_to_their_group_with_a_deprecation_warning():

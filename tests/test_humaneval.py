@@ -55,7 +55,7 @@ def test_feedback_quotes_the_failing_assertion_and_ends_solved_episodes(dm):
     runs_before = len(reward._reports)
     prompts = dm.env.transition(ep, 0, [["p0"], ["p1"]], [[aux], [wrong]])
     assert len(reward._reports) == runs_before
-    assert "0/3 tests passed" in prompts[0] and "assert truncate_number(3.5) == 0.5" in prompts[1]
+    assert "0/1 visible tests passed" in prompts[0] and "assert truncate_number(3.5) == 0.5" in prompts[1]
     assert "Revise the helper function `aux`" in prompts[0] and "Revise the function `truncate_number`" in prompts[1]
     assert dm.env.transition(ep, 0, [["p0"], ["p1"]], [[aux], [right]]) is None
 
@@ -77,3 +77,21 @@ def test_main_job_config_runs_end_to_end_on_the_tiny_model(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "val/pass@1: first 0.000" in out  # random tiny agents solve nothing, before or after
     assert list(tmp_path.rglob("agents/*/agent_1/config.json"))  # AgentCheckpoint at the end
+
+
+@pytest.mark.slow
+def test_every_canonical_solution_passes_all_its_tests_and_earns_full_test_credit():
+    """All 164 problems through the whole judged pipeline: record, run in the sandbox, judge."""
+    from comlrl_lightning.tasks.coding.data import load_humaneval_rows
+
+    rows = load_humaneval_rows()
+    coop = CooperativeCodeReward()
+    try:
+        jas = [["def aux(x):\n    return x\n", row["prompt"] + row["canonical_solution"]] for row in rows]
+        res = coop(jas, [Episode(0, row) for row in rows], 0)
+    finally:
+        coop.close()
+    failing = [row["task_id"] for row, t, ok in zip(rows, res.metrics["tests"], res.metrics["all_passed"])
+               if t != 1.5 or ok != 1.0]
+    assert failing == []
+    assert res.values == [pytest.approx(3.0)] * 164

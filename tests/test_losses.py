@@ -1,13 +1,8 @@
 import torch
 
 from comlrl_lightning.core.generation import completion_mask_from_ids
-from comlrl_lightning.core.losses import (
-    aggregate,
-    completion_logprobs,
-    k3_kl,
-    policy_loss_terms,
-    selective_log_softmax,
-)
+from comlrl_lightning.core.losses import completion_logprobs, k3_kl, selective_log_softmax
+from comlrl_lightning.core.policy_loss import BatchTotals, clipped_surrogate, reduce_loss
 from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 
 
@@ -46,36 +41,37 @@ def test_completion_logprob_equals_manual_sum_with_eos_counted_and_pads_excluded
 def test_sequence_sum_mean_and_token_mean_aggregations():
     v = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
     m = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    assert aggregate(v, m, "sequence_sum", num_rows=2, num_tokens=4).item() == (6 + 4) / 2
-    assert aggregate(v, m, "sequence_mean", num_rows=2, num_tokens=4).item() == (2 + 4) / 2
-    assert aggregate(v, m, "token_mean", num_rows=2, num_tokens=4).item() == 10 / 4
+    totals = BatchTotals(num_rows=2, num_tokens=4)
+    assert reduce_loss(v, m, "sequence_sum", totals).item() == (6 + 4) / 2
+    assert reduce_loss(v, m, "grpo", totals).item() == (2 + 4) / 2  # formerly sequence_mean
+    assert reduce_loss(v, m, "dapo", totals).item() == 10 / 4  # formerly token_mean
 
 
 def test_micro_batch_shares_add_up_to_the_full_batch_loss():
     torch.manual_seed(1)
     v, m = torch.randn(6, 5), (torch.rand(6, 5) > 0.3).long()
-    for agg in ("sequence_sum", "sequence_mean", "token_mean"):
-        full = aggregate(v, m, agg, 6, int(m.sum()))
-        parts = sum(aggregate(v[i : i + 2], m[i : i + 2], agg, 6, int(m.sum())) for i in range(0, 6, 2))
+    for agg in ("sequence_sum", "grpo", "dapo", "dr_grpo"):
+        full = reduce_loss(v, m, agg, BatchTotals(6, int(m.sum()), 1, 5))
+        parts = sum(reduce_loss(v[i : i + 2], m[i : i + 2], agg, BatchTotals(6, int(m.sum()), 3, 5)) for i in range(0, 6, 2))
         assert torch.allclose(full, parts), agg
 
 
 def test_on_policy_surrogate_gradient_is_minus_advantage_times_grad_logprob():
     logps = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     adv = torch.tensor([0.5])
-    loss, clipped = policy_loss_terms(logps, None, adv, 0.2, 0.2)
+    loss, low, high = clipped_surrogate(logps, None, adv, torch.ones(1, 2), 0.2, 0.2)
     loss.sum().backward()
     assert torch.allclose(loss.detach(), torch.tensor([[-0.5, -0.5]]))
     assert torch.allclose(logps.grad, torch.tensor([[-0.5, -0.5]]))
-    assert not clipped.any()
+    assert not (low | high).any()
 
 
 def test_ratio_is_clipped_for_positive_advantage():
     logps = torch.tensor([[0.0]], requires_grad=True)
     old = torch.tensor([[-1.0]])  # ratio e ~ 2.72 > 1.2
-    loss, clipped = policy_loss_terms(logps, old, torch.tensor([1.0]), 0.2, 0.2)
+    loss, _, high = clipped_surrogate(logps, old, torch.tensor([1.0]), torch.ones(1, 1), 0.2, 0.2)
     assert torch.allclose(loss, torch.tensor([[-1.2]]))
-    assert clipped.all()
+    assert high.all()
     loss.sum().backward()
     assert logps.grad.abs().sum() == 0  # clipped: no gradient
 

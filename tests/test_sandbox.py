@@ -21,11 +21,17 @@ ADD = "def add(a, b):\n    return a + b\n"
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
 
 
-def _no_processes_of(uid: int | None) -> None:
+def _no_processes_of(uid: int | None, wait_s: float = 3.0) -> None:
+    """Nothing of the run is left: no child of ours, no process of the sandbox uid (a zombie handed
+    to PID 1 when the launcher itself was killed gets ``wait_s`` to be reaped by it)."""
     assert not psutil.Process().children(recursive=True), "sandbox processes left under the test process"
-    if uid is not None:
+    deadline = time.monotonic() + wait_s
+    while uid is not None:
         left = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid]
-        assert not left, f"processes of sandbox uid {uid} left: {left}"
+        if not left:
+            break
+        assert time.monotonic() < deadline, f"processes of sandbox uid {uid} left: {left}"
+        time.sleep(0.05)
 
 
 def test_correct_program_passes():
@@ -155,7 +161,7 @@ def test_writes_outside_the_working_directory_do_not_persist(namespaces):
         if IS_ROOT:  # a dropped uid cannot write root's files; private or cleaned-up /tmp, /dev/shm
             assert [t for t in targets if t.exists()] == []
         cwd = Path(report.stdout.strip().splitlines()[0])
-        assert cwd.is_absolute() and not cwd.exists()  # the working directory is gone
+        assert cwd.is_absolute() and not (cwd / "inside.txt").exists()  # the scratch directory is private
     finally:
         for t in targets:
             t.unlink(missing_ok=True)
@@ -199,9 +205,9 @@ def test_network_is_unreachable():
         assert (report.program.status, report.program.error_type) == ("error", "PermissionError")
         raw = f"import _socket\ns = _socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', {port}))\n"
         report = run_tests(raw, [], config=FAST)  # bypasses the in-process patch
-        if "network-namespace" in report.isolation:
-            assert (report.program.status, report.program.error_type) == ("error", "OSError")
-            assert "unreachable" in report.program.message
+        if "network-namespace" in report.isolation:  # only its own loopback, or none at all
+            assert report.program.status == "error"
+            assert report.program.error_type in ("OSError", "ConnectionRefusedError"), report.program
             with pytest.raises(socket.timeout):
                 server.accept()  # nothing ever connected
     finally:
@@ -228,8 +234,10 @@ def test_pool_runs_in_parallel_and_keeps_order():
 
 def test_a_broken_sandbox_raises_instead_of_scoring_zero(monkeypatch):
     import comlrl_lightning.sandbox.api as sandbox
+    import comlrl_lightning.sandbox.launch as launch
 
-    monkeypatch.setattr(sandbox, "_RUNNER", "/nonexistent/sandbox_runner.py")
+    run_tests(ADD, ADD_TESTS, config=FAST)  # the backend probe runs with the real launcher
+    monkeypatch.setattr(launch, "_RUNNER", "/nonexistent/sandbox_runner.py")
     with pytest.raises(sandbox.SandboxError, match="without a result"):
         run_tests(ADD, ADD_TESTS, config=FAST)
 

@@ -9,11 +9,16 @@ Features:
       ``termination_threshold`` (see core/rollout.py);
     - advantages ``mean`` | ``max`` | ``rloo`` | ``raw`` with optional group std scaling (``scale_rewards``);
     - log-probs from ``logits / temperature``, EOS counted, padding masked, ``logits_to_keep``;
-    - ``loss_type`` ``sequence_sum`` | ``grpo`` | ``dapo``;
+    - ``credit``: ``shared`` | ``counterfactual`` (difference rewards) | ``cross_rewards`` (see core/credit.py);
+    - ``scale_rewards`` ``group`` | ``batch`` | ``none``, agent-wise (Dr. MAS) or team statistics;
+    - ``loss_type`` ``sequence_sum`` | ``grpo`` | ``dr_grpo`` | ``dapo`` | ``bnpo`` (TRL's), GSPO's sequence
+      ratio (``importance_sampling_level``), ``epsilon_high``, ``delta``, ``mask_truncated_completions``;
+    - ``entropy`` per agent (logged, from the loss's own forward);
     - ``num_iterations > 1``: PPO-style clipped ratio against log-probs from before the update;
-    - ``beta > 0``: k3 KL to a frozen reference copy of each agent, as a loss term.
+    - ``beta > 0``: k3 KL to a frozen reference copy of each agent, as a loss term or, with
+      ``kl_mode="reward"``, subtracted from each sample's return before the baseline (CoMLRL).
 
-Not supported: value functions (see IAC/MAAC), vLLM generation, KL as reward shaping.
+Not supported: value functions (see IAC/MAAC), vLLM generation.
 
 Step counting: Lightning counts every ``optimizer.step()`` in ``trainer.global_step``. One training
 batch steps each of the N agents ``num_iterations`` times, so ``global_step`` grows by
@@ -45,7 +50,7 @@ from comlrl_lightning.core.config import (
 )  # fmt: skip
 from comlrl_lightning.core.records import AgentStats, StepOutput, Turn
 from comlrl_lightning.core.rollout import compute_advantages, compute_returns, rollout_tree
-from comlrl_lightning.core.update import AgentBatch, agent_backward, prepare_agent_batch
+from comlrl_lightning.core.update import AgentBatch, agent_backward, prepare_agent_batch, sequence_kls
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.team.agents import AgentSpec
 
@@ -136,13 +141,25 @@ class MAGRPO(CoMLRLModule):
         cfg, adv = self.rollout_config, self.advantage
         k = 1 if evaluation else cfg.num_generations
         joint_mode = "aligned" if evaluation else cfg.joint_mode
+        credit = "shared" if evaluation else cfg.credit
         turns = rollout_tree(self.env, episodes, self.team, k, cfg.num_turns, joint_mode,
                              greedy=evaluation and not self.val_sampling, stop_reward=cfg.stop_reward,
-                             termination_threshold=cfg.termination_threshold, step=self.global_step)  # fmt: skip
-        compute_returns(turns, cfg.discount)
+                             termination_threshold=cfg.termination_threshold, step=self.global_step,
+                             credit=credit)  # fmt: skip
+        compute_returns(turns, cfg.discount, credit)
+        costs = None
+        if self.uses_reference_model and self.loss.kl_mode == "reward" and not evaluation:
+            costs = self._kl_costs(turns)
         compute_advantages(turns, self.num_agents, k, joint_mode, adv.advantage_mode,
-                           adv.scale_rewards if k > 1 else "none", adv.advantage_eps)  # fmt: skip
+                           adv.scale_rewards if k > 1 else "none", adv.advantage_eps, credit,
+                           adv.agent_wise_normalization, costs)  # fmt: skip
         return turns
+
+    def _kl_costs(self, turns: list[Turn]) -> list[list[torch.Tensor]]:
+        """``kl_mode="reward"``: per turn, per agent ``[G, K]`` ``β·KL`` of each sample to the reference."""
+        kls = self.team.map(lambda i: sequence_kls(self.agents[i], self.reference_models[i], turns, i,
+                                                   self.team.sampling[i].temperature), range(self.num_agents))  # fmt: skip
+        return [[self.loss.beta * kls[i][t] for i in range(self.num_agents)] for t in range(len(turns))]
 
     def update_agents(self, turns: list[Turn]) -> list[AgentStats]:
         """``num_iterations`` × (zero_grad, forward/backward, clip, step) for every agent.
@@ -168,8 +185,9 @@ class MAGRPO(CoMLRLModule):
     def _backward(self, agent: int, batches: dict[int, AgentBatch]) -> AgentStats:
         opts, _ = self.agent_optimizers()
         opts[agent].zero_grad()
-        return agent_backward(self.agents[agent], batches[agent], self.team.sampling[agent].temperature, self.loss,
-                              self.locked_backward)  # fmt: skip
+        sampling = self.team.sampling[agent]
+        return agent_backward(self.agents[agent], batches[agent], sampling.temperature, self.loss, self.locked_backward,
+                              sampling.max_new_tokens)  # fmt: skip
 
     def log_step(self, out: StepOutput) -> None:
         """The module's own scalars (the rest is :class:`~comlrl_lightning.callbacks.RewardLogger`'s)."""
@@ -183,6 +201,7 @@ class MAGRPO(CoMLRLModule):
         self.log(M.MEAN_LENGTH, lengths.mean().to(dev), batch_size=n, sync_dist=True)
         for i, s in enumerate(out.agent_stats):
             self.log(M.agent(i, "loss"), s.loss, batch_size=n, sync_dist=True)
+            self.log(M.agent(i, "entropy"), s.entropy, batch_size=n, sync_dist=True)
 
 
 class MAREINFORCE(MAGRPO):

@@ -99,3 +99,61 @@ def agent_sample_returns(joint_returns: torch.Tensor, joint_index: torch.Tensor,
     sums.index_add_(1, members, joint_returns)
     counts = torch.bincount(members, minlength=num_generations).to(joint_returns.dtype)
     return sums / counts
+
+
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+def scale_by_std(
+    advantages: list[torch.Tensor],
+    scores: list[torch.Tensor],
+    scale: str,
+    agent_wise: bool = True,
+    eps: float = 1e-4,
+) -> list[torch.Tensor]:
+    """Divide baseline-subtracted advantages by a standard deviation of the scores they came from.
+
+    ``scale`` (TRL's ``scale_rewards``) says over what the std is taken, ``agent_wise`` whether each
+    agent has its own (Dr. MAS, arXiv 2602.08847: one std shared by agents whose
+    rewards differ in scale mis-sizes their gradients) or the team shares one:
+
+    - ``group``: per (node, agent) (``agent_wise``; Dr. MAS's ``group_by_agent_id``; for ``shared``
+      credit it equals ``group_advantages(scale="group")``) or per node over all agents' scores.
+    - ``batch``: per (batch, agent) or over the whole batch (TRL's ``"batch"``, Liu et al. 2025,
+      "Part I: Tricks or Traps?", arXiv 2508.08221: more robust than group std when groups are small).
+    - ``none``: unchanged (Dr. GRPO, arXiv 2503.20783: std scaling up-weights near-uniform groups).
+
+    A std of 0 gives advantage exactly 0 (never NaN). Unbiased std, as TRL.
+
+    Args:
+        advantages: N tensors ``[G, K]``.
+        scores: N tensors ``[G, X]`` (the values the baseline was taken over: returns ``[G, K]``,
+            counterfactual tables ``[G, K·K]``).
+        scale: one of :data:`SCALE_REWARDS`.
+        agent_wise: per-agent statistics (True) or the team's (False).
+        eps: std floor.
+
+    Returns:
+        N tensors ``[G, K]``.
+
+    Raises:
+        ValueError: unknown ``scale``.
+    """
+    if scale not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards: got {scale!r}, allowed: {list(SCALE_REWARDS)}")
+    if scale == "none":
+        return [a.clone() for a in advantages]
+
+    def std(x: torch.Tensor) -> torch.Tensor:  # [G, X] -> [G, 1] (group) or [1, 1] (batch)
+        x = x.float() if scale == "group" else x.float().reshape(1, -1)
+        return x.std(-1, keepdim=True) if x.shape[-1] > 1 else torch.zeros_like(x[..., :1])
+
+    stds = [std(s) for s in scores] if agent_wise else [std(torch.cat(scores, -1))] * len(scores)
+    return [torch.where(sd > 0, a / (sd + eps), torch.zeros_like(a)) for a, sd in zip(advantages, stds)]
+
+
+KL_MODES = ("loss", "reward")
+"""``kl_mode``: ``loss`` adds ``β·k3`` to the per-token loss (GRPO paper, TRL); ``reward`` subtracts
+``β·Σ_t k3`` from each sample's return before the baseline (CoMLRL ``reference_kl``; see the
+``sample_costs`` of :func:`comlrl_lightning.core.credit.step_advantages`), so the KL enters as a
+per-sample cost in the advantage and has no direct gradient."""

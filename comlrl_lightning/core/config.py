@@ -16,10 +16,15 @@ import warnings
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
+from comlrl_lightning.core.credit import reward_calls_per_episode
+
 JointMode = Literal["aligned", "cross", "crossed"]
 AdvantageMode = Literal["mean", "max", "rloo", "raw"]
-ScaleRewards = Literal["group", "none"]
-LossType = Literal["sequence_sum", "grpo", "dapo", "sequence_mean", "token_mean"]
+ScaleRewards = Literal["group", "batch", "none"]
+LossType = Literal["sequence_sum", "grpo", "dr_grpo", "dapo", "bnpo", "sequence_mean", "token_mean"]
+Credit = Literal["shared", "counterfactual", "cross_rewards"]
+ImportanceSamplingLevel = Literal["token", "sequence"]
+KLMode = Literal["loss", "reward"]
 ParallelTraining = Literal["none", "mp"]
 GenerationBackend = Literal["auto", "dynamic", "static_compile", "continuous_batching"]
 AUTO_BACKEND = {"cpu": "dynamic", "cuda": "dynamic"}
@@ -59,6 +64,17 @@ class RolloutConfig:
     are non-negative). None: never."""
     max_generations_per_episode: int = 4096
     """Budget guard: a config whose full tree makes more completions per episode raises at construction."""
+    credit: Credit = "shared"
+    """Per-agent credit under the one shared reward (:mod:`comlrl_lightning.core.credit`, which has
+    the formulas and the multi-turn bias): ``shared`` (MAGRPO: each agent gets the joint action's
+    return); ``counterfactual`` (difference rewards, ``R(k_i, k_-i) − mean_k' R(k', k_-i)``: K−1
+    extra reward calls per joint action and agent, the N=2 grid K²); ``cross_rewards`` (rewards of
+    all K^N combinations for credit, only the K aligned ones expanded; in multi-turn the credit comes
+    from immediate rewards only). Both score extra combinations of the samples already generated
+    (no extra generation) and need ``joint_mode="aligned"``."""
+    max_reward_calls_per_episode: int = 16384
+    """Budget guard: a config whose full tree makes more reward calls per episode (joint actions
+    scored, :meth:`reward_calls_per_episode`) raises at construction."""
 
     def __post_init__(self) -> None:
         _require("num_generations", self.num_generations, self.num_generations >= 2,
@@ -68,6 +84,18 @@ class RolloutConfig:
         if self.joint_mode == "crossed":
             self.joint_mode = "cross"
         _require("discount", self.discount, 0.0 <= self.discount <= 1.0, "in [0, 1]")
+        _choice("credit", self.credit, ("shared", "counterfactual", "cross_rewards"))
+        if self.credit != "shared" and self.joint_mode != "aligned":
+            raise ValueError(f"credit: got {self.credit!r} with joint_mode={self.joint_mode!r}; credit modes score "
+                             "extra combinations of an aligned rollout: use joint_mode='aligned'")  # fmt: skip
+
+    def reward_calls_per_episode(self, num_agents: int) -> int:
+        """Upper bound on joint actions scored per episode by a full tree: ``J·Σ_{t<T} J^t`` for
+        ``shared`` credit (``J`` joint actions per node), ``credit.reward_calls_per_episode`` otherwise."""
+        if self.credit != "shared":
+            return reward_calls_per_episode(num_agents, self.num_generations, self.num_turns, self.credit)
+        j = self.num_generations if self.joint_mode == "aligned" else self.num_generations**num_agents
+        return j * sum(j**t for t in range(self.num_turns))
 
     def generations_per_episode(self, num_agents: int) -> int:
         """Upper bound on completions per episode by a full tree: ``N·K·Σ_{t<T} J^t`` with ``J = K``
@@ -85,6 +113,14 @@ class RolloutConfig:
                 f"max_generations_per_episode={self.max_generations_per_episode}; lower K/turns, use 'aligned', "
                 "set stop_reward, or raise the limit"
             )
+        calls = self.reward_calls_per_episode(num_agents)
+        if calls > self.max_reward_calls_per_episode:
+            raise ValueError(
+                f"credit={self.credit!r}, num_generations={self.num_generations}, num_agents={num_agents}, "
+                f"num_turns={self.num_turns}, joint_mode={self.joint_mode!r} make up to {calls} reward calls per "
+                f"episode, over max_reward_calls_per_episode={self.max_reward_calls_per_episode}; lower K/turns, "
+                "use credit='shared', or raise the limit"
+            )
 
 
 @dataclass
@@ -95,23 +131,29 @@ class AdvantageConfig:
     """Baseline: ``mean`` (GRPO/MAGRPO), ``max`` (MAReMax), ``rloo`` (leave-one-out, MARLOO) or ``raw``
     (no baseline, MAREINFORCE). CoMLRL name."""
     scale_rewards: ScaleRewards | bool = "group"
-    """``group``: divide by the group's std + ``advantage_eps`` (GRPO, Shao et al. 2024); ``none``: do
-    not (Dr. GRPO, Liu et al. 2025, which shows the std division biases towards easy/hard questions).
-    TRL name; ``True``/``False`` mean ``group``/``none``. Formerly ``scale_advantages``."""
+    """``group``: divide by the group's std + ``advantage_eps`` (GRPO, Shao et al. 2024); ``batch``:
+    by the std over the whole step (every turn; TRL's ``"batch"``, PPO Lite, arXiv 2508.08221: robust
+    when groups are small); ``none``: do not (Dr. GRPO, Liu et al. 2025, which shows the std division
+    biases towards easy/hard questions). See ``agent_wise_normalization`` for whose std. TRL name;
+    ``True``/``False`` mean ``group``/``none``. Formerly ``scale_advantages``."""
     advantage_eps: float = 1e-4
     """Std floor (>= 1e-4): an all-equal group gets advantage exactly 0, never NaN."""
+    agent_wise_normalization: bool = True
+    """Std statistics per agent (Dr. MAS, arXiv 2602.08847: a std shared by agents whose rewards
+    differ in scale mis-sizes their gradients): per (node, agent) with ``scale_rewards="group"``, per
+    (batch, agent) with ``"batch"``. False: the team's, pooled over all agents of the node / batch.
+    With ``shared`` aligned credit every agent has the same returns, so both give the same numbers."""
 
     def __post_init__(self) -> None:
         if isinstance(self.scale_rewards, bool):
             self.scale_rewards = "group" if self.scale_rewards else "none"
         _choice("advantage_mode", self.advantage_mode, ("mean", "max", "rloo", "raw"))
-        _choice("scale_rewards", self.scale_rewards, ("group", "none"))
+        _choice("scale_rewards", self.scale_rewards, ("group", "batch", "none"))
         _require("advantage_eps", self.advantage_eps, self.advantage_eps >= 1e-4, ">= 1e-4")
 
 
-# TRL's loss_type names -> the aggregation losses.aggregate computes
-_AGGREGATION = {"sequence_sum": "sequence_sum", "grpo": "sequence_mean", "dapo": "token_mean"}
 _LOSS_TYPE_ALIASES = {"sequence_mean": "grpo", "token_mean": "dapo"}
+"""The pre-TRL aggregation names and the ``loss_type`` each one is."""
 
 
 @dataclass
@@ -119,11 +161,13 @@ class LossConfig:
     """The per-agent update: loss aggregation, optimisation passes, ratio clipping, KL, gradients."""
 
     loss_type: LossType = "sequence_sum"
-    """How per-token terms become a loss: ``sequence_sum`` (sum over a completion's tokens, mean over
-    completions: the MAGRPO paper's reference code), ``grpo`` (mean per completion, then over
-    completions: Shao et al. 2024; formerly ``sequence_mean``) or ``dapo`` (mean over every token of
-    the batch: Yu et al. 2025, no length bias; formerly ``token_mean``). TRL name; formerly
-    ``loss_aggregation``."""
+    """How per-token terms become a loss (TRL's names and meanings; papers and biases in
+    :mod:`comlrl_lightning.core.policy_loss`): ``sequence_sum`` (sum over a completion's tokens, mean
+    over completions: the MAGRPO paper's reference code), ``grpo`` (mean per completion, then over
+    completions: Shao et al. 2024, length-biased; formerly ``sequence_mean``), ``dr_grpo`` (token sum
+    over ``completions × max_new_tokens``: Dr. GRPO), ``dapo`` (mean over every token of the agent's
+    batch: Yu et al. 2025; formerly ``token_mean``) or ``bnpo`` (token mean per micro-batch, averaged).
+    Formerly ``loss_aggregation``."""
     num_iterations: int = 1
     """Optimisation passes per rollout batch (> 1 uses the clipped ratio against the pre-update
     log-probs, PPO-style). TRL name."""
@@ -131,27 +175,41 @@ class LossConfig:
     """Lower clip ε of the ratio (> 0). TRL name."""
     epsilon_high: float | None = None
     """Upper clip ε (DAPO's clip-higher); None: ``epsilon``. TRL name."""
+    delta: float | None = None
+    """Two-sided clipping (INTELLECT-2, arXiv 2505.07291): the unclipped ratio is capped at ``delta``
+    (> 1 + ε_high), so a negative-advantage token with a huge ratio cannot blow up the loss. None: off. TRL name."""
+    importance_sampling_level: ImportanceSamplingLevel = "token"
+    """``token``: one ratio per token (PPO/GRPO); ``sequence``: GSPO's length-normalised sequence ratio
+    (Zheng et al. 2025, arXiv 2507.18071; pair it with ``loss_type="grpo"``). Matters only off-policy
+    (``num_iterations > 1``). TRL name."""
+    mask_truncated_completions: bool = False
+    """Leave completions that hit ``max_new_tokens`` without EOS out of the loss (DAPO's overlong
+    filtering: their reward judges an unfinished answer). TRL name."""
     beta: float = 0.0
     """Weight of the k3 KL to a frozen reference copy of each agent (0: no reference model is kept). TRL name."""
+    kl_mode: KLMode = "loss"
+    """How ``beta`` applies: ``loss`` (``+β·k3`` per token in the loss: GRPO paper, TRL) or ``reward``
+    (each sample's return minus ``β·Σ_t k3`` before the baseline: CoMLRL's ``reference_kl``, so a
+    CoMLRL config with a reference KL behaves the same; costs one no-grad policy forward per agent
+    and turn at rollout time)."""
     max_grad_norm: float | None = 1.0
     """Per-agent gradient-norm clip; None: off. TRL name."""
     micro_batch_size: int | None = None
     """Samples per forward/backward (gradients accumulate into one step per agent); None: all at once."""
 
     def __post_init__(self) -> None:
-        _choice("loss_type", self.loss_type, tuple(_AGGREGATION) + tuple(_LOSS_TYPE_ALIASES))
+        _choice("loss_type", self.loss_type, ("sequence_sum", "grpo", "dr_grpo", "dapo", "bnpo", *_LOSS_TYPE_ALIASES))
         self.loss_type = _LOSS_TYPE_ALIASES.get(self.loss_type, self.loss_type)
         _require("num_iterations", self.num_iterations, self.num_iterations >= 1, ">= 1")
         _require("epsilon", self.epsilon, self.epsilon > 0, "> 0")
         _require("epsilon_high", self.epsilon_high, self.epsilon_high is None or self.epsilon_high > 0, "> 0 or None")
         _require("beta", self.beta, self.beta >= 0, ">= 0")
+        _require("delta", self.delta, self.delta is None or self.delta > 1 + self.clip_high,
+                 f"> 1 + epsilon_high = {1 + self.clip_high} or None")  # fmt: skip
+        _choice("importance_sampling_level", self.importance_sampling_level, ("token", "sequence"))
+        _choice("kl_mode", self.kl_mode, ("loss", "reward"))
         _require("micro_batch_size", self.micro_batch_size,
                  self.micro_batch_size is None or self.micro_batch_size >= 1, ">= 1 or None")  # fmt: skip
-
-    @property
-    def aggregation(self) -> str:
-        """The aggregation name :func:`comlrl_lightning.core.losses.aggregate` takes."""
-        return _AGGREGATION[self.loss_type]
 
     @property
     def clip_high(self) -> float:

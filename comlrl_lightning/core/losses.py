@@ -1,4 +1,4 @@
-"""Per-token log-probabilities of completions and the policy-gradient loss.
+"""Per-token log-probabilities of completions (the policy loss itself is in ``policy_loss.py``).
 
 Shapes: ``R`` rows (samples), ``P`` prompt tokens (left-padded), ``C`` completion tokens
 (right-padded), ``V`` vocabulary.
@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from comlrl_lightning.core.generation import position_ids_from_mask
-
-LOSS_AGGREGATIONS = ("sequence_sum", "sequence_mean", "token_mean")
+from comlrl_lightning.core.policy_loss import logprobs_and_entropy
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_rows: int = 8) -> torch.Tensor:
@@ -25,6 +24,22 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_rows:
         picked = lg.gather(-1, ix.unsqueeze(-1)).squeeze(-1)
         out.append(picked.float() - torch.logsumexp(lg.float(), dim=-1))
     return torch.cat(out)
+
+
+def _completion_logits(
+    model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor, temperature: float,
+) -> torch.Tensor:  # fmt: skip
+    """``[R, C, V]`` logits (divided by ``temperature``) at the positions that predict each completion token."""
+    device = next(model.parameters()).device
+    # the last completion token predicts nothing we score: leave it out of the forward
+    input_ids = torch.cat([prompt_ids, completion_ids[:, :-1]], 1).to(device)
+    attn = torch.cat([prompt_mask, completion_mask[:, :-1]], 1).to(device)
+    c = completion_ids.shape[1]
+    logits = model(
+        input_ids=input_ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), logits_to_keep=c, use_cache=False
+    ).logits
+    return logits / temperature if temperature != 1.0 else logits
 
 
 def completion_logprobs(
@@ -49,67 +64,30 @@ def completion_logprobs(
     Returns:
         ``[R, C]`` float32 log-probs, 0 where ``completion_mask`` is 0.
     """
-    device = next(model.parameters()).device
-    # the last completion token predicts nothing we score: leave it out of the forward
-    input_ids = torch.cat([prompt_ids, completion_ids[:, :-1]], 1).to(device)
-    attn = torch.cat([prompt_mask, completion_mask[:, :-1]], 1).to(device)
-    c = completion_ids.shape[1]
-    logits = model(
-        input_ids=input_ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), logits_to_keep=c, use_cache=False
-    ).logits
-    if temperature != 1.0:
-        logits = logits / temperature
-    logps = selective_log_softmax(logits, completion_ids.to(device))
-    return logps * completion_mask.to(device)
+    logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature)
+    logps = selective_log_softmax(logits, completion_ids.to(logits.device))
+    return logps * completion_mask.to(logits.device)
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, aggregation: str, num_rows: int, num_tokens: int) -> torch.Tensor:
-    """Reduce per-token values ``[R, C]`` of a micro-batch to the scalar share of the full batch.
-
-    ``num_rows``/``num_tokens`` are totals over the whole batch, so micro-batch shares add up to:
-    - ``sequence_sum``: mean over samples of the per-sample token sum (CoMLRL, MAGRPO paper);
-    - ``sequence_mean``: mean over samples of the per-sample token mean (GRPO paper);
-    - ``token_mean``: sum over all tokens / number of tokens (DAPO, TRL's default "dapo"-style).
-
-    Raises:
-        ValueError: unknown ``aggregation``.
-    """
-    mask = mask.to(values.dtype)
-    if aggregation == "sequence_sum":
-        return (values * mask).sum() / num_rows
-    if aggregation == "sequence_mean":
-        return ((values * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / num_rows
-    if aggregation == "token_mean":
-        return (values * mask).sum() / max(num_tokens, 1)
-    raise ValueError(f"loss_aggregation: got {aggregation!r}, allowed: {list(LOSS_AGGREGATIONS)}")
-
-
-def policy_loss_terms(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor | None,
-    advantages: torch.Tensor,
-    epsilon: float,
-    epsilon_high: float,
+def completion_logprobs_and_entropy(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token clipped policy-gradient loss (PPO/GRPO surrogate).
-
-    ``loss_t = −min(ρ_t·A, clip(ρ_t, 1−ε, 1+ε_high)·A)``, ``ρ_t = exp(logπ_t − logπ_old,t)``. When
-    ``old_logps`` is None (on-policy, one iteration) ``ρ = exp(logπ − sg(logπ)) = 1`` and the gradient
-    is the REINFORCE gradient ``−A·∇logπ``.
-
-    Args:
-        logps: ``[R, C]``; old_logps: ``[R, C]`` or None; advantages: ``[R]``.
+    """:func:`completion_logprobs` plus each position's policy entropy (TRL's ``entropy`` metric),
+    from the same forward, chunked (``policy_loss.logprobs_and_entropy``).
 
     Returns:
-        ``(loss [R, C], clipped [R, C] bool)``.
+        ``(logps [R, C], entropy [R, C])`` float32, both 0 where ``completion_mask`` is 0; the
+        entropy carries no gradient.
     """
-    old = logps.detach() if old_logps is None else old_logps
-    ratio = torch.exp(logps - old)
-    adv = advantages[:, None].to(logps.dtype)
-    unclipped = ratio * adv
-    clipped_ratio = ratio.clamp(1 - epsilon, 1 + epsilon_high)
-    loss = -torch.min(unclipped, clipped_ratio * adv)
-    return loss, (clipped_ratio * adv < unclipped)
+    logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature)
+    mask = completion_mask.to(logits.device)
+    logps, entropy = logprobs_and_entropy(logits, completion_ids.to(logits.device))
+    return logps * mask, entropy * mask
 
 
 def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,9 @@ class Turn:
         components: reward-function (or metric) name -> ``[G, J]`` raw values.
         child: ``[G, J]`` index of the child node in the next turn, −1 where the branch ended.
         pass_at_1: ``[G, J]`` 1.0 where the joint action solved the task (None: no reward reports it).
+        scored_rewards: ``[G, M]`` under a credit mode: rewards of every joint action the mode scores
+            (rows of ``credit.credit_index``; the first ``J = K`` are ``rewards``). None otherwise.
+        scored_returns: ``[G, M]`` their returns (``credit.tree_credit_returns``). None otherwise.
         returns: ``[G, J]`` returns (filled by :func:`~comlrl_lightning.core.rollout.compute_returns`).
         agent_returns: per agent ``[G·K]`` return of each sample (generation-row order).
         advantages: per agent ``[G·K]`` advantage of each sample (generation-row order).
@@ -62,6 +65,8 @@ class Turn:
     components: dict[str, torch.Tensor]
     child: torch.Tensor
     pass_at_1: torch.Tensor | None = None
+    scored_rewards: torch.Tensor | None = None
+    scored_returns: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     agent_returns: list[torch.Tensor] = field(default_factory=list)
     advantages: list[torch.Tensor] = field(default_factory=list)
@@ -76,12 +81,14 @@ class AgentStats:
         kl: k3 KL to the reference model, token mean (0 when ``beta == 0``).
         clip_ratio: fraction of completion tokens whose ratio was clipped (0 when on-policy).
         grad_norm: total gradient norm before clipping.
+        entropy: mean policy entropy over the loss's completion tokens (nats; TRL's ``entropy``).
     """
 
     loss: float = 0.0
     kl: float = 0.0
     clip_ratio: float = 0.0
     grad_norm: float = 0.0
+    entropy: float = 0.0
 
     def __getitem__(self, key: str) -> float:  # stats["loss"]: the spelling callbacks used before
         return getattr(self, key)

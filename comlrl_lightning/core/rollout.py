@@ -18,7 +18,8 @@ from typing import Protocol
 
 import torch
 
-from comlrl_lightning.core.advantages import agent_sample_returns, group_advantages, joint_action_indices
+from comlrl_lightning.core.advantages import agent_sample_returns, joint_action_indices
+from comlrl_lightning.core.credit import CreditIndex, credit_index, step_advantages, tree_credit_returns
 from comlrl_lightning.core.generation import Generation
 from comlrl_lightning.core.records import Node, Turn
 from comlrl_lightning.envs.base import DecPOMDP, Episode
@@ -47,6 +48,7 @@ def rollout_tree(
     stop_reward: float | None = None,
     termination_threshold: float | None = None,
     step: int = -1,
+    credit: str = "shared",
 ) -> list[Turn]:
     """Roll out a batch of episodes as trees, turn by turn (one generate per agent per turn).
 
@@ -64,12 +66,18 @@ def rollout_tree(
             children. ``None``: never. With neither set, branches run all ``T`` turns unless the
             transition ends them (CoMLRL's default −0.2 would stop every branch after turn 1).
         step: training step, used in reward error messages.
+        credit: ``shared``, or a :mod:`~comlrl_lightning.core.credit` mode (aligned only): the reward
+            also scores the extra combinations of the node's samples that mode needs (in
+            ``Turn.scored_rewards``); only the K aligned joint actions are expanded and kept in
+            ``Turn.rewards``.
 
     Returns:
         One :class:`~comlrl_lightning.core.records.Turn` per turn reached.
     """
     n = env.num_agents
-    joint_index = joint_action_indices(n, num_generations, joint_mode)
+    shared = credit == "shared"
+    joint_index = joint_action_indices(n, num_generations, joint_mode) if shared else credit_index(
+        n, num_generations, credit).joint_index  # fmt: skip
     nodes = [Node(ep, 0, [[env.observe(ep, i)] for i in range(n)], [[] for _ in range(n)]) for ep in episodes]
     turns: list[Turn] = []
     for turn in range(num_turns):
@@ -79,14 +87,16 @@ def rollout_tree(
         rows = torch.arange(g)[:, None] * num_generations + joint_index.T[:, None, :]  # [N, G, J]
         joint_actions = [[gens[i].texts[rows[i, a, b]] for i in range(n)] for a in range(g) for b in range(j)]
         out = env.reward(joint_actions, [nodes[a].episode for a in range(g) for _ in range(j)], turn, step=step)
-        rewards = out.total.view(g, j)
-        child = torch.full((g, j), -1, dtype=torch.long)
+        scored = out.total.view(g, j)
+        j_played = j if shared else num_generations  # the aligned rows come first
+        rewards = scored[:, :j_played]
+        child = torch.full((g, j_played), -1, dtype=torch.long)
         next_nodes: list[Node] = []
         if turn + 1 < num_turns:
             for a, node in enumerate(nodes):
                 if termination_threshold is not None and float(rewards[a].mean()) > termination_threshold:
                     continue
-                for b in range(j):
+                for b in range(j_played):
                     if stop_reward is not None and rewards[a, b] >= stop_reward:
                         continue
                     acts = joint_actions[a * j + b]
@@ -96,17 +106,23 @@ def rollout_tree(
                         continue
                     child[a, b] = len(next_nodes)
                     next_nodes.append(Node(node.episode, turn + 1, [node.prompts[i] + [nxt[i]] for i in range(n)], comps))
-        pass_at_1 = None if out.pass_at_1 is None else out.pass_at_1.view(g, j)
-        components = {k: v.view(g, j) for k, v in out.components.items()}
-        turns.append(Turn(turn, nodes, texts, gens, rewards, components, child, pass_at_1))
+        pass_at_1 = None if out.pass_at_1 is None else out.pass_at_1.view(g, j)[:, :j_played]
+        components = {k: v.view(g, j)[:, :j_played] for k, v in out.components.items()}
+        turns.append(Turn(turn, nodes, texts, gens, rewards, components, child, pass_at_1,
+                          scored_rewards=None if shared else scored))  # fmt: skip
         if not next_nodes:
             break
         nodes = next_nodes
     return turns
 
 
-def compute_returns(turns: list[Turn], discount: float) -> None:
-    """Fill ``turn.returns`` bottom-up: ``R = r + discount · mean(child returns)`` (leaf: ``R = r``)."""
+def compute_returns(turns: list[Turn], discount: float, credit: str = "shared") -> None:
+    """Fill ``turn.returns`` bottom-up: ``R = r + discount · mean(child returns)`` (leaf: ``R = r``);
+    under a credit mode also ``turn.scored_returns`` (:func:`~comlrl_lightning.core.credit.tree_credit_returns`)."""
+    if credit != "shared":
+        scored = tree_credit_returns([t.scored_rewards for t in turns], [t.child for t in turns], discount, credit)
+        for t, r in zip(turns, scored):
+            t.scored_returns = r
     below: torch.Tensor | None = None
     for t in reversed(turns):
         returns = t.rewards.clone()
@@ -119,14 +135,30 @@ def compute_returns(turns: list[Turn], discount: float) -> None:
 
 
 def compute_advantages(
-    turns: list[Turn], num_agents: int, num_generations: int, joint_mode: str, mode: str, scale: str, eps: float
+    turns: list[Turn],
+    num_agents: int,
+    num_generations: int,
+    joint_mode: str,
+    mode: str,
+    scale: str,
+    eps: float,
+    credit: str = "shared",
+    agent_wise: bool = True,
+    sample_costs: list[list[torch.Tensor]] | None = None,
 ) -> None:
-    """Fill ``turn.agent_returns[i]`` and ``turn.advantages[i]`` (each ``[G·K]``, generation-row order)."""
-    joint_index = joint_action_indices(num_agents, num_generations, joint_mode)
-    for t in turns:
-        assert t.returns is not None, "compute_returns first"
-        t.agent_returns, t.advantages = [], []
-        for i in range(num_agents):
-            r = agent_sample_returns(t.returns, joint_index, i, num_generations)  # [G, K]
-            t.agent_returns.append(r.flatten())
-            t.advantages.append(group_advantages(r, mode, scale, eps).flatten())
+    """Fill ``turn.agent_returns[i]`` and ``turn.advantages[i]`` (each ``[G·K]``, generation-row order).
+
+    ``agent_returns`` is each sample's return before the baseline (the aligned joint action's under
+    ``counterfactual``); the advantages come from :func:`~comlrl_lightning.core.credit.step_advantages`
+    (``sample_costs``: per turn, per agent ``[G, K]``, e.g. ``β·KL`` for ``kl_mode="reward"``).
+    """
+    own = joint_action_indices(num_agents, num_generations, joint_mode)
+    index = CreditIndex(own, None) if credit == "shared" else credit_index(num_agents, num_generations, credit)
+    assert all(t.returns is not None for t in turns), "compute_returns first"
+    returns = [t.returns if credit == "shared" else t.scored_returns for t in turns]
+    advantages = step_advantages(returns, index, num_agents, credit, mode, scale, agent_wise, eps, sample_costs)
+    for n_t, (t, adv) in enumerate(zip(turns, advantages)):
+        t.agent_returns = [agent_sample_returns(t.returns, own, i, num_generations).flatten() for i in range(num_agents)]
+        if sample_costs is not None:
+            t.agent_returns = [r - c.flatten() for r, c in zip(t.agent_returns, sample_costs[n_t])]
+        t.advantages = [a.flatten() for a in adv]

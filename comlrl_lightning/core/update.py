@@ -16,7 +16,14 @@ from torch import nn
 
 from comlrl_lightning.core.config import LossConfig
 from comlrl_lightning.core.generation import Generation
-from comlrl_lightning.core.losses import aggregate, completion_logprobs, k3_kl, policy_loss_terms
+from comlrl_lightning.core.losses import completion_logprobs, completion_logprobs_and_entropy, k3_kl
+from comlrl_lightning.core.policy_loss import (
+    BatchTotals,
+    clipped_surrogate,
+    mask_truncated,
+    reduce_loss,
+    sequence_kl,
+)
 from comlrl_lightning.core.records import AgentStats, Turn
 
 
@@ -26,6 +33,8 @@ class AgentBatch:
 
     Attributes:
         chunks: micro-batches ``(generation rows, advantages [R])``.
+        masks: per chunk ``[R, C]`` the tokens the loss counts (the completion mask, without
+            truncated completions when ``mask_truncated_completions``).
         old: per chunk ``[R, C]`` log-probs before the update (None when on-policy).
         ref: per chunk ``[R, C]`` reference-model log-probs (None when ``beta == 0``).
         num_rows: samples over all chunks.
@@ -33,6 +42,7 @@ class AgentBatch:
     """
 
     chunks: list[tuple[Generation, torch.Tensor]]
+    masks: list[torch.Tensor]
     old: list[torch.Tensor | None]
     ref: list[torch.Tensor | None]
     num_rows: int
@@ -61,35 +71,67 @@ def prepare_agent_batch(
             args = (g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, temperature)
             if cfg.num_iterations > 1:
                 old[c] = completion_logprobs(model, *args)
-            if reference is not None:
+            if reference is not None and cfg.kl_mode == "loss":
                 ref[c] = completion_logprobs(reference, *args).to(_device(model))
-    return AgentBatch(chunks, old, ref, num_rows=sum(len(g.texts) for g, _ in chunks),
-                      num_tokens=int(sum(int(g.completion_mask.sum()) for g, _ in chunks)))  # fmt: skip
+    masks = [mask_truncated(g.completion_mask, g.clipped) if cfg.mask_truncated_completions else g.completion_mask
+             for g, _ in chunks]  # fmt: skip
+    return AgentBatch(chunks, masks, old, ref, num_rows=sum(len(g.texts) for g, _ in chunks),
+                      num_tokens=int(sum(int(m.sum()) for m in masks)))  # fmt: skip
 
 
 def agent_backward(
-    model: nn.Module, batch: AgentBatch, temperature: float, cfg: LossConfig, backward: Callable[[torch.Tensor], None]
+    model: nn.Module,
+    batch: AgentBatch,
+    temperature: float,
+    cfg: LossConfig,
+    backward: Callable[[torch.Tensor], None],
+    max_completion_length: int = 1,
 ) -> AgentStats:
     """Forward/backward over the agent's micro-batches (gradients accumulate; the caller zeroes them
     first and steps after). ``backward`` is the module's (thread-safe) ``manual_backward``.
 
-    Per micro-batch: per-token terms ``-A·ratio`` clipped at ``(1-ε, 1+ε_high)`` (PPO; the ratio is 1
-    on-policy), ``+ β·k3`` KL (Schulman's k3 estimator), aggregated by ``cfg.loss_type`` with the
-    step's totals as denominators, so the micro-batch losses sum to the full-batch loss.
+    Per micro-batch: TRL's clipped surrogate (:func:`~comlrl_lightning.core.policy_loss.clipped_surrogate`:
+    token or sequence ratio, ``(1-ε, 1+ε_high)``, ``delta``; the ratio is 1 on-policy), ``+ β·k3`` KL
+    when ``kl_mode="loss"``, reduced by ``cfg.loss_type`` with the whole agent batch's totals
+    (``max_completion_length`` in tokens for ``dr_grpo``), so the micro-batch losses sum to the
+    full-batch loss. The entropy is logged, never optimised.
     """
-    loss_sum = kl_sum = clipped_sum = 0.0
+    totals = BatchTotals(batch.num_rows, batch.num_tokens, len(batch.chunks), max_completion_length)
+    loss_sum = kl_sum = clipped_sum = entropy_sum = 0.0
     for c, (g, adv) in enumerate(batch.chunks):
-        mask = g.completion_mask.to(_device(model))
-        logps = completion_logprobs(model, g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, temperature)
-        per_tok, clipped = policy_loss_terms(logps, batch.old[c], adv.to(logps.device), cfg.epsilon, cfg.clip_high)
+        mask = batch.masks[c].to(_device(model))
+        logps, entropy = completion_logprobs_and_entropy(
+            model, g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, temperature
+        )
+        per_tok, low, high = clipped_surrogate(logps, batch.old[c], adv.to(logps.device), mask, cfg.epsilon,
+                                               cfg.clip_high, cfg.delta, cfg.importance_sampling_level)  # fmt: skip
         if batch.ref[c] is not None:
             kl = k3_kl(logps, batch.ref[c])
             per_tok = per_tok + cfg.beta * kl
-            kl_sum += float(aggregate(kl.detach(), mask, "token_mean", batch.num_rows, batch.num_tokens))
-        loss = aggregate(per_tok, mask, cfg.aggregation, batch.num_rows, batch.num_tokens)
+            kl_sum += float(reduce_loss(kl.detach(), mask, "dapo", totals))
+        loss = reduce_loss(per_tok, mask, cfg.loss_type, totals)
         backward(loss)
         loss_sum += float(loss.detach())
-        clipped_sum += float((clipped & mask.bool()).sum())
+        clipped_sum += float(((low | high) & mask.bool()).sum())
+        entropy_sum += float((entropy * mask).sum())
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-    return AgentStats(loss=loss_sum, kl=kl_sum, clip_ratio=clipped_sum / max(batch.num_tokens, 1), grad_norm=grad_norm)
+    tokens = max(batch.num_tokens, 1)
+    return AgentStats(loss=loss_sum, kl=kl_sum, clip_ratio=clipped_sum / tokens, grad_norm=grad_norm,
+                      entropy=entropy_sum / tokens)  # fmt: skip
+
+
+@torch.no_grad()
+def sequence_kls(
+    model: nn.Module, reference: nn.Module, turns: list[Turn], agent: int, temperature: float
+) -> list[torch.Tensor]:
+    """``kl_mode="reward"``: per turn ``[G, K]`` the summed k3 KL of each of the agent's samples to the
+    reference (CoMLRL ``reference_kl``), from one no-grad forward of each model per turn."""
+    out = []
+    for t in turns:
+        g = t.generations[agent]
+        args = (g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, temperature)
+        logps, ref = completion_logprobs(model, *args), completion_logprobs(reference, *args).to(_device(model))
+        kl = sequence_kl(logps, ref, g.completion_mask.to(logps.device))
+        out.append(kl.view(len(t.nodes), -1).cpu())
+    return out

@@ -69,3 +69,39 @@ class TargetLengthReward:
 
     def __call__(self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int) -> list[float]:
         return [math.exp(-abs(len(ja[0]) - self.target) / self.target) for ja in joint_actions]
+
+
+class TeamTargetsReward:
+    """A team whose members' contributions differ (the credit-assignment benchmark's task).
+
+    Agent i should write ``targets[i]`` characters; its closeness is ``c_i = exp(-|len_i - t_i| / t_i)``.
+    The shared reward is ``w_0·c_0 + w_01·c_0·c_1 + w_2·c_2`` (default 0.6, 0.35, 0.05; max 1.0): agent
+    0 matters most, agent 1 earns only when agent 0 is close (agent 0's mistake masks agent 1's
+    work), agent 2 barely matters. The reward is multilinear in the ``c_i``, so the expected reward
+    given one agent's action is :meth:`combine` at the teammates' expected closeness.
+
+    Raises:
+        ValueError: not three targets, a target < 1, or a negative weight.
+    """
+
+    name = "team_targets"
+
+    def __init__(self, targets: Sequence[int] = (12, 24, 8), weights: Sequence[float] = (0.6, 0.35, 0.05)) -> None:
+        if len(targets) != 3 or min(targets) < 1:
+            raise ValueError(f"TeamTargetsReward.targets: got {list(targets)}, need three lengths >= 1")
+        if len(weights) != 3 or min(weights) < 0:
+            raise ValueError(f"TeamTargetsReward.weights: got {list(weights)}, need three weights >= 0")
+        self.targets, self.weights = tuple(targets), tuple(weights)
+
+    def closeness(self, agent: int, length: int) -> float:
+        """``c_i`` of a completion of ``length`` characters by agent ``agent``."""
+        t = self.targets[agent]
+        return math.exp(-abs(length - t) / t)
+
+    def combine(self, c: Sequence[float]) -> float:
+        """The shared reward from the three closeness values."""
+        w0, w01, w2 = self.weights
+        return w0 * c[0] + w01 * c[0] * c[1] + w2 * c[2]
+
+    def __call__(self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int) -> list[float]:
+        return [self.combine([self.closeness(i, len(ja[i])) for i in range(3)]) for ja in joint_actions]

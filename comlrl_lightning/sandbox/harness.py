@@ -1,15 +1,26 @@
-"""The test harness of the sandbox: runs the untrusted program, the setup and each test.
+"""The in-sandbox harness: runs untrusted code and reports what it did, one JSON line per step.
 
-Loaded by :mod:`comlrl_lightning.sandbox.runner` (standard library only) and called in the worker
-process after the isolation is in place. Writes one JSON record per step to the result pipe:
-``{"k": "program"|"test"|"done", "i": test index, "s": status, "e": error type, "m": message,
-"d": seconds, "n": nonce}``; the parent (:mod:`comlrl_lightning.sandbox.api`) validates the stream
-with :func:`parse_records`.
+Standard library only; loaded by path in the sandboxed worker after the isolation is in place
+(the bubblewrap path starts it as ``python harness.py JOB_FD RESULT_FD READY_FD``, the fallback
+:mod:`comlrl_lightning.sandbox.runner` calls :func:`dispatch`). Three modes (``job["mode"]``):
+
+- ``"calls"`` (:func:`run_calls`, what rewards use): load the program, then call its entry point
+  on each given input and write back the *outputs* as plain data
+  (:mod:`comlrl_lightning.sandbox.plain`): ``{"v": 0, "i": call, "o": output}`` or
+  ``{"v", "i", "x": exception type}``. No expected value, test or verdict is ever in this process,
+  so nothing it can reach is worth forging; the trusted judge decides.
+- ``"record"`` (:func:`run_record`, trusted code only): run each test with ``candidate`` wrapped
+  in a recorder, for the judge to replay (:mod:`comlrl_lightning.tasks.coding.judge`).
+- ``"tests"`` (:func:`run`): run test statements in the program's namespace and report statuses
+  ``{"k": "program"|"test"|"done", "i", "s", "e", "m", "d", "n": nonce}``, validated by
+  :func:`parse_records`. The verdict is decided *inside* the sandboxed process here, so a hostile
+  program can forge it: use it for containment and trusted code, never for a reward.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import signal
@@ -17,6 +28,11 @@ import sys
 import time
 import traceback
 import types
+
+_spec = importlib.util.spec_from_file_location(
+    "sandbox_plain", os.path.join(os.path.dirname(os.path.abspath(__file__)), "plain.py"))
+plain = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(plain)
 
 
 def _block_sockets() -> None:
@@ -131,6 +147,145 @@ def run(job: dict, wfd: int) -> None:
     os._exit(0)
 
 
+def dispatch(job: dict, wfd: int) -> None:
+    """Run ``job`` in the mode it names (``"tests"`` when absent)."""
+    {"tests": run, "calls": run_calls, "record": run_record}[job.get("mode", "tests")](job, wfd)
+
+
+def _loader(ns: dict, step_timeout: float, limit: int):
+    """``load(source, filename)``: exec into ``ns`` with a timeout; ``None`` or an error record."""
+    _exec, _compile, setitimer, _type, exc_only = exec, compile, signal.setitimer, type, (
+        traceback.format_exception_only)
+
+    def on_alarm(signum, frame):
+        raise _StepTimeout()
+
+    signal.signal(signal.SIGALRM, on_alarm)
+
+    def load(source: str, filename: str) -> dict | None:
+        try:
+            setitimer(signal.ITIMER_REAL, step_timeout)
+            _exec(_compile(source, filename, "exec"), ns)
+            return None
+        except _StepTimeout:
+            return {"s": "timeout", "e": "Timeout", "m": f"{filename} exceeded {step_timeout:g} s"}
+        except BaseException as err:  # noqa: BLE001 - every failure is a result
+            return {"s": "error", "e": _type(err).__name__[:100], "m": exc_only(_type(err), err)[-1][:limit]}
+        finally:
+            setitimer(signal.ITIMER_REAL, 0)
+
+    return load
+
+
+def run_calls(job: dict, wfd: int) -> None:
+    """Load ``program`` then ``main`` (names in ``protected`` are restored to the program's
+    objects after ``main``), then call ``entry_point`` on each of ``calls`` (``plain.dumps`` of
+    ``[args, kwargs]``). Writes ``program``, one record per call and ``done``, then ``os._exit(0)``."""
+    _block_sockets()
+    write, dumps, setitimer, _type, _callable = os.write, json.dumps, signal.setitimer, type, callable
+    encode, loads, limit, timeout = plain.encode, plain.loads, job["max_message_chars"], job["test_timeout_s"]
+    calls, entry = job["calls"], job["entry_point"]
+    module = types.ModuleType("__sandbox__")
+    sys.modules["__sandbox__"] = module
+    ns = module.__dict__
+    load = _loader(ns, timeout, limit)
+
+    def emit(rec: dict) -> None:
+        write(wfd, (dumps(rec, separators=(",", ":")) + "\n").encode())
+
+    err = load(job["program"], "<program>")
+    if err is None and job.get("main"):
+        saved = {n: ns[n] for n in job.get("protected", ()) if n in ns}
+        err = load(job["main"], "<main>")
+        for name in job.get("protected", ()):  # the main part may not replace what the prompt/helper define
+            if name in saved:
+                ns[name] = saved[name]
+            else:
+                ns.pop(name, None)
+    if err is None and not _callable(ns.get(entry)):
+        err = {"s": "error", "e": "NameError", "m": f"{entry!r} is not defined"[:limit]}
+    emit({"k": "program", **(err or {"s": "passed", "e": None, "m": ""})})
+    fn = ns.get(entry)
+    for v in (0,) if err is None else ():
+        for i in range(len(calls)):
+            try:
+                args, kwargs = loads(calls[i])
+                setitimer(signal.ITIMER_REAL, timeout)
+                try:
+                    out = fn(*args, **kwargs)
+                finally:
+                    setitimer(signal.ITIMER_REAL, 0)
+                rec = {"v": v, "i": i, "o": encode(out)}
+            except _StepTimeout:
+                rec = {"v": v, "i": i, "x": "Timeout"}
+            except plain.PlainDataError:
+                rec = {"v": v, "i": i, "x": "UnsupportedOutput"}
+            except BaseException as e:  # noqa: BLE001 - the candidate's failure is an output
+                rec = {"v": v, "i": i, "x": str(_type(e).__name__)[:100]}
+            try:
+                emit(rec)
+            except BaseException:  # noqa: BLE001 - e.g. an output too large for the channel
+                emit({"v": v, "i": i, "x": "UnsupportedOutput"})
+    emit({"k": "done"})
+    _flush_and_exit()
+
+
+def run_record(job: dict, wfd: int) -> None:
+    """Trusted code only: load ``program`` and ``setup``, then run each of ``tests`` with
+    ``candidate`` (and ``entry_point``) bound to a recorder of the entry point, after
+    ``random.seed(seed)``. One record per test: status plus ``calls``, a list of
+    ``[plain.dumps([args, kwargs]), {"o": output} | {"x": exception type}]``."""
+    import random
+
+    limit, timeout, entry = job["max_message_chars"], job["test_timeout_s"], job["entry_point"]
+    ns: dict = {"__name__": "__sandbox__"}
+    load = _loader(ns, timeout, limit)
+    err = load(job["program"], "<program>") or load(job.get("setup", ""), "<setup>")
+    os.write(wfd, (json.dumps({"k": "program", **(err or {"s": "passed", "e": None, "m": ""})}) + "\n").encode())
+    for i, source in enumerate(job["tests"]) if err is None else ():
+        calls: list = []
+        fn = ns[entry]
+
+        def candidate(*args, _fn=fn, _calls=calls, **kwargs):
+            key = plain.dumps([list(args), kwargs])
+            try:
+                out = _fn(*args, **kwargs)
+            except BaseException as e:
+                _calls.append([key, {"x": type(e).__name__}])
+                raise
+            _calls.append([key, {"o": plain.encode(out)}])
+            return out
+
+        local = dict(ns, candidate=candidate, **{entry: candidate})
+        random.seed(job["seed"])
+        res = _loader(local, timeout, limit)(source, f"<test {i}>") or {"s": "passed", "e": None, "m": ""}
+        if res["e"] == "AssertionError":
+            res["s"] = "failed"
+        os.write(wfd, (json.dumps({"k": "test", "i": i, **res, "calls": calls}) + "\n").encode())
+    os.write(wfd, b'{"k": "done"}\n')
+    _flush_and_exit()
+
+
+def _flush_and_exit() -> None:
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+    os._exit(0)
+
+
+def main(argv: list[str]) -> None:
+    """Bubblewrap entry: ``harness.py JOB_FD RESULT_FD READY_FD``; the job is JSON on ``JOB_FD``;
+    ``K`` on ``READY_FD`` (closed before any untrusted code runs) says the sandbox came up."""
+    with os.fdopen(int(argv[1]), "rb") as f:
+        job = json.loads(f.read())
+    os.chdir(job.get("workdir") or "/tmp")
+    os.write(int(argv[3]), b"K")
+    os.close(int(argv[3]))
+    dispatch(job, int(argv[2]))
+
+
 def _line(source: str, lineno: int) -> str:
     lines = source.splitlines()
     return lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
@@ -179,3 +334,7 @@ def parse_records(lines: list[str], nonce: str, num_tests: int, statuses: tuple[
         except (KeyError, TypeError, json.JSONDecodeError) as err:
             raise ValueError(f"malformed record: {err}") from None
     return program, tests, isolation
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,7 +1,8 @@
 """Model completions as code: fences, prose, unfinished definitions; parsing helpers.
 
 Used by the coding rewards (:mod:`comlrl_lightning.tasks.coding.reward`) to clean a completion the way a
-user expects before it is tested.
+user expects before it is tested. :func:`guarded` runs any of this on any text without raising
+(deep nesting, 100k characters, NUL bytes, invalid UTF-8, huge literals give an error reason).
 """
 
 from __future__ import annotations
@@ -167,3 +168,52 @@ def prompt_preamble(prompt: str, entry_point: str) -> str:
     funcs = (ast.FunctionDef, ast.AsyncFunctionDef)
     keep = [n for n in tree.body if not (isinstance(n, funcs) and n.name == entry_point)]
     return "\n\n".join(ast.get_source_segment(prompt, n) or ast.unparse(n) for n in keep)
+
+
+MAX_COMPLETION_CHARS = 20_000
+"""Completions longer than this (characters) are not parsed: score 0, reason ``too_long``
+(a 512-token completion is ~2,000 characters)."""
+ERROR_REASONS = ("too_long", "nul_byte", "invalid_text", "recursion", "memory", "value")
+"""Why a completion could not be analysed; each is logged as ``rewards/<name>/error_<reason>``."""
+
+
+def guarded(fn, *args):
+    """``(fn(*args), None)``, or ``(None, reason)`` when the text breaks the analysis (never raises
+    for any ``str``); ``reason`` is one of :data:`ERROR_REASONS`."""
+    for text in args:
+        if isinstance(text, str):
+            if len(text) > MAX_COMPLETION_CHARS:
+                return None, "too_long"
+            if "\x00" in text:
+                return None, "nul_byte"
+            try:
+                text.encode("utf-8")
+            except UnicodeError:
+                return None, "invalid_text"
+    try:
+        return fn(*args), None
+    except RecursionError:
+        return None, "recursion"
+    except MemoryError:
+        return None, "memory"
+    except (ValueError, SyntaxError, OverflowError, TypeError, UnicodeError):
+        return None, "value"
+
+
+def _bound_names(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in node.names}
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def without_definitions_of(code: str, names: set[str]) -> tuple[str, bool]:
+    """``code`` without its top-level statements that bind any of ``names``; whether any was dropped."""
+    tree = parse_code(code)
+    if tree is None:
+        return code, False
+    keep = [n for n in tree.body if not (_bound_names(n) & names)]
+    if len(keep) == len(tree.body):
+        return code, False
+    return "\n\n".join(ast.get_source_segment(code, n) or ast.unparse(n) for n in keep), True

@@ -1,30 +1,54 @@
-"""Multi-turn coding: after a turn the sandbox runs the team's program and every agent is told
-what failed (error type, failing assertion), so the team can revise (MAGRPO paper, multi-turn
-coding with external feedback)."""
+"""Multi-turn coding: after a turn the team's program is judged and every agent is told what failed
+in the *visible* tests, so the team can revise (MAGRPO paper, multi-turn coding with external
+feedback).
+
+Each problem's tests are split (:func:`~comlrl_lightning.tasks.coding.reward.visible_tests`):
+feedback quotes failing assertions of the visible split only, while the reward counts the hidden
+split too (both counts are logged), so hard-coding the quoted asserts does not pay. A problem
+with a single test (a looping ``check``) gets only pass/fail and the failure type, never the
+assertion; a program that fails to load gets only the exception type (its message is the
+candidate's own text and could carry what it found in its process).
+"""
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.tasks.coding.reward import AUX, CooperativeCodeReward, SingleAgentCodeReward
 from comlrl_lightning.sandbox.api import TestReport
+from comlrl_lightning.tasks.coding.reward import (
+    AUX,
+    CooperativeCodeReward,
+    SingleAgentCodeReward,
+    visible_tests,
+)
+
+
+def _kind(name: str | None, status: str) -> str:
+    """A failure's type for the prompt: a builtin exception's name, else a generic word (a class
+    name the candidate made up is its own text and could smuggle what its process holds)."""
+    if name and (isinstance(getattr(builtins, name, None), type) or name in ("Timeout", "UnsupportedOutput",
+                                                                              "CallMismatch", "EarlyExit")):
+        return name
+    return "an exception" if status == "error" else status
+
 
 _ROLE = {0: "the helper function `aux`", 1: "the function `{entry_point}`"}
 
 
 class CodingFeedbackTransition:
-    """Next prompts carrying the test feedback of the joint action just taken.
+    """Next prompts carrying the visible-test feedback of the joint action just taken.
 
-    The joint action's program is tested in the sandbox (the reward's cached report is reused, so
-    no program runs twice). Each agent's next prompt says how many tests passed and quotes the
-    first failure (error type and assertion), then asks it to revise its own part. The episode
-    ends early when every test passed.
+    The joint action's program is judged once (the reward's cached report is reused). Each
+    agent's next prompt says how many visible tests passed and quotes the first visible failures
+    (error type and assertion), then asks it to revise its own part. The episode ends early when
+    every test (visible and hidden) passed.
 
     Args:
         reward: the episode's coding reward (its cache and program construction are used); a
             :class:`CooperativeCodeReward` (2 agents) or :class:`SingleAgentCodeReward` (1 agent).
-        max_failures: how many failing tests to quote.
+        max_failures: how many failing visible tests to quote.
         max_chars: bound on each quoted failure message (characters).
     """
 
@@ -43,17 +67,19 @@ class CodingFeedbackTransition:
         return self.reward
 
     def feedback(self, report: TestReport | None) -> str:
-        """A short description of a test report (what a student would be told)."""
+        """A short description of the visible part of a test report (what a student would be told)."""
         if report is None:
             return "The team's code does not define the required functions or does not compile."
         if not report.program_loaded:
-            p = report.program
-            return f"The program failed to load: {p.error_type or p.status}: {p.message[: self.max_chars]}"
-        lines = [f"{report.num_passed}/{report.num_tests} tests passed."]
-        failures = [t for t in report.tests if not t.passed][: self.max_failures]
-        for t in failures:
-            kind = t.error_type or t.status
-            lines.append(f"- {kind}: {t.message[: self.max_chars]}")
+            return f"The program failed to load: {_kind(report.program.error_type, report.program.status)}."
+        if report.num_tests == 1:
+            t = report.tests[0]
+            return "The test passed." if t.passed else f"The test failed ({_kind(t.error_type, t.status)})."
+        visible = [report.tests[i] for i in visible_tests(report.num_tests)]
+        lines = [f"{sum(t.passed for t in visible)}/{len(visible)} visible tests passed."]
+        for t in [t for t in visible if not t.passed][: self.max_failures]:
+            detail = f": {t.message[: self.max_chars]}" if t.status == "failed" else ""
+            lines.append(f"- {_kind(t.error_type, t.status)}{detail}")
         return "\n".join(lines)
 
     def __call__(
@@ -69,7 +95,7 @@ class CodingFeedbackTransition:
         entry = episode.data["entry_point"]
         out = []
         for i in range(n):
-            role = "the function `{entry}`".format(entry=entry) if n == 1 else _ROLE[i].format(entry_point=entry)
+            role = f"the function `{entry}`" if n == 1 else _ROLE[i].format(entry_point=entry)
             extra = f" You may call `{AUX}` written by your teammate." if n == 2 and i == 1 else ""
             out.append(f"Test feedback on your team's code:\n{fb}\n\nRevise {role}.{extra} "
                        "Answer with one ```python code block.")  # fmt: skip

