@@ -26,10 +26,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import lightning.pytorch as pl
 import torch
-from comlrl_lightning.datamodules import LengthRatioDataModule
 
 from comlrl_lightning import IAC, MAAC, MAGRPO, ActorCriticRolloutConfig, CriticConfig, CriticSpec
 from comlrl_lightning.core.config import RolloutConfig, SamplingConfig
+from comlrl_lightning.datamodules import LengthRatioDataModule
 
 K, BATCH, NEW_TOKENS, LR = 4, 4, 48, 1e-3
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from comlrl_lightning.callbacks import AgentCheckpoint
-from comlrl_lightning.datamodules import LengthRatioDataModule
 from experiments import experiment
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import comlrl_lightning.team.critics as critics_mod
 from comlrl_lightning import IAC, MAAC, ActorCriticRolloutConfig, CriticConfig, CriticSpec, SamplingConfig
+from comlrl_lightning.callbacks import AgentCheckpoint
 from comlrl_lightning.cli import main
 from comlrl_lightning.core.value_head import ValueHead, ValueModel
+from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.infra.strategy import place_module, plan_devices
 from comlrl_lightning.team.critics import encode_critic_inputs
 

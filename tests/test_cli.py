@@ -101,3 +101,10 @@ def test_every_shipped_experiment_parses_with_print_config(config, capsys):
         assert init["critic"]["critic_type"] == "v" and "advantage" not in init
     else:
         assert init["advantage"]["advantage_mode"] == "mean" and init["rollout"]["num_generations"] >= 2
+
+
+def test_default_root_dir_moves_the_logs_of_a_shipped_config(tmp_path):
+    os.chdir(ROOT)
+    main(["fit", *experiment("toy_grpo.yaml"), "--trainer.enable_progress_bar=false", "--trainer.max_steps=1",
+          "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+    assert glob.glob(str(tmp_path / "toy_grpo" / "version_0" / "events.out.tfevents.*"))

@@ -4,9 +4,9 @@ import statistics
 
 import lightning.pytorch as pl
 import pytest
-from comlrl_lightning.datamodules import LengthRatioDataModule
 
 from comlrl_lightning import MAGRPO
+from comlrl_lightning.datamodules import LengthRatioDataModule
 
 
 @pytest.mark.slow

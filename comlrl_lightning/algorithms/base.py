@@ -47,6 +47,8 @@ def normalize_agents(agents: Any, num_agents: int | None) -> list[AgentSpec]:
     specs = [AgentSpec(model=a) if isinstance(a, str) else AgentSpec(**a) if isinstance(a, dict) else a for a in agents]
     if num_agents is not None and len(specs) == 1 and num_agents > 1:
         specs = [copy.deepcopy(specs[0]) for _ in range(num_agents)]
+    if not specs:
+        raise ValueError("agents: got an empty list; give one AgentSpec (or model string) per agent, at least one")
     if num_agents is not None and len(specs) != num_agents:
         raise ValueError(f"agents: got {len(specs)} specs for num_agents={num_agents}; give one spec or num_agents")
     return specs
@@ -205,6 +207,9 @@ class CoMLRLModule(pl.LightningModule):
         if max_grad_norm is not None:
             self.clip_gradients(opts[agent], gradient_clip_val=max_grad_norm, gradient_clip_algorithm="norm")
         opts[agent].step()
+        # free this agent's gradients now, not at its next zero_grad: otherwise every other agent's
+        # backward runs while they still hold memory (one parameter-sized buffer per agent)
+        opts[agent].zero_grad(set_to_none=True)
         if schs[agent] is not None:
             schs[agent].step()
 

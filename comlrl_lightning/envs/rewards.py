@@ -9,9 +9,10 @@ agents separately; actor-critic trainers use each agent's column, MAGRPO groups 
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -23,23 +24,24 @@ if TYPE_CHECKING:
 class RewardFunction(Protocol):
     """Scores joint actions with one shared float each (or one float per agent each).
 
-    Called as ``fn(joint_actions, episodes, turn)`` where ``joint_actions[j][i]`` is agent ``i``'s
-    completion text in joint action ``j`` and ``episodes[j]`` the episode it belongs to (episodes
-    repeat when a node has several joint actions). Returns ``J = len(joint_actions)`` floats, or
-    ``J`` rows of ``N`` floats (one per agent, ``N = len(joint_actions[j])``).
+    Called positionally as ``fn(joint_actions, episodes, turn)`` where ``joint_actions[j][i]`` is
+    agent ``i``'s completion text in joint action ``j`` (``Sequence[Sequence[str]]``), ``episodes[j]``
+    the :class:`~comlrl_lightning.envs.base.Episode` it belongs to (episodes repeat when a node has
+    several joint actions) and ``turn`` the 0-based turn (``int``). Returns either plain numbers
+    (``J = len(joint_actions)`` floats, or ``J`` rows of ``N`` floats: one per agent) or a :class:`RewardResult` (values plus per-joint-action metrics,
+    logged as ``rewards/<name>/<key>``). Nothing is reported through attributes set as a side effect.
+
     Implementations should set a class attribute ``name`` (used for the ``rewards/<name>/mean``
     metric; default: the class or function name). It is not a protocol member so that
     LightningCLI/jsonargparse can check the protocol from the call signature alone.
 
-    A function returns either plain numbers (``[J]`` or ``[J, N]``) or a :class:`RewardResult` (values plus
-    per-joint-action metrics, logged as ``rewards/<name>/<key>``). Nothing is reported through
-    attributes set as a side effect. (The annotation says ``list[float]`` because jsonargparse
-    matches a YAML class against this protocol by its exact signature.)
+    The signature below is positional-only and annotated ``Any`` on purpose: jsonargparse matches a
+    function or class named in YAML against this protocol by its signature, and with these
+    annotations it accepts any callable taking three positional arguments (whatever their names and
+    annotations), and refuses one of another arity.
     """
 
-    def __call__(
-        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
-    ) -> list[float]: ...
+    def __call__(self, joint_actions: Any, episodes: Any, turn: Any, /) -> Any: ...
 
 
 PASS_AT_1 = "all_passed"
@@ -60,6 +62,10 @@ class RewardResult:
 
     values: Sequence[float]
     metrics: dict[str, Sequence[float]] = field(default_factory=dict)
+
+
+ERRORS = "errors"
+"""The component that marks (1.0) joint actions whose reward was invalid and skipped (``skip_invalid``)."""
 
 
 class RewardError(RuntimeError):
@@ -138,7 +144,9 @@ class WeightedReward:
         skip_invalid: if False (default) a function that raises, returns the wrong count or shape, or
             a non-finite value raises :class:`RewardError` naming it; if True such values become NaN
             in the components, the joint action gets reward ``invalid_reward`` and the count is
-            reported as ``num_invalid``.
+            counted in the component
+            :data:`ERRORS` (logged per step as ``rewards/errors``), the running total is
+            :attr:`num_invalid`, and the first fault of each kind per function is shown as a warning.
         invalid_reward: reward given to joint actions with an invalid value when ``skip_invalid``.
 
     Raises:
@@ -165,6 +173,7 @@ class WeightedReward:
         self.skip_invalid = skip_invalid
         self.invalid_reward = invalid_reward
         self.num_invalid = 0
+        self._warned: set[tuple[str, str]] = set()
 
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int, step: int = -1
@@ -187,6 +196,8 @@ class WeightedReward:
             except Exception as err:  # noqa: BLE001 - re-raised with context below
                 if not self.skip_invalid:
                     raise RewardError(f"reward function {name!r} failed at step {step}, turn {turn}: {err}") from err
+                self._warn_once(name, "raised", f"reward function {name!r} failed at step {step}, turn {turn}: "
+                                      f"{type(err).__name__}: {err}")  # fmt: skip
                 values = torch.full((n,), float("nan"))
             bad = ~torch.isfinite(values)
             bad = bad.any(-1) if bad.dim() == 2 else bad  # one bad agent value spoils the joint action
@@ -195,6 +206,9 @@ class WeightedReward:
                     f"reward function {name!r} returned a non-finite value at step {step}, turn {turn} "
                     f"(joint actions {bad.nonzero().flatten().tolist()})"
                 )
+            if bad.any():
+                self._warn_once(name, "non-finite", f"reward function {name!r} returned a non-finite value at step {step}, "
+                                      f"turn {turn}")  # fmt: skip
             invalid |= bad
             components[name] = values
             for key, extra in extras.items():
@@ -208,10 +222,19 @@ class WeightedReward:
             total += weighted[:, None] if total.dim() == 2 and weighted.dim() == 1 else weighted
         if self.processor is not None:
             total = self.processor(total)
+        if self.skip_invalid:
+            components[ERRORS] = invalid.float()
         if invalid.any():
             self.num_invalid += int(invalid.sum())
             total[invalid] = self.invalid_reward
         return RewardOutput(total=total, components=components, pass_at_1=pass_at_1)
+
+    def _warn_once(self, name: str, kind: str, message: str) -> None:
+        # skipped faults are counted in rewards/errors; the first of each kind per function is also shown
+        if (name, kind) not in self._warned:
+            self._warned.add((name, kind))
+            warnings.warn(f"{message} (skip_invalid=True: such joint actions get invalid_reward and are counted "
+                          f"in the metric rewards/{ERRORS}; further such faults are not shown)", stacklevel=3)  # fmt: skip
 
 
 def _as_values(out: object, n: int, num_agents: int) -> torch.Tensor:
