@@ -9,7 +9,7 @@ CONFIG ?= configs/humaneval_smollm2.yaml
 # an experiment combines the shared blocks it names in its header with its own file
 BLOCKS = $(shell sed -n 's/^\#.*comlrl-lightning fit \(.*\) --config [^ ]*$$/\1/p' $(1))
 
-.PHONY: setup run toy lint test test-fast bench gpu-assets gpu-check clean
+.PHONY: setup run toy coordinate lint test test-fast bench gpu-assets gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -26,6 +26,9 @@ run: setup  ## the main job on the embedded default config
 
 toy: setup  ## the CPU toy task (two tiny agents, ~30 s)
 	$(VENV)/bin/comlrl-lightning fit $(call BLOCKS,configs/toy_length_ratio.yaml) --config configs/toy_length_ratio.yaml
+
+coordinate: setup  ## proposer and reviser, one trainer each, alternating on HumanEval (CPU)
+	$(VENV)/bin/comlrl-lightning coordinate --config configs/coordinator_humaneval_smollm2.yaml
 
 test: setup lint  ## every test, the slow learning tests included
 	$(VENV)/bin/pytest -q

@@ -32,9 +32,8 @@ import transformers  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 
-from comlrl_lightning.datamodules import DecPOMDPDataModule, LengthRatioDataModule  # noqa: E402
-
 from comlrl_lightning import MAGRPO, LossConfig, RolloutConfig, SamplingConfig  # noqa: E402
+from comlrl_lightning.datamodules import DecPOMDPDataModule, LengthRatioDataModule  # noqa: E402
 from comlrl_lightning.envs.toy import LengthRatioReward, TargetLengthReward, length_ratio_rows  # noqa: E402
 from comlrl_lightning.team.agents import (  # noqa: E402
     AgentSpec,

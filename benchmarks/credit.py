@@ -205,9 +205,9 @@ def llm_cost(quick: bool = False) -> dict[str, Any]:
     same task (completion lengths in characters), step time from ``StepOutput.step_time_s`` (rollout
     and update), median after two warm-up steps, modes interleaved over rounds so load hits them alike."""
     import lightning.pytorch as pl
-    from comlrl_lightning.datamodules import DecPOMDPDataModule
 
     from comlrl_lightning import MAGRPO, RolloutConfig, SamplingConfig
+    from comlrl_lightning.datamodules import DecPOMDPDataModule
 
     class Clock(pl.Callback):
         def __init__(self) -> None:

@@ -4,11 +4,13 @@
 - :class:`CompletionLogger`: prompts, completions and rewards as TensorBoard text tables.
 - :class:`GradientCheckpointing`: activation checkpointing on every agent.
 - :class:`AgentCheckpoint`: each agent as a Hugging Face folder, atomically, last k kept.
+- :class:`InterruptCheckpoint`: SIGTERM / Ctrl+C save a resumable checkpoint and exit non-zero.
 """
 
 from comlrl_lightning.callbacks.agent_checkpoint import AgentCheckpoint
 from comlrl_lightning.callbacks.completion_logger import CompletionLogger
 from comlrl_lightning.callbacks.gradient_checkpointing import GradientCheckpointing
+from comlrl_lightning.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from comlrl_lightning.callbacks.reward_logger import RewardLogger
 
-__all__ = ["AgentCheckpoint", "CompletionLogger", "GradientCheckpointing", "RewardLogger"]
+__all__ = ["AgentCheckpoint", "CompletionLogger", "GradientCheckpointing", "InterruptCheckpoint", "RewardLogger"]

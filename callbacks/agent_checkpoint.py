@@ -12,6 +12,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 
+from comlrl_lightning.core.value_head import ValueModel, save_value_head
 from comlrl_lightning.infra.checkpoint_io import fsync_dir
 
 
@@ -21,7 +22,9 @@ class AgentCheckpoint(pl.Callback):
     Layout: ``<dirpath>/step_<batches>/agent_<i>/``, where ``batches`` counts training batches (not
     ``global_step``, which grows by N optimizer steps per batch). Each folder loads with
     ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``. Agents that
-    share weights get one folder each (same weights).
+    share weights get one folder each (same weights). A module with ``critics`` (IAC, MAAC) also
+    gets ``critic_<c>/``: a separate critic as its model's folder plus ``value_head.pt`` (load with
+    ``ValueModel.from_pretrained``), a head on an agent's trunk as ``value_head.pt`` alone.
 
     A step folder is written into a temporary directory next to it (``.step_<n>.*.tmp``), its files
     are fsynced, and it is moved into place with ``os.replace``: a crash leaves either the complete
@@ -110,7 +113,8 @@ class AgentCheckpoint(pl.Callback):
             return None
         assert self.dirpath is not None, "setup() sets dirpath"
         final = os.path.join(self.dirpath, f"step_{batches}")
-        save_agents(pl_module.agents, pl_module.tokenizers, final)
+        save_agents(pl_module.agents, pl_module.tokenizers, final, getattr(pl_module, "critics", None),
+                    getattr(pl_module, "critic_tokenizers", None))  # fmt: skip
         if final in self.saved:
             self.saved.remove(final)
         self.saved.append(final)
@@ -126,8 +130,9 @@ class AgentCheckpoint(pl.Callback):
         return final
 
 
-def save_agents(models: Any, tokenizers: Any, path: str) -> None:
-    """Atomically write ``path/agent_<i>/`` (``save_pretrained`` model and tokenizer) for every agent.
+def save_agents(models: Any, tokenizers: Any, path: str, critics: Any = None, critic_tokenizers: Any = None) -> None:
+    """Atomically write ``path/agent_<i>/`` (``save_pretrained`` model and tokenizer) for every agent,
+    and ``path/critic_<c>/`` for every critic (see :class:`AgentCheckpoint`).
 
     The folder is built in a temporary directory in the same parent, fsynced, then moved into
     place with ``os.replace``; an existing ``path`` is replaced.
@@ -145,6 +150,12 @@ def save_agents(models: Any, tokenizers: Any, path: str) -> None:
                 model.save_pretrained(agent_dir)
                 if tokenizer is not None:
                     tokenizer.save_pretrained(agent_dir)
+            for c, critic in enumerate(critics or []):
+                critic_dir = os.path.join(tmp, f"critic_{c}")
+                if isinstance(critic, ValueModel):
+                    critic.save_pretrained(critic_dir, critic_tokenizers[c] if critic_tokenizers else None)
+                else:  # a head on agent c's trunk: the trunk is agent_<c>/
+                    save_value_head(critic, critic_dir)
         _fsync_tree(tmp)
         if os.path.exists(path):  # os.replace cannot replace a non-empty directory: swap it out first
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".old", dir=parent)

@@ -1,7 +1,8 @@
-"""`CompletionLogger`: sampled prompts, completions and rewards as a markdown table in TensorBoard."""
+"""`CompletionLogger`: user turns, completions (as code blocks) and rewards as markdown in TensorBoard."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,13 +13,14 @@ from comlrl_lightning.core.advantages import joint_action_indices
 
 
 class CompletionLogger(pl.Callback):
-    """Every ``every_n_steps`` batches, writes turn 0 of the step's rollout as a TensorBoard text table.
+    """Every ``every_n_steps`` batches, writes turn 0 of the step's rollout as TensorBoard text.
 
-    One row per joint action: the episode, each agent's prompt and completion, and the shared reward.
-    Rows run over episodes, then joint actions (aligned: sample ``j`` of every agent; cross: the
-    Cartesian product, as in :func:`comlrl_lightning.core.advantages.joint_action_indices`). Cells are cut
-    to ``max_chars`` characters (``…`` marks a cut), ``|`` is escaped and newlines become ``<br>``
-    so a completion cannot break the table.
+    Per episode, each agent's user turn (its prompt as the formatter wrote it, not the rendered
+    chat template), then one entry per joint action: the shared reward first, then each agent's
+    completion as a code block (:func:`completion_report`). Entries run over episodes, then joint
+    actions (aligned: sample ``j`` of every agent; cross: the Cartesian product, as in
+    :func:`comlrl_lightning.core.advantages.joint_action_indices`). Prompts and completions are
+    cut to ``max_chars`` characters (``…`` marks a cut).
 
     The text goes to every :class:`TensorBoardLogger` in ``trainer.loggers`` (``add_text``), from
     rank zero only, at the same x-axis value as the step's scalars: the count of batches trained
@@ -28,8 +30,8 @@ class CompletionLogger(pl.Callback):
 
     Args:
         every_n_steps: log every this many batches (≥ 1).
-        max_rows: at most this many table rows per log (≥ 1).
-        max_chars: at most this many characters per prompt/completion cell (≥ 1).
+        max_rows: at most this many joint actions per log (≥ 1).
+        max_chars: at most this many characters per prompt/completion (≥ 1).
         tag: TensorBoard text tag.
 
     Raises:
@@ -57,27 +59,32 @@ class CompletionLogger(pl.Callback):
         writers = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
         if not writers:
             return
-        text = completion_table(outputs, self.max_rows, self.max_chars)
+        text = completion_report(outputs, self.max_rows, self.max_chars)
         for writer in writers:
             writer.add_text(self.tag, text, global_step=step)
 
 
-def completion_table(out: dict[str, Any], max_rows: int, max_chars: int) -> str:
-    """A markdown table of turn 0 of one training step's output dict.
+def completion_report(out: dict[str, Any], max_rows: int, max_chars: int) -> str:
+    """Markdown of turn 0 of one training step's output dict, for TensorBoard's TEXT tab.
+
+    Per episode: each agent's user turn (the formatter's prompt, without the chat template) as a
+    quote, then one entry per joint action that starts with its shared reward, followed by each
+    agent's completion as a fenced code block (fenced with more backticks than the completion holds,
+    so a completion's own fences cannot break out).
 
     Args:
-        out: the dict ``MAGRPO.training_step`` returns (``prompts``, ``completions``, ``turn0_rewards``
-            ``[E, J]``, ``num_generations``).
-        max_rows: row limit; max_chars: cell limit (characters, before escaping).
+        out: the dict ``MAGRPO.training_step`` returns (``user_prompts`` (else ``prompts``),
+            ``completions``, ``turn0_rewards`` ``[E, J]``, ``num_generations``).
+        max_rows: at most this many joint actions in all; max_chars: cut each prompt and
+            completion to this many characters (``…`` marks a cut).
 
     Returns:
-        Markdown: a header row ``episode | agent_0 prompt | agent_0 completion | … | reward`` and up
-        to ``max_rows`` rows.
+        Markdown text.
 
     Raises:
         ValueError: ``J`` is neither ``K`` (aligned) nor ``K^N`` (cross).
     """
-    prompts, completions, rewards = out["prompts"], out["completions"], out["turn0_rewards"]
+    prompts, completions, rewards = out.get("user_prompts") or out["prompts"], out["completions"], out["turn0_rewards"]
     k, n = int(out["num_generations"]), len(completions)
     num_episodes, j = rewards.shape
     if j == k:
@@ -86,24 +93,33 @@ def completion_table(out: dict[str, Any], max_rows: int, max_chars: int) -> str:
         joint = joint_action_indices(n, k, "cross")
     else:
         raise ValueError(f"turn0_rewards has {j} joint actions per episode; expected K={k} or K^N={k**n}")
-    agent_cols = [f"agent_{i} {col}" for i in range(n) for col in ("prompt", "completion")]
-    header = ["episode", *agent_cols, "reward"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    parts, rows = [], 0
     for e in range(num_episodes):
+        if rows >= max_rows:
+            break
+        parts.append(f"### episode {e}")
+        for i in range(n):
+            prompt = prompts[i][e] if e < len(prompts[i]) else ""
+            parts.append(f"**agent_{i} user turn**\n\n" + _quote(_cut(prompt, max_chars)))
         for a in range(j):
-            if len(lines) - 2 >= max_rows:
+            if rows >= max_rows:
                 break
-            cells = [str(e)]
+            rows += 1
+            parts.append(f"**reward {float(rewards[e, a]):.4g}** (joint action {a})")
             for i in range(n):
-                cells.append(_cell(prompts[i][e] if e < len(prompts[i]) else "", max_chars))
-                cells.append(_cell(completions[i][e * k + int(joint[a, i])], max_chars))
-            cells.append(f"{float(rewards[e, a]):.4g}")
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+                parts.append(f"agent_{i}:\n\n" + _code_block(_cut(completions[i][e * k + int(joint[a, i])], max_chars)))
+    return "\n\n".join(parts)
 
 
-def _cell(text: str, max_chars: int) -> str:
-    if len(text) > max_chars:
-        text = text[:max_chars] + "…"
-    text = text.replace("\\", "\\\\").replace("|", "\\|")
-    return text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", "<br>")
+def _cut(text: str, max_chars: int) -> str:
+    return text[:max_chars] + "…" if len(text) > max_chars else text
+
+
+def _quote(text: str) -> str:
+    return "\n".join("> " + line for line in text.replace("\r\n", "\n").split("\n"))
+
+
+def _code_block(text: str) -> str:
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}"

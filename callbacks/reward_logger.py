@@ -13,6 +13,7 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, Metric, MinMetric
 
 from comlrl_lightning.core import metrics as M
+from comlrl_lightning.envs.rewards import ERRORS
 
 _KINDS: dict[str, type[Metric]] = {"mean": MeanMetric, "min": MinMetric, "max": MaxMetric}
 
@@ -24,6 +25,8 @@ class RewardLogger(pl.Callback):
 
     - ``rewards/<fn>/mean``: mean of each reward function's value over the step's joint actions
       (NaN entries, e.g. skipped samples, are ignored);
+    - ``rewards/errors``: with ``WeightedReward(skip_invalid=True)``, the number of the step's joint
+      actions whose reward raised or was non-finite (and got ``invalid_reward``);
     - ``turn_<t>/reward`` and ``turn_<t>/return``: mean reward and return of turn ``t`` (only when
       an episode has more than one turn);
     - ``agent_<i>/completions/mean_length``, ``min_length``, ``max_length`` (tokens, EOS included)
@@ -135,7 +138,10 @@ def step_metrics(out: Mapping[str, Any], loss_config: Any, wall_s: float) -> dic
     """
     metrics: dict[str, float] = {}
     for fn, values in out.get("reward_components", {}).items():
-        metrics[M.reward_fn(fn)] = float(values.float().nanmean())
+        if fn == ERRORS:  # a count, not a reward: how many joint actions had a skipped reward fault
+            metrics[f"rewards/{ERRORS}"] = float(values.float().sum())
+        else:
+            metrics[M.reward_fn(fn)] = float(values.float().nanmean())
     if len(out.get("turn_rewards", ())) > 1:
         for t, (rewards, returns) in enumerate(zip(out["turn_rewards"], out["turn_returns"])):
             metrics[M.turn(t, "reward")] = float(rewards.float().mean())

@@ -1,6 +1,9 @@
 """comlrl-lightning: cooperative multi-LLM reinforcement learning as PyTorch Lightning modules."""
 
+from comlrl_lightning.algorithms.actor_critic import ActorCritic, ActorCriticRolloutConfig
 from comlrl_lightning.algorithms.base import CoMLRLModule
+from comlrl_lightning.algorithms.iac import IAC
+from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.config import (
     AdvantageConfig,
@@ -16,12 +19,13 @@ from comlrl_lightning.infra.strategy import (
     AgentParallelStrategy,  # registers the 'agent_parallel' strategy name
 )
 from comlrl_lightning.team.agents import AgentSpec
+from comlrl_lightning.team.critics import CriticConfig, CriticSpec
 from comlrl_lightning.team.team import Team
 
 __all__ = [
     "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "AgentSpec", "DecPOMDP", "Episode", "PromptTemplate",
     "Transition", "RewardFunction", "RewardOutput", "RewardProcessor", "WeightedReward", "AgentParallelStrategy",
     "CoMLRLModule", "Team", "RolloutConfig", "AdvantageConfig", "LossConfig", "SamplingConfig", "PlacementConfig",
-    "StepOutput", "AgentStats",
+    "StepOutput", "AgentStats", "IAC", "MAAC", "ActorCritic", "ActorCriticRolloutConfig", "CriticConfig", "CriticSpec",
 ]  # fmt: skip
 __version__ = "0.1.0"

@@ -3,6 +3,8 @@
 ``comlrl-lightning fit --config configs/toy_length_ratio.yaml`` trains; ``fit --print_config``
 shows the full config. ``model`` and ``data`` take any :class:`CoMLRLModule` subclass (MAGRPO, ...) and any
 :class:`DecPOMDPDataModule` subclass (``class_path``/``init_args``).
+``comlrl-lightning coordinate --config configs/coordinator_humaneval_smollm2.yaml`` runs a coordinator
+of one trainer per agent instead (:mod:`comlrl_lightning.coordinator.cli`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import traceback
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
@@ -17,8 +20,13 @@ from lightning.pytorch.cli import LightningCLI
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
+from comlrl_lightning.infra.memory import release_freed_memory
 
 _SUMMARY_KEYS = (M.VAL_PASS_AT_1, M.VAL_REWARD, M.REWARD)
+DEFAULT_SAVE_DIR = "runs"
+"""Where loggers without a ``save_dir`` write when ``trainer.default_root_dir`` is not given."""
+SAVE_DIR_MARK = "<trainer.default_root_dir, else runs>"
+"""The CLI's default logger ``save_dir``: replaced before instantiation (see ``before_instantiate_classes``)."""
 
 
 class CoMLRLCLI(LightningCLI):
@@ -38,6 +46,43 @@ class CoMLRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--validate_before_fit", type=bool, default=False,
                             help="fit only: run validation once before training (logged at step 0)")  # fmt: skip
+
+    def before_instantiate_classes(self) -> None:
+        """Loggers without a ``save_dir`` write under ``trainer.default_root_dir`` (default ``runs``).
+
+        The shipped configs leave ``save_dir`` out (it then holds :data:`SAVE_DIR_MARK`, as
+        ``--print_config`` shows), so ``--trainer.default_root_dir=/x`` moves the logs (and the
+        checkpoints under the log folder) to ``/x``; an explicit ``--trainer.logger.init_args.save_dir``
+        still wins.
+        """
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        trainer = config.get("trainer") if config is not None else None
+        if trainer is None:
+            return
+        loggers = trainer.get("logger")
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            init_args = logger.get("init_args") if hasattr(logger, "get") else None
+            if init_args is not None and init_args.get("save_dir") in (None, SAVE_DIR_MARK):
+                init_args["save_dir"] = trainer.get("default_root_dir") or DEFAULT_SAVE_DIR
+
+    def instantiate_classes(self) -> None:
+        """Build model, data and trainer; an error from a class's ``__init__`` is shown once, message last.
+
+        jsonargparse re-raises such an error inside a union error whose text repeats it and ends in a
+        dump of every init argument, chained to the original: the user would read the message three
+        times in two tracebacks and find a namespace last. Here the original error's own traceback is
+        printed alone and the command exits with status 1.
+        """
+        try:
+            super().instantiate_classes()
+        except Exception as err:  # re-raised unless jsonargparse wrapped it
+            root = err
+            while root.__cause__ is not None:
+                root = root.__cause__
+            if root is err:
+                raise
+            traceback.print_exception(type(root), root, root.__traceback__, chain=False, file=sys.stderr)
+            raise SystemExit(1) from None
 
     def before_fit(self) -> None:
         if self.config["fit"].get("validate_before_fit"):
@@ -73,6 +118,13 @@ def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, lis
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    release_freed_memory()  # freed activations and gradients leave the resident set (infra/memory.py)
+    args = sys.argv[1:] if args is None else args
+    if args and args[0] == "coordinate":  # not a Trainer function: the coordinator owns its round loop
+        from comlrl_lightning.coordinator.cli import main as coordinate
+
+        coordinate(args[1:])
+        return
     CoMLRLCLI(
         CoMLRLModule,  # any algorithm: model.class_path names it (MAGRPO, its aliases, ...)
         DecPOMDPDataModule,
@@ -81,7 +133,7 @@ def main(args: list[str] | None = None) -> None:
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
         trainer_defaults={"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                                     "init_args": {"save_dir": "runs"}}},
+                                     "init_args": {"save_dir": SAVE_DIR_MARK}}},
         args=args,
     )  # fmt: skip
 

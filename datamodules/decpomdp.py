@@ -8,9 +8,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from comlrl_lightning.datamodules.loader import EpisodeDataset, ResumableSampler, collate_episodes
 from torch.utils.data import DataLoader
 
+from comlrl_lightning.datamodules.loader import EpisodeDataset, ResumableSampler, collate_episodes
 from comlrl_lightning.envs.base import DecPOMDP, Formatter, Transition
 from comlrl_lightning.envs.rewards import RewardFunction, WeightedReward
 
@@ -21,7 +21,7 @@ def load_rows(source: Any, split: str = "train") -> Any:
     """Rows from a hub dataset name, a local json/jsonl/parquet/csv file, a ``datasets.Dataset`` or a list.
 
     Raises:
-        ValueError: an unsupported local file extension.
+        ValueError: an unsupported local file extension, or a local file with no rows.
         FileNotFoundError/ConnectionError: from ``datasets`` when a hub name cannot be reached.
     """
     if not isinstance(source, (str, os.PathLike)):
@@ -29,14 +29,19 @@ def load_rows(source: Any, split: str = "train") -> Any:
     import datasets
 
     path = os.fspath(source)
-    stem = path[:-3] if path.endswith(".gz") else path
+    stem = path.removesuffix(".gz")
     ext = os.path.splitext(stem)[1]
     if ext in _LOCAL_FORMATS and not os.path.exists(path):
         raise FileNotFoundError(f"data.dataset: no file {os.path.abspath(path)!r} (a local {ext} path was given)")
     if os.path.exists(path):
         if ext not in _LOCAL_FORMATS:
             raise ValueError(f"dataset: unsupported file {path!r}; allowed extensions: {sorted(_LOCAL_FORMATS)} (+ .gz)")
-        return datasets.load_dataset(_LOCAL_FORMATS[ext], data_files=path, split="train")
+        try:
+            return datasets.load_dataset(_LOCAL_FORMATS[ext], data_files=path, split="train")
+        except (StopIteration, ValueError) as err:  # an empty file: a bare StopIteration, or "no data"
+            if isinstance(err, ValueError) and "no data" not in str(err):
+                raise
+            raise ValueError(f"data.dataset: {os.path.abspath(path)!r} has no rows; give a file with at least one") from None
     return datasets.load_dataset(path, split=split)
 
 
@@ -62,7 +67,11 @@ class DecPOMDPDataModule(pl.LightningDataModule):
         num_workers: DataLoader workers.
 
     Raises:
-        ValueError: formatter count ≠ ``num_agents``, or a bad fraction/size, naming the field.
+        ValueError: formatter count ≠ ``num_agents``, a bad fraction/size/cap, or a template
+            ``str.format`` cannot parse, naming the field. At ``setup`` (before any model loads): an
+            empty split, or a formatter that fails on the first row of a split, naming
+            ``data.formatters[i]``.
+        TypeError: a formatter that is not callable, or (at ``setup``) returns no ``str``.
     """
 
     def __init__(
@@ -91,9 +100,16 @@ class DecPOMDPDataModule(pl.LightningDataModule):
             raise ValueError(f"data.val_fraction: got {val_fraction}, must be in [0, 1)")
         if batch_size < 1:
             raise ValueError(f"data.batch_size: got {batch_size}, must be >= 1")
+        for name, cap in (("max_train_samples", max_train_samples), ("max_val_samples", max_val_samples)):
+            if cap is not None and cap < 1:
+                raise ValueError(f"data.{name}: got {cap}, must be >= 1 or None (all rows); to skip validation "
+                                 "set trainer.limit_val_batches=0")  # fmt: skip
         if reward is None:
             raise ValueError("data.reward: give a reward function (or a list, or a WeightedReward)")
-        self.env = DecPOMDP(formatters, reward, transition)
+        try:
+            self.env = DecPOMDP(formatters, reward, transition)
+        except (ValueError, TypeError) as err:
+            raise type(err)(f"data.{err}") from None
         self.dataset, self.val_dataset = dataset, val_dataset
         self.train_split, self.val_split = train_split, val_split
         self.val_fraction, self.seed = val_fraction, seed
@@ -124,6 +140,27 @@ class DecPOMDPDataModule(pl.LightningDataModule):
         train, val = self.load_train_val()
         self.train_rows = _cap(train, self.max_train_samples)
         self.val_rows = _cap(val, self.max_val_samples) if val is not None else None
+        for split, rows in (("training", self.train_rows), ("validation", self.val_rows)):
+            if rows is not None:
+                self._check_rows(split, rows)
+
+    def _check_rows(self, split: str, rows: Any) -> None:
+        """Refuse an empty split and render every formatter on its first row, so a bad template or a
+        missing field fails here, before any model loads, naming the formatter."""
+        if len(rows) == 0:
+            source = self.dataset if split == "training" or self.val_dataset is None else self.val_dataset
+            where = source if isinstance(source, (str, os.PathLike)) else type(source).__name__
+            raise ValueError(f"data.dataset: the {split} split of {where!r} has no rows")
+        row = dict(rows[0])
+        for i, fmt in enumerate(self.env.formatters):
+            try:
+                text = fmt(row)
+            except Exception as err:  # noqa: BLE001 - any failure here is the user's formatter; say which
+                raise ValueError(f"data.formatters[{i}] ({fmt!r}) fails on the first {split} row "
+                                 f"(fields {sorted(row)}): {type(err).__name__}: {err}") from None  # fmt: skip
+            if not isinstance(text, str):
+                raise TypeError(f"data.formatters[{i}] ({fmt!r}) returned a {type(text).__name__} on the first "
+                                 f"{split} row; a formatter returns the prompt text (str)")  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
         ds = EpisodeDataset(self.train_rows)

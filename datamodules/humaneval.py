@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
-
 from comlrl_lightning.envs.base import Formatter, Transition
 from comlrl_lightning.envs.rewards import RewardFunction, WeightedReward
 from comlrl_lightning.sandbox.api import SandboxConfig

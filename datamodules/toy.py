@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
-
 from comlrl_lightning.envs.toy import LengthRatioReward, length_ratio_rows
 
 

@@ -10,21 +10,21 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-from comlrl_lightning.callbacks import AgentCheckpoint, CompletionLogger, GradientCheckpointing, RewardLogger
-from comlrl_lightning.callbacks.agent_checkpoint import save_agents
-from comlrl_lightning.callbacks.completion_logger import completion_table
-from comlrl_lightning.callbacks.gradient_checkpointing import (
-    enable_gradient_checkpointing,
-    is_gradient_checkpointing,
-)
-from comlrl_lightning.callbacks.reward_logger import step_metrics
-from comlrl_lightning.datamodules import LengthRatioDataModule
 from experiments import experiment
 from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from comlrl_lightning import MAGRPO
+from comlrl_lightning.callbacks import AgentCheckpoint, CompletionLogger, GradientCheckpointing, RewardLogger
+from comlrl_lightning.callbacks.agent_checkpoint import save_agents
+from comlrl_lightning.callbacks.completion_logger import completion_report
+from comlrl_lightning.callbacks.gradient_checkpointing import (
+    enable_gradient_checkpointing,
+    is_gradient_checkpointing,
+)
+from comlrl_lightning.callbacks.reward_logger import step_metrics
 from comlrl_lightning.core.losses import completion_logprobs
+from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,25 +158,29 @@ def test_reward_logger_logs_each_step_and_aggregates_the_epoch(tmp_path):
 
 
 # --------------------------------------------------------------- CompletionLogger
-def test_completion_table_aligns_joint_actions_escapes_and_truncates():
+def test_completion_report_shows_the_user_turn_the_reward_first_and_code_blocks():
     out = fake_output([0.1, 0.2, 0.3, 0.4], [[1] * 4] * 2, [[False] * 4] * 2,
-                      texts=[["x|y", "line1\nline2", "c", "d"], ["A" * 50, "B", "C", "D"]])  # fmt: skip
-    lines = completion_table(out, max_rows=3, max_chars=11).splitlines()
-    assert lines[0] == (
-        "| episode | agent_0 prompt | agent_0 completion | agent_1 prompt | agent_1 completion | reward |"
-    )
-    assert len(lines) == 2 + 3  # header, separator, max_rows rows
-    assert lines[2] == "| 0 | p0 ep0 | x\\|y | p1 ep0 | AAAAAAAAAAA… | 0.1 |"
-    assert lines[3] == "| 0 | p0 ep0 | line1<br>line2 | p1 ep0 | B | 0.2 |"
-    assert lines[4].startswith("| 1 | p0 ep1 | c |") and lines[4].endswith("| 0.3 |")
+                      texts=[["x|y", "```python\nf()\n```", "c", "d"], ["A" * 50, "B", "C", "D"]])  # fmt: skip
+    out["prompts"] = [["<|im_start|>user\nq0<|im_end|>"] * 2] * 2  # rendered: must not be shown
+    out["user_prompts"] = [["helper for\nq0", "helper for q1"], ["main q0", "main q1"]]
+    text = completion_report(out, max_rows=3, max_chars=20)
+    assert "im_start" not in text
+    parts = text.split("\n\n")
+    assert parts[:4] == ["### episode 0", "**agent_0 user turn**", "> helper for\n> q0", "**agent_1 user turn**"]
+    assert parts[5] == "**reward 0.1** (joint action 0)"
+    assert parts[6:10] == ["agent_0:", "```\nx|y\n```", "agent_1:", "```\n" + "A" * 20 + "…\n```"]
+    assert parts[12] == "````\n```python\nf()\n```\n````"  # a longer fence: the completion's own cannot close it
+    assert text.count("**reward") == 3  # max_rows joint actions
+    assert "### episode 1" in text and "**reward 0.3**" in text and "**reward 0.4**" not in text
 
 
-def test_completion_table_cross_mode_pairs_every_sample_of_each_agent():
+def test_completion_report_cross_mode_pairs_every_sample_of_each_agent():
     out = fake_output([0.0, 0.1, 0.2, 0.3], [[1, 1], [1, 1]], [[False] * 2] * 2, k=2)
     out["turn0_rewards"] = torch.tensor([[0.0, 0.1, 0.2, 0.3]])  # one episode, K^N = 4 joint actions
     out["completions"] = [["a0", "a1"], ["b0", "b1"]]
-    rows = [line.split(" | ") for line in completion_table(out, 10, 100).splitlines()[2:]]
-    assert [(r[2], r[4]) for r in rows] == [("a0", "b0"), ("a0", "b1"), ("a1", "b0"), ("a1", "b1")]
+    blocks = [p for p in completion_report(out, 10, 100).split("\n\n") if p.startswith("```")]
+    pairs = [(blocks[2 * r][4:-4], blocks[2 * r + 1][4:-4]) for r in range(4)]
+    assert pairs == [("a0", "b0"), ("a0", "b1"), ("a1", "b0"), ("a1", "b1")]
 
 
 def test_completion_logger_writes_text_on_the_batch_axis_from_rank_zero(tmp_path):
@@ -188,7 +192,7 @@ def test_completion_logger_writes_text_on_the_batch_axis_from_rank_zero(tmp_path
     events = acc.Tensors("completions/text_summary")
     assert [e.step for e in events] == [1, 3]  # batches 2 and 4, scalars' x-axis
     text = events[0].tensor_proto.string_val[0].decode()
-    assert "| 0 | p0 ep0 | a0-0 |" in text and len(text.splitlines()) == 3
+    assert "**reward 0**" in text and "```\na0-0\n```" in text and "**reward 1**" not in text  # max_rows=1
     with pytest.raises(ValueError, match="every_n_steps"):
         CompletionLogger(every_n_steps=0)
 
@@ -311,8 +315,8 @@ def test_toy_config_fit_writes_all_metrics_text_and_agent_folders(tmp_path):
     assert "configs/callbacks/default.yaml" in args
     cfg = yaml.safe_load((ROOT / "configs" / "callbacks" / "default.yaml").read_text())
     classes = [c["class_path"].rsplit(".", 1)[1] for c in cfg["trainer"]["callbacks"]]
-    assert classes == ["RewardLogger", "CompletionLogger", "AgentCheckpoint", "ModelCheckpoint"]
-    cfg["trainer"]["callbacks"][1]["init_args"]["every_n_steps"] = 2  # the shipped 25 is past this short run
+    assert classes == ["InterruptCheckpoint", "RewardLogger", "CompletionLogger", "AgentCheckpoint", "ModelCheckpoint"]
+    cfg["trainer"]["callbacks"][2]["init_args"]["every_n_steps"] = 2  # the shipped 25 is past this short run
     config = tmp_path / "callbacks.yaml"
     config.write_text(yaml.safe_dump(cfg))
     os.chdir(ROOT)  # the config's paths are relative to the repository root

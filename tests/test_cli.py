@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from experiments import experiment
+from experiments import experiment, subcommand
 
 from comlrl_lightning.cli import main
 
@@ -87,12 +87,24 @@ def test_saved_config_keeps_template_formatters_verbatim(tmp_path):
     assert saved["data"]["init_args"]["formatters"] == ["Note on {topic}:"]
 
 
-@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))  # blocks: subfolders
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")  # blocks: subfolders
+                                           if subcommand(p.name) == "fit"))  # coordinator configs: test_coordinator_cli
 def test_every_shipped_experiment_parses_with_print_config(config, capsys):
     os.chdir(ROOT)
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", *experiment(config), "--print_config"])
     assert exit_info.value.code == 0, capsys.readouterr().err
     init = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
-    assert init["rollout"]["num_generations"] >= 2 and init["sampling"]["max_new_tokens"] >= 1
-    assert init["advantage"]["advantage_mode"] == "mean" and init["loss"]["loss_type"] in ("sequence_sum", "grpo")  # every group listed
+    assert init["rollout"]["num_generations"] >= 1 and init["sampling"]["max_new_tokens"] >= 1
+    assert init["loss"]["loss_type"] in ("sequence_sum", "grpo")  # every group listed
+    if "critic" in init:  # IAC / MAAC: a critic group where MAGRPO has its advantage group
+        assert init["critic"]["critic_type"] == "v" and "advantage" not in init
+    else:
+        assert init["advantage"]["advantage_mode"] == "mean" and init["rollout"]["num_generations"] >= 2
+
+
+def test_default_root_dir_moves_the_logs_of_a_shipped_config(tmp_path):
+    os.chdir(ROOT)
+    main(["fit", *experiment("toy_grpo.yaml"), "--trainer.enable_progress_bar=false", "--trainer.max_steps=1",
+          "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+    assert glob.glob(str(tmp_path / "toy_grpo" / "version_0" / "events.out.tfevents.*"))

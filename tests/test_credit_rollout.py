@@ -1,12 +1,12 @@
 """Credit modes through the rollout and the module: reward calls, aligned expansion, returns, the step."""
 
 import torch
-from comlrl_lightning.datamodules import LengthRatioDataModule
 
 from comlrl_lightning import MAGRPO
 from comlrl_lightning.core.config import AdvantageConfig, LossConfig, RolloutConfig
 from comlrl_lightning.core.generation import Generation
 from comlrl_lightning.core.rollout import compute_advantages, compute_returns, rollout_tree
+from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 
 K = 2

@@ -1,8 +1,8 @@
 import json
 
 import pytest
-from comlrl_lightning.datamodules import DecPOMDPDataModule, load_rows
 
+from comlrl_lightning.datamodules import DecPOMDPDataModule, load_rows
 from comlrl_lightning.envs.base import Episode, PromptTemplate
 from comlrl_lightning.envs.toy import TargetLengthReward
 

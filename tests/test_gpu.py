@@ -8,12 +8,12 @@ import collections
 import lightning.pytorch as pl
 import pytest
 import torch
-from comlrl_lightning.datamodules import LengthRatioDataModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from comlrl_lightning import MAGRPO, AgentParallelStrategy
 from comlrl_lightning.core.config import LossConfig, RolloutConfig, SamplingConfig
 from comlrl_lightning.core.generation import generate
+from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.team.agents import AgentSpec, load_agent
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available() is False)")

@@ -4,10 +4,10 @@ import os
 from pathlib import Path
 
 import pytest
-from comlrl_lightning.datamodules import HumanEvalDataModule
 from experiments import experiment
 
 from comlrl_lightning.cli import main
+from comlrl_lightning.datamodules import HumanEvalDataModule
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
 from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward, SingleAgentCodeReward

@@ -1,9 +1,9 @@
 import pytest
 import torch
-from comlrl_lightning.datamodules import DecPOMDPDataModule, LengthRatioDataModule
 
 import comlrl_lightning.team.team as team_mod
 from comlrl_lightning import MAGRPO, MAREINFORCE, MARLOO, MAReMax
+from comlrl_lightning.datamodules import DecPOMDPDataModule, LengthRatioDataModule
 from comlrl_lightning.envs.toy import TargetLengthReward, length_ratio_rows
 
 

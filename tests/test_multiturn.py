@@ -4,11 +4,11 @@ import os
 from pathlib import Path
 
 import pytest
-from comlrl_lightning.datamodules import DecPOMDPDataModule
 from experiments import experiment
 
 from comlrl_lightning import MAGRPO
 from comlrl_lightning.cli import main
+from comlrl_lightning.datamodules import DecPOMDPDataModule
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.toy import TargetLengthReward, length_ratio_rows
 from comlrl_lightning.envs.transitions import RolePromptTransition

@@ -8,10 +8,10 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-from comlrl_lightning.datamodules import LengthRatioDataModule
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from comlrl_lightning import MAGRPO
+from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.infra.checkpoint_io import AtomicCheckpointIO
 from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
 

@@ -12,7 +12,6 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-from comlrl_lightning.datamodules import LengthRatioDataModule
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
@@ -23,6 +22,7 @@ import comlrl_lightning.infra.strategy as strategy_mod
 import comlrl_lightning.team.team as team_mod
 from comlrl_lightning import MAGRPO, AgentParallelStrategy
 from comlrl_lightning.core.generation import Generation, completion_mask_from_ids, tokenize_prompts
+from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.infra.strategy import (
     DevicePlan,

@@ -47,6 +47,8 @@ def normalize_agents(agents: Any, num_agents: int | None) -> list[AgentSpec]:
     specs = [AgentSpec(model=a) if isinstance(a, str) else AgentSpec(**a) if isinstance(a, dict) else a for a in agents]
     if num_agents is not None and len(specs) == 1 and num_agents > 1:
         specs = [copy.deepcopy(specs[0]) for _ in range(num_agents)]
+    if not specs:
+        raise ValueError("agents: got an empty list; give one AgentSpec (or model string) per agent, at least one")
     if num_agents is not None and len(specs) != num_agents:
         raise ValueError(f"agents: got {len(specs)} specs for num_agents={num_agents}; give one spec or num_agents")
     return specs
@@ -96,6 +98,8 @@ class CoMLRLModule(pl.LightningModule):
         self.learning_rate, self.val_sampling = learning_rate, val_sampling
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self._env = env
+        self.fabric_schedulers: list[Any] | None = None
+        """Per-agent LR schedulers when a Fabric drives this module (see :meth:`agent_optimizers`)."""
         # registered here so checkpoints, device moves and strategies see them (the team holds the same lists)
         self.agents = self.team.agents
         self.reference_models = self.team.reference_models
@@ -183,9 +187,15 @@ class CoMLRLModule(pl.LightningModule):
         return out
 
     def agent_optimizers(self) -> tuple[list[Any], list[Any]]:
-        """``(optimizers, schedulers)``, one of each per agent (scheduler None when there is none)."""
+        """``(optimizers, schedulers)``, one of each per agent (scheduler None when there is none).
+
+        Under Lightning Fabric (the coordinator's learners) Lightning keeps no scheduler configs, so
+        the schedulers are the ones the driver put in :attr:`fabric_schedulers`.
+        """
         opts = self.optimizers()
         opts = opts if isinstance(opts, list) else [opts]
+        if self.fabric is not None:
+            return opts, list(self.fabric_schedulers or [None] * self.num_agents)
         schs = self.lr_schedulers()
         schs = (schs if isinstance(schs, list) else [schs]) if schs is not None else [None] * self.num_agents
         return opts, schs
@@ -197,6 +207,9 @@ class CoMLRLModule(pl.LightningModule):
         if max_grad_norm is not None:
             self.clip_gradients(opts[agent], gradient_clip_val=max_grad_norm, gradient_clip_algorithm="norm")
         opts[agent].step()
+        # free this agent's gradients now, not at its next zero_grad: otherwise every other agent's
+        # backward runs while they still hold memory (one parameter-sized buffer per agent)
+        opts[agent].zero_grad(set_to_none=True)
         if schs[agent] is not None:
             schs[agent].step()
 

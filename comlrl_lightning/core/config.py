@@ -237,7 +237,11 @@ class SamplingConfig:
     max_completion_length: int | None = None
     """TRL's name for ``max_new_tokens``; when given it sets ``max_new_tokens`` (both given must agree)."""
     max_prompt_length: int | None = None
-    """Prompts longer than this (tokens, history included) keep their last tokens; None: all. TRL name."""
+    """Prompts longer than this (tokens, history included) keep their last tokens; None: all. TRL name.
+    Prompts are also cut from the left to fit the model's context with ``max_new_tokens`` (warned)."""
+    stop_after_code_block: bool = False
+    """End a completion right after its first complete fenced code block, as if the model had written
+    EOS there (:mod:`comlrl_lightning.core.stopping`): for prompts that ask for one code block."""
     generation_backend: GenerationBackend = "auto"
     """How ``generate`` produces tokens: ``dynamic`` (HF ``generate``, dynamic KV cache), ``static_compile``
     (``cache_implementation="static"``, compiled by transformers on CUDA), ``continuous_batching``
@@ -259,6 +263,10 @@ class SamplingConfig:
             self.max_new_tokens, self.max_completion_length = self.max_completion_length, None
         _require("temperature", self.temperature, self.temperature > 0, "> 0")
         _require("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]")
+        _require("top_k", self.top_k, self.top_k is None or (isinstance(self.top_k, int) and self.top_k >= 0),
+                 "an integer >= 0 or None (0 and None: off)")  # fmt: skip
+        _require("stop_after_code_block", self.stop_after_code_block, isinstance(self.stop_after_code_block, bool),
+                 "true or false")  # fmt: skip
         _require("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1")
         _require("max_prompt_length", self.max_prompt_length,
                  self.max_prompt_length is None or self.max_prompt_length >= 1, ">= 1 or None")  # fmt: skip

@@ -6,14 +6,17 @@ Shapes: ``B`` prompts, ``K`` samples each (``num_generations``), ``P`` padded pr
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+from transformers import StoppingCriteriaList
 
 from comlrl_lightning.core.config import SamplingConfig
+from comlrl_lightning.core.stopping import CodeBlockEnd, apply_stops
 
 
 @dataclass
@@ -161,6 +164,44 @@ def _continuous_batching(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor
     return padded
 
 
+def context_length(model: nn.Module) -> int | None:
+    """The model's context window in tokens (``max_position_embeddings`` / ``n_positions``), if it says."""
+    config = getattr(model, "config", None)
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def fit_to_context(
+    ids: torch.Tensor, mask: torch.Tensor, context: int | None, max_new_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the last ``context - max_new_tokens`` tokens of left-padded prompts ``[B, P]``, with a warning.
+
+    Prompt plus completion must fit the model's context: past it, absolute position embeddings
+    (GPT-2) raise ``IndexError`` and rotary ones degrade silently. Truncating from the left keeps the
+    end of each prompt (the question and the generation prompt of a chat template), as TRL's
+    ``max_prompt_length`` does.
+
+    Raises:
+        ValueError: ``max_new_tokens >= context`` (no room for any prompt token).
+    """
+    if context is None:
+        return ids, mask
+    budget = context - max_new_tokens
+    if budget < 1:
+        raise ValueError(f"max_new_tokens: got {max_new_tokens}, but the model's context is {context} tokens; "
+                         f"must be < {context} to leave room for the prompt")  # fmt: skip
+    if ids.shape[1] > budget:
+        cut = int((mask.sum(-1) > budget).sum())
+        warnings.warn(f"{cut} of {ids.shape[0]} prompts are longer than the model's context ({context} tokens) minus "
+                      f"max_new_tokens ({max_new_tokens}): their first tokens are dropped (set max_prompt_length "
+                      "to choose the cut yourself)", stacklevel=3)  # fmt: skip
+        ids, mask = ids[:, -budget:], mask[:, -budget:]
+    return ids, mask
+
+
 @torch.no_grad()
 def generate(
     model: nn.Module,
@@ -176,12 +217,19 @@ def generate(
     The sampler is ``sampling.backend_for(device)`` (see :class:`SamplingConfig`). The model is put in
     eval mode (KV cache on) and restored afterwards. Tensors come back on CPU.
 
+    Prompts that do not fit the model's context with ``max_new_tokens`` lose their first tokens,
+    with a warning (:func:`fit_to_context`). ``sampling.stop_after_code_block`` ends completions at
+    their first closed code block (:mod:`comlrl_lightning.core.stopping`; not with
+    ``continuous_batching``, which takes no stopping criteria).
+
     Raises:
-        ValueError: ``continuous_batching`` on a model without transformers' ``generate_batch``.
+        ValueError: ``continuous_batching`` on a model without transformers' ``generate_batch``, or
+            ``max_new_tokens`` not below the model's context length.
     """
     device = next(model.parameters()).device
     backend = sampling.backend_for(device)
     ids, mask = tokenize_prompts(tokenizer, prompt_texts, chat_rendered, sampling.max_prompt_length)
+    ids, mask = fit_to_context(ids, mask, context_length(model), sampling.max_new_tokens)
     ids = ids.repeat_interleave(num_generations, 0)
     mask = mask.repeat_interleave(num_generations, 0)
     was_training = model.training
@@ -193,6 +241,9 @@ def generate(
         kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
     else:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    stopper = CodeBlockEnd(tokenizer, ids.shape[1]) if sampling.stop_after_code_block else None
+    if stopper is not None and backend != "continuous_batching":
+        kwargs["stopping_criteria"] = StoppingCriteriaList([stopper])
     try:
         with torch.inference_mode():
             if backend == "continuous_batching":
@@ -208,5 +259,6 @@ def generate(
     if completion_ids.shape[1] == 0:  # nothing generated (max_new_tokens=0 or immediate stop)
         completion_ids = torch.full((ids.shape[0], 1), tokenizer.pad_token_id, dtype=torch.long)
     completion_mask, clipped = completion_mask_from_ids(completion_ids, eos)
+    completion_mask, clipped = apply_stops(completion_mask, clipped, stopper and stopper.stop_lengths)
     texts = tokenizer.batch_decode(completion_ids * completion_mask + tokenizer.pad_token_id * (1 - completion_mask), skip_special_tokens=True)
     return Generation(ids, mask, completion_ids, completion_mask, texts, clipped)

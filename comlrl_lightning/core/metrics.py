@@ -18,6 +18,13 @@ CLIPPED_RATIO = "completions/clipped_ratio"
 TOKENS_PER_SECOND = "tokens_per_second"
 EPISODES_PER_SECOND = "episodes_per_second"
 
+CRITIC_VALUE_MEAN = "critic/value_mean"
+"""IAC / MAAC: mean critic value over the step's samples (before the update), mean over critics."""
+CRITIC_VALUE_LOSS = "critic/value_loss"
+"""IAC / MAAC: the critics' value loss (``value_loss_coef`` included), mean over critics."""
+CRITIC_EXPLAINED_VARIANCE = "critic/explained_variance"
+"""IAC / MAAC: ``1 − Var(T − V) / Var(T)`` of the values against their TD targets, mean over critics."""
+
 VAL_REWARD = "val/reward"
 VAL_RETURN = "val/return"
 VAL_PASS_AT_1 = "val/pass@1"
@@ -27,6 +34,11 @@ VAL_PASS_AT_1 = "val/pass@1"
 def agent(i: int, name: str) -> str:
     """``agent_<i>/<name>``: a per-agent metric (``loss``, ``grad_norm``, ``kl``, ``completions/...``)."""
     return f"agent_{i}/{name}"
+
+
+def critic(i: int, name: str) -> str:
+    """``critic/agent_<i>/<name>``: one IAC critic's ``value_mean`` / ``value_loss`` / ``explained_variance``."""
+    return f"critic/agent_{i}/{name.removeprefix('critic/')}"
 
 
 def reward_fn(name: str, prefix: str = "") -> str:

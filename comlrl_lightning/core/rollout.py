@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from comlrl_lightning.core.advantages import agent_sample_returns, joint_action_indices
+from comlrl_lightning.core.advantages import agent_sample_returns, group_advantages, joint_action_indices
 from comlrl_lightning.core.credit import CreditIndex, credit_index, step_advantages, tree_credit_returns
 from comlrl_lightning.core.generation import Generation
 from comlrl_lightning.core.records import Node, Turn
@@ -87,7 +87,7 @@ def rollout_tree(
         rows = torch.arange(g)[:, None] * num_generations + joint_index.T[:, None, :]  # [N, G, J]
         joint_actions = [[gens[i].texts[rows[i, a, b]] for i in range(n)] for a in range(g) for b in range(j)]
         out = env.reward(joint_actions, [nodes[a].episode for a in range(g) for _ in range(j)], turn, step=step)
-        scored = out.total.view(g, j)
+        scored = out.total.view(g, j, *out.total.shape[1:])  # [G, J] or, per agent, [G, J, N]
         j_played = j if shared else num_generations  # the aligned rows come first
         rewards = scored[:, :j_played]
         child = torch.full((g, j_played), -1, dtype=torch.long)
@@ -97,7 +97,8 @@ def rollout_tree(
                 if termination_threshold is not None and float(rewards[a].mean()) > termination_threshold:
                     continue
                 for b in range(j_played):
-                    if stop_reward is not None and rewards[a, b] >= stop_reward:
+                    # per-agent rewards: the branch ends when every agent reached stop_reward
+                    if stop_reward is not None and rewards[a, b].min() >= stop_reward:
                         continue
                     acts = joint_actions[a * j + b]
                     comps = [node.completions[i] + [acts[i]] for i in range(n)]
@@ -107,7 +108,7 @@ def rollout_tree(
                     child[a, b] = len(next_nodes)
                     next_nodes.append(Node(node.episode, turn + 1, [node.prompts[i] + [nxt[i]] for i in range(n)], comps))
         pass_at_1 = None if out.pass_at_1 is None else out.pass_at_1.view(g, j)[:, :j_played]
-        components = {k: v.view(g, j)[:, :j_played] for k, v in out.components.items()}
+        components = {k: v.view(g, j, *v.shape[1:])[:, :j_played] for k, v in out.components.items()}
         turns.append(Turn(turn, nodes, texts, gens, rewards, components, child, pass_at_1,
                           scored_rewards=None if shared else scored))  # fmt: skip
         if not next_nodes:
@@ -118,7 +119,8 @@ def rollout_tree(
 
 def compute_returns(turns: list[Turn], discount: float, credit: str = "shared") -> None:
     """Fill ``turn.returns`` bottom-up: ``R = r + discount · mean(child returns)`` (leaf: ``R = r``);
-    under a credit mode also ``turn.scored_returns`` (:func:`~comlrl_lightning.core.credit.tree_credit_returns`)."""
+    per agent when the rewards are ``[G, J, N]``; under a credit mode also ``turn.scored_returns``
+    (:func:`~comlrl_lightning.core.credit.tree_credit_returns`)."""
     if credit != "shared":
         scored = tree_credit_returns([t.scored_rewards for t in turns], [t.child for t in turns], discount, credit)
         for t, r in zip(turns, scored):
@@ -128,7 +130,7 @@ def compute_returns(turns: list[Turn], discount: float, credit: str = "shared") 
         returns = t.rewards.clone()
         if below is not None:
             has_child = t.child >= 0
-            child_mean = below.mean(-1)  # [G_next]
+            child_mean = below.mean(1)  # [G_next] (or [G_next, N]): mean over the child's joint actions
             returns[has_child] += discount * child_mean[t.child[has_child]]
         t.returns = returns
         below = returns
@@ -153,6 +155,15 @@ def compute_advantages(
     (``sample_costs``: per turn, per agent ``[G, K]``, e.g. ``β·KL`` for ``kl_mode="reward"``).
     """
     own = joint_action_indices(num_agents, num_generations, joint_mode)
+    if credit == "shared" and turns[0].returns is not None and turns[0].returns.dim() == 3:
+        # per-agent rewards [G, J, N]: agent i's group baseline uses its own column
+        for t in turns:
+            t.agent_returns, t.advantages = [], []
+            for i in range(num_agents):
+                r = agent_sample_returns(t.returns[..., i], own, i, num_generations)  # [G, K]
+                t.agent_returns.append(r.flatten())
+                t.advantages.append(group_advantages(r, mode, scale, eps).flatten())
+        return
     index = CreditIndex(own, None) if credit == "shared" else credit_index(num_agents, num_generations, credit)
     assert all(t.returns is not None for t in turns), "compute_returns first"
     returns = [t.returns if credit == "shared" else t.scored_returns for t in turns]

@@ -7,6 +7,7 @@ With ``num_turns > 1`` a :class:`Transition` reads the histories and writes each
 
 from __future__ import annotations
 
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -34,20 +35,36 @@ Formatter = Callable[[dict[str, Any]], str]
 class PromptTemplate:
     """A formatter from a ``str.format`` template over the row's fields.
 
-    Example: ``PromptTemplate("Write a helper for:\\n{prompt}")``. A missing field raises
-    ``KeyError`` naming the field and the fields the row has.
+    Example: ``PromptTemplate("Write a helper for:\\n{prompt}")``.
+
+    Raises:
+        ValueError: at construction, a template that ``str.format`` cannot parse (``"{topic"``),
+            naming the template; when called, a field whose value is ``None`` (a row of a
+            ``datasets`` table that lacks the field gets ``None``, which would become the text
+            ``"None"`` in the prompt).
+        KeyError: when called, a field the row does not have, naming it and the row's fields.
     """
 
     def __init__(self, template: str) -> None:
+        try:
+            names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+        except ValueError as err:
+            raise ValueError(f"PromptTemplate {template!r}: not a valid str.format template ({err})") from None
+        if any(not n or n[0].isdigit() for n in names):
+            raise ValueError(f"PromptTemplate {template!r}: positional fields ({{}} or {{0}}) have no value; "
+                             "name a field of the row, e.g. {prompt}")  # fmt: skip
+        self.fields = sorted({n.split(".")[0].split("[")[0] for n in names})
         self.template = template
 
     def __call__(self, example: dict[str, Any]) -> str:
-        try:
-            return self.template.format(**example)
-        except KeyError as err:
-            raise KeyError(
-                f"PromptTemplate {self.template[:40]!r}... uses field {err.args[0]!r}; the row has {sorted(example)}"
-            ) from None
+        missing = [f for f in self.fields if f not in example]
+        if missing:
+            raise KeyError(f"PromptTemplate {self.template[:40]!r} uses field {missing[0]!r}; the row has {sorted(example)}")
+        empty = [f for f in self.fields if example[f] is None]
+        if empty:
+            raise ValueError(f"PromptTemplate {self.template[:40]!r}: the row's field {empty[0]!r} is None (missing in "
+                             "this row); fill or drop such rows")  # fmt: skip
+        return self.template.format(**example)
 
     def __repr__(self) -> str:
         return f"PromptTemplate({self.template!r})"
@@ -78,7 +95,8 @@ class DecPOMDP:
         transition: a :class:`Transition` for multi-turn episodes; ``None`` for single-turn tasks.
 
     Raises:
-        ValueError: no formatter given.
+        ValueError: no formatter given, or a template ``str.format`` cannot parse (``formatters[i]``).
+        TypeError: a formatter that is neither a string nor callable (``formatters[i]``).
     """
 
     def __init__(
@@ -89,7 +107,16 @@ class DecPOMDP:
     ) -> None:
         if not formatters:
             raise ValueError("DecPOMDP.formatters: give one formatter per agent (got none)")
-        self.formatters = [PromptTemplate(f) if isinstance(f, str) else f for f in formatters]
+        self.formatters: list[Formatter] = []
+        for i, f in enumerate(formatters):
+            if isinstance(f, str):
+                try:
+                    f = PromptTemplate(f)
+                except ValueError as err:
+                    raise ValueError(f"formatters[{i}]: {err}") from None
+            elif not callable(f):
+                raise TypeError(f"formatters[{i}]: got a {type(f).__name__}; give a template string or a callable")
+            self.formatters.append(f)
         self.reward_fn = as_weighted_reward(reward)
         self.transition_fn = transition
 

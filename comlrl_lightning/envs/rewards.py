@@ -1,15 +1,18 @@
 """Shared rewards: the `RewardFunction` protocol, `WeightedReward` and reward processors.
 
-A reward function scores a batch of joint actions. Every agent of the team gets the same number
-for a joint action (the Dec-POMDP's shared reward); nothing here is per agent.
+A reward function scores a batch of joint actions: one shared number per joint action (the
+Dec-POMDP's shared reward, ``[J]``), or one number per agent (``[J, N]``, for tasks that credit the
+agents separately; actor-critic trainers use each agent's column, MAGRPO groups per agent). A
+:class:`WeightedReward` mixing both broadcasts the shared ones to every agent.
 """
 
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -19,24 +22,26 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class RewardFunction(Protocol):
-    """Scores joint actions with one shared float each.
+    """Scores joint actions with one shared float each (or one float per agent each).
 
-    Called as ``fn(joint_actions, episodes, turn)`` where ``joint_actions[j][i]`` is agent ``i``'s
-    completion text in joint action ``j`` and ``episodes[j]`` the episode it belongs to (episodes
-    repeat when a node has several joint actions). Returns ``len(joint_actions)`` floats.
+    Called positionally as ``fn(joint_actions, episodes, turn)`` where ``joint_actions[j][i]`` is
+    agent ``i``'s completion text in joint action ``j`` (``Sequence[Sequence[str]]``), ``episodes[j]``
+    the :class:`~comlrl_lightning.envs.base.Episode` it belongs to (episodes repeat when a node has
+    several joint actions) and ``turn`` the 0-based turn (``int``). Returns either plain numbers
+    (``J = len(joint_actions)`` floats, or ``J`` rows of ``N`` floats: one per agent) or a :class:`RewardResult` (values plus per-joint-action metrics,
+    logged as ``rewards/<name>/<key>``). Nothing is reported through attributes set as a side effect.
+
     Implementations should set a class attribute ``name`` (used for the ``rewards/<name>/mean``
     metric; default: the class or function name). It is not a protocol member so that
     LightningCLI/jsonargparse can check the protocol from the call signature alone.
 
-    A function returns either plain numbers (``J`` floats) or a :class:`RewardResult` (values plus
-    per-joint-action metrics, logged as ``rewards/<name>/<key>``). Nothing is reported through
-    attributes set as a side effect. (The annotation says ``list[float]`` because jsonargparse
-    matches a YAML class against this protocol by its exact signature.)
+    The signature below is positional-only and annotated ``Any`` on purpose: jsonargparse matches a
+    function or class named in YAML against this protocol by its signature, and with these
+    annotations it accepts any callable taking three positional arguments (whatever their names and
+    annotations), and refuses one of another arity.
     """
 
-    def __call__(
-        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
-    ) -> list[float]: ...
+    def __call__(self, joint_actions: Any, episodes: Any, turn: Any, /) -> Any: ...
 
 
 PASS_AT_1 = "all_passed"
@@ -49,13 +54,18 @@ class RewardResult:
     """What a reward function returns when it has more to say than the values.
 
     Attributes:
-        values: ``J`` floats, one shared reward per joint action.
+        values: ``J`` floats, one shared reward per joint action, or ``J`` rows of ``N`` floats, one
+            reward per agent.
         metrics: key -> ``J`` floats, logged as ``rewards/<name>/<key>`` (e.g. per-level values of a
             level-gated reward, or :data:`PASS_AT_1`).
     """
 
     values: Sequence[float]
     metrics: dict[str, Sequence[float]] = field(default_factory=dict)
+
+
+ERRORS = "errors"
+"""The component that marks (1.0) joint actions whose reward was invalid and skipped (``skip_invalid``)."""
 
 
 class RewardError(RuntimeError):
@@ -98,9 +108,10 @@ class RewardOutput:
     """The result of scoring J joint actions.
 
     Attributes:
-        total: ``[J]`` float32, the shared reward after weighting and processing.
-        components: reward-function name -> ``[J]`` raw (unweighted) values, for logging; also
-            ``<name>/<key>`` for each key of a function's :attr:`RewardResult.metrics`.
+        total: ``[J]`` float32, the shared reward after weighting and processing; ``[J, N]`` (one
+            column per agent) when any function returned per-agent values.
+        components: reward-function name -> ``[J]`` (or ``[J, N]``) raw (unweighted) values, for
+            logging; also ``<name>/<key>`` for each key of a function's :attr:`RewardResult.metrics`.
         pass_at_1: ``[J]`` 1.0 where the joint action solved the task: the :data:`PASS_AT_1` metric
             of the first function that reports it; None when none does.
     """
@@ -109,21 +120,33 @@ class RewardOutput:
     components: dict[str, torch.Tensor] = field(default_factory=dict)
     pass_at_1: torch.Tensor | None = None
 
+    @property
+    def per_agent(self) -> bool:
+        """Whether :attr:`total` has one column per agent."""
+        return self.total.dim() == 2
+
+    def agent(self, index: int) -> torch.Tensor:
+        """``[J]`` rewards of agent ``index``: its column, or the shared reward."""
+        return self.total[:, index] if self.per_agent else self.total
+
 
 class WeightedReward:
     """A weighted sum of reward functions, then an optional processor.
 
-    ``total_j = processor(sum_f w_f * f(joint_actions)_j)``. Each function's raw values are kept in
+    ``total_j = processor(sum_f w_f * f(joint_actions)_j)``, per agent when any function returns
+    ``[J, N]`` (shared values then count for every agent). Each function's raw values are kept in
     :attr:`RewardOutput.components` so they can be logged as ``rewards/<name>/mean`` (TRL's name).
 
     Args:
         functions: the reward functions (see :class:`RewardFunction`).
         weights: one weight per function; default all 1.0.
         processor: optional :class:`RewardProcessor` applied to the weighted sum.
-        skip_invalid: if False (default) a function that raises, returns the wrong count or a
-            non-finite value raises :class:`RewardError` naming it; if True such values become NaN
+        skip_invalid: if False (default) a function that raises, returns the wrong count or shape, or
+            a non-finite value raises :class:`RewardError` naming it; if True such values become NaN
             in the components, the joint action gets reward ``invalid_reward`` and the count is
-            reported as ``num_invalid``.
+            counted in the component
+            :data:`ERRORS` (logged per step as ``rewards/errors``), the running total is
+            :attr:`num_invalid`, and the first fault of each kind per function is shown as a warning.
         invalid_reward: reward given to joint actions with an invalid value when ``skip_invalid``.
 
     Raises:
@@ -150,12 +173,14 @@ class WeightedReward:
         self.skip_invalid = skip_invalid
         self.invalid_reward = invalid_reward
         self.num_invalid = 0
+        self._warned: set[tuple[str, str]] = set()
 
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int, step: int = -1
     ) -> RewardOutput:
         """Score ``J = len(joint_actions)`` joint actions. ``step`` is only used in error messages."""
         n = len(joint_actions)
+        num_agents = len(joint_actions[0]) if n else 0
         total = torch.zeros(n, dtype=torch.float32)
         invalid = torch.zeros(n, dtype=torch.bool)
         components: dict[str, torch.Tensor] = {}
@@ -167,17 +192,23 @@ class WeightedReward:
                 out = fn(joint_actions, episodes, turn)
                 if isinstance(out, RewardResult):
                     out, extras = out.values, out.metrics
-                values = _as_values(out, n)
+                values = _as_values(out, n, num_agents)
             except Exception as err:  # noqa: BLE001 - re-raised with context below
                 if not self.skip_invalid:
                     raise RewardError(f"reward function {name!r} failed at step {step}, turn {turn}: {err}") from err
+                self._warn_once(name, "raised", f"reward function {name!r} failed at step {step}, turn {turn}: "
+                                      f"{type(err).__name__}: {err}")  # fmt: skip
                 values = torch.full((n,), float("nan"))
             bad = ~torch.isfinite(values)
+            bad = bad.any(-1) if bad.dim() == 2 else bad  # one bad agent value spoils the joint action
             if bad.any() and not self.skip_invalid:
                 raise RewardError(
                     f"reward function {name!r} returned a non-finite value at step {step}, turn {turn} "
                     f"(joint actions {bad.nonzero().flatten().tolist()})"
                 )
+            if bad.any():
+                self._warn_once(name, "non-finite", f"reward function {name!r} returned a non-finite value at step {step}, "
+                                      f"turn {turn}")  # fmt: skip
             invalid |= bad
             components[name] = values
             for key, extra in extras.items():
@@ -185,27 +216,57 @@ class WeightedReward:
                     components[f"{name}/{key}"] = torch.as_tensor(extra, dtype=torch.float32)
                     if key == PASS_AT_1 and pass_at_1 is None:
                         pass_at_1 = components[f"{name}/{key}"]
-            total += w * torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+            weighted = w * torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+            if weighted.dim() == 2 and total.dim() == 1:  # the first per-agent function: give every agent a column
+                total = total[:, None].expand(n, num_agents).clone()
+            total += weighted[:, None] if total.dim() == 2 and weighted.dim() == 1 else weighted
         if self.processor is not None:
             total = self.processor(total)
+        if self.skip_invalid:
+            components[ERRORS] = invalid.float()
         if invalid.any():
             self.num_invalid += int(invalid.sum())
             total[invalid] = self.invalid_reward
         return RewardOutput(total=total, components=components, pass_at_1=pass_at_1)
 
+    def _warn_once(self, name: str, kind: str, message: str) -> None:
+        # skipped faults are counted in rewards/errors; the first of each kind per function is also shown
+        if (name, kind) not in self._warned:
+            self._warned.add((name, kind))
+            warnings.warn(f"{message} (skip_invalid=True: such joint actions get invalid_reward and are counted "
+                          f"in the metric rewards/{ERRORS}; further such faults are not shown)", stacklevel=3)  # fmt: skip
 
-def _as_values(out: object, n: int) -> torch.Tensor:
-    """``[n]`` float32 from a reward's return value. Only real numbers are accepted: a dict (whose
-    keys would be iterated) or numeric strings (which ``float`` would coerce) raise."""
-    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
-        raise RewardError(f"returned a {type(out).__name__}; expected a sequence of {n} numbers or a RewardResult")
-    bad = [v for v in out if not isinstance(v, (numbers.Real, torch.Tensor))]
-    if bad:
-        raise RewardError(f"returned a non-numeric value {bad[0]!r} ({type(bad[0]).__name__}); expected {n} numbers")
-    values = torch.as_tensor([float(v) for v in out], dtype=torch.float32)
-    if values.numel() != n:
+
+def _as_values(out: object, n: int, num_agents: int) -> torch.Tensor:
+    """``[n]`` (shared) or ``[n, num_agents]`` (per agent) float32 from a reward's return value. Only
+    real numbers are accepted: a dict (whose keys would be iterated) or numeric strings (which
+    ``float`` would coerce) raise, as does any other shape (named in the message)."""
+    if isinstance(out, torch.Tensor):
+        values = out.detach().float().cpu()
+    else:
+        if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
+            raise RewardError(f"returned a {type(out).__name__}; expected a sequence of {n} numbers or a RewardResult")
+        rows = list(out)
+        if rows and all(hasattr(r, "__len__") and not isinstance(r, (str, bytes, dict, torch.Tensor)) for r in rows):
+            flat = [v for r in rows for v in r]
+            shape: tuple[int, ...] = (len(rows), len(rows[0])) if len({len(r) for r in rows}) == 1 else (-1,)
+        else:
+            flat, shape = rows, (len(rows),)
+        bad = [v for v in flat if not isinstance(v, (numbers.Real, torch.Tensor))]
+        if bad:
+            raise RewardError(f"returned a non-numeric value {bad[0]!r} ({type(bad[0]).__name__}); expected {n} numbers")
+        if shape == (-1,):
+            raise RewardError(f"returned rows of different lengths {[len(r) for r in rows]}; expected [{n}] "
+                              f"(shared) or [{n}, {num_agents}] (one per agent)")  # fmt: skip
+        values = torch.as_tensor([float(v) for v in flat], dtype=torch.float32).view(shape)
+    if values.dim() == 1 and values.numel() == n:
+        return values
+    if values.shape == (n, num_agents):
+        return values
+    if values.dim() == 1:
         raise RewardError(f"returned {values.numel()} values for {n} joint actions")
-    return values
+    raise RewardError(f"returned shape {list(values.shape)} for {n} joint actions of {num_agents} agents; expected "
+                      f"[{n}] (shared) or [{n}, {num_agents}] (one per agent)")  # fmt: skip
 
 
 def as_weighted_reward(reward: RewardFunction | WeightedReward | Sequence[RewardFunction]) -> WeightedReward:

@@ -50,15 +50,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
         Raises:
             TypeError: ``storage_options`` was given.
-            OSError / errors of ``torch.save``: after removing ``<path>.tmp``; an earlier file at
-                ``path`` is untouched.
+            OSError: naming ``path`` (a full disk, a read-only folder), after removing ``<path>.tmp``;
+                an earlier file at ``path`` is untouched. Other errors of ``torch.save`` as they are.
         """
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
         fs, local = fsspec.core.url_to_fs(str(path))
         if not isinstance(fs, LocalFileSystem):
             return super().save_checkpoint(checkpoint, path)
-        atomic_torch_save(checkpoint, local)
+        try:
+            atomic_torch_save(checkpoint, local)
+        except OSError as err:  # torch's own message ("unexpected pos ...", "file write failed") names no path
+            raise OSError(err.errno, f"could not write the checkpoint {os.path.abspath(local)!r}: "
+                          f"{err.strerror or err}") from err  # fmt: skip
         return None
 
 
@@ -85,6 +89,36 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
             pass
         raise
     fsync_dir(folder)
+
+
+def prepare_checkpoint_dir(path: str | os.PathLike[str]) -> list[str]:
+    """Make sure checkpoints can be written to folder ``path`` and remove stale temporary files.
+
+    Creates the folder, writes and removes a probe file, and deletes ``*.ckpt.tmp`` files that a killed
+    :func:`atomic_torch_save` left behind (the complete checkpoints beside them are untouched).
+    Called at setup, so a read-only or missing mount fails before any model loads or trains.
+
+    Returns:
+        The paths of the removed temporary files.
+
+    Raises:
+        OSError: the folder cannot be created or written, naming it.
+    """
+    path = os.path.abspath(os.fspath(path))
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write-probe-{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+        os.remove(probe)
+    except OSError as err:
+        raise OSError(err.errno, f"checkpoint folder {path!r} is not writable: {err.strerror or err}") from err
+    removed = []
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".ckpt.tmp") and os.path.isfile(os.path.join(path, name)):
+            os.remove(os.path.join(path, name))
+            removed.append(os.path.join(path, name))
+    return removed
 
 
 def fsync_dir(path: str) -> None:

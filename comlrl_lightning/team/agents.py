@@ -11,6 +11,7 @@ tokenizer, for heterogeneous-team tests) and the names in
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +53,8 @@ class AgentSpec:
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "max_prompt_length", "generation_backend")
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "max_prompt_length", "generation_backend",
+                   "stop_after_code_block")
 
 
 def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
@@ -76,6 +78,10 @@ def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
         )
     if spec.learning_rate is not None and spec.learning_rate <= 0:
         raise ValueError(f"{where}.learning_rate: must be > 0, got {spec.learning_rate}")
+    for key in ("model", "tokenizer"):
+        problem = _unavailable(getattr(spec, key))
+        if problem:
+            raise ValueError(f"{where}.{key}: {problem}")
     if spec.model.startswith(BUILTIN_PREFIX):
         name = spec.model[len(BUILTIN_PREFIX) :]
         from comlrl_lightning.team.builtin import BUILTIN_MODELS
@@ -83,6 +89,31 @@ def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
         known = sorted([*_TINY, *BUILTIN_MODELS])
         if name not in known:
             raise ValueError(f"{where}.model: unknown builtin {name!r}, known: {known}")
+
+
+def _unavailable(source: str | None) -> str | None:
+    """Why ``source`` cannot be loaded, when that is known without loading it: a local path
+    (``/``, ``./``, ``../``, ``~``) that does not exist, or a hub id missing from the cache while
+    ``HF_HUB_OFFLINE`` is set. ``None`` when it may load (``from_pretrained`` has the last word)."""
+    if source is None or source.startswith(BUILTIN_PREFIX):
+        return None
+    path = os.path.expanduser(source)
+    if source.startswith(("/", "./", "../", "~")) or os.path.isabs(path):
+        return None if os.path.isdir(path) else f"no local folder {os.path.abspath(path)!r} (give a hub id or an existing folder)"
+    if os.path.isdir(path):
+        return None
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(source, "config.json"), str):
+        return (f"{source!r} is neither a local folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}), "
+                "and HF_HUB_OFFLINE=1 forbids downloading it; download it first, give a local folder, or "
+                "use a builtin:<name>")  # fmt: skip
+    return None
+
+
+def _load_failed(spec: AgentSpec, source: str, err: Exception) -> OSError:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return OSError(f"agent model {spec.model!r}: cannot load {source!r} ({type(err).__name__}: {first})")
 
 
 def byte_tokenizer() -> Any:
@@ -157,7 +188,10 @@ def load_tokenizer(spec: AgentSpec) -> Any:
     else:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(_resolve_source(source))
+        try:
+            tok = AutoTokenizer.from_pretrained(_resolve_source(source))
+        except (OSError, ValueError) as err:  # transformers: OSError for missing files, ValueError for no config
+            raise _load_failed(spec, source, err) from err
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -178,7 +212,10 @@ def load_agent(spec: AgentSpec) -> tuple[nn.Module, Any]:
     else:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(_resolve_source(spec.model), dtype=dtype, **spec.model_kwargs)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(_resolve_source(spec.model), dtype=dtype, **spec.model_kwargs)
+        except (OSError, ValueError) as err:  # transformers: OSError for missing files, ValueError for no config
+            raise _load_failed(spec, spec.model, err) from err
     if getattr(model.generation_config, "pad_token_id", None) is None:
         model.generation_config.pad_token_id = tok.pad_token_id
     disable_dropout(model)

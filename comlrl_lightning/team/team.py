@@ -21,7 +21,14 @@ import torch
 from torch import nn
 
 from comlrl_lightning.core.config import SamplingConfig
-from comlrl_lightning.core.generation import Generation, generate, has_chat_template, render_prompt
+from comlrl_lightning.core.generation import (
+    Generation,
+    context_length,
+    fit_to_context,
+    generate,
+    has_chat_template,
+    render_prompt,
+)
 from comlrl_lightning.core.records import Node
 from comlrl_lightning.team.agents import GENERATION_KEYS, AgentSpec, load_agent
 
@@ -60,10 +67,13 @@ class Team:
 
     def __init__(self, specs: Sequence[AgentSpec], sampling: SamplingConfig) -> None:
         self.specs = list(specs)
-        self.sampling = [
-            SamplingConfig(**{**vars(sampling), **{k: v for k, v in s.generation.items() if k in GENERATION_KEYS}})
-            for s in self.specs
-        ]
+        self.sampling = []
+        for i, s in enumerate(self.specs):
+            try:  # the module's knobs passed already, so a failure is this agent's override: name it
+                self.sampling.append(SamplingConfig(**{**vars(sampling),
+                                                       **{k: v for k, v in s.generation.items() if k in GENERATION_KEYS}}))
+            except ValueError as err:
+                raise ValueError(f"agents[{i}].generation.{err}") from None  # fmt: skip
         self.agents = nn.ModuleList()
         self.reference_models = nn.ModuleList()
         self.tokenizers: list[Any] = []
@@ -88,6 +98,11 @@ class Team:
             models.append(model)
             self.tokenizers.append(tok)
         self.agents.extend(models)
+        for i, (model, sampling) in enumerate(zip(models, self.sampling)):
+            try:  # refuse now, not at the first generate: max_new_tokens must leave room for a prompt
+                fit_to_context(torch.zeros(1, 0), torch.zeros(1, 0), context_length(model), sampling.max_new_tokens)
+            except ValueError as err:
+                raise ValueError(f"agents[{i}] ({self.specs[i].model}): {err}") from None
         if with_reference:
             refs: dict[int, nn.Module] = {}
             for m in models:

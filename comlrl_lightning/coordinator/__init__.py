@@ -1,0 +1,31 @@
+"""A coordinator of one trainer per agent (multi-agent recursive self-improvement); see coordinator.py."""
+
+from comlrl_lightning.coordinator.coordinator import Coordinator, EpisodeSource, RowEpisodes
+from comlrl_lightning.coordinator.learner import Learner, LearnerConfig
+from comlrl_lightning.coordinator.rounds import Experience, RoundOutput, Stage, play_round
+from comlrl_lightning.coordinator.schedule import (
+    Alternate,
+    EveryN,
+    EveryRound,
+    RoundRobin,
+    WarmupFreeze,
+    scheduled,
+)
+
+__all__ = [
+    "Alternate",
+    "Coordinator",
+    "EpisodeSource",
+    "EveryN",
+    "EveryRound",
+    "Experience",
+    "Learner",
+    "LearnerConfig",
+    "RoundOutput",
+    "RoundRobin",
+    "RowEpisodes",
+    "Stage",
+    "WarmupFreeze",
+    "play_round",
+    "scheduled",
+]  # fmt: skip

@@ -1,0 +1,190 @@
+"""`RewardModelReward`: a pretrained model scores joint actions (frozen, batched, no grad).
+
+Two kinds of model (``kind``):
+
+- ``sequence_classification``: a Hugging Face ``AutoModelForSequenceClassification`` reads the
+  rendered joint action; the score is its logit when it has one label, else the softmax
+  probability of ``label`` (default: the last label, the "good" class of a binary head).
+- ``causal_lm``: a causal LM reads the rendered joint action (a question ending the template) and
+  the score is ``p(positive) / (p(positive) + p(negative))`` for the first tokens of
+  ``positive`` / ``negative`` at the next position: an LLM judge, in [0, 1].
+
+It is a :class:`~comlrl_lightning.envs.rewards.RewardFunction`, so it composes with programmatic
+rewards in a :class:`~comlrl_lightning.envs.rewards.WeightedReward`. The model loads lazily
+(:meth:`RewardModelReward.load`, or at the first call), never at construction, so a bad config
+fails before any weights are read. Its device is wherever its weights are: a LightningModule
+lists it in ``reward_models`` and the strategy places it on ``reward_devices[i]``
+(:mod:`comlrl_lightning.infra.strategy`). It is never trained here (CoMLRL's MARLHF trains a
+reward model first; that is out of scope).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from comlrl_lightning.envs.base import Episode
+
+RewardModelKind = Literal["sequence_classification", "causal_lm"]
+KINDS = ("sequence_classification", "causal_lm")
+DEFAULT_TEMPLATE = "{joint_action}"
+"""The whole joint action, one ``Agent i:`` block per agent (see :meth:`RewardModelReward.render`)."""
+DEFAULT_JUDGE_TEMPLATE = "{joint_action}\n\nDid the agents solve the task together? Answer yes or no:"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class RewardModelReward:
+    """Shared reward from a frozen pretrained model (see the module docstring).
+
+    Args:
+        model: hub id, local folder or ``builtin:<name>`` of the reward model.
+        kind: ``"sequence_classification"`` or ``"causal_lm"``.
+        template: ``str.format`` template of the scored text. Fields: ``joint_action`` (every
+            agent's completion as ``Agent i:\\n<text>`` blocks), ``completion_<i>``, ``turn``, and the
+            episode row's fields (e.g. ``prompt``). Default: :data:`DEFAULT_TEMPLATE` (sequence
+            classification) or :data:`DEFAULT_JUDGE_TEMPLATE` (causal LM).
+        tokenizer: tokenizer source when it differs from ``model``.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        batch_size: texts per forward (> 0).
+        max_length: longer texts keep their last tokens (sequence classification: their first).
+        label: class whose probability is the score of a multi-label head (None: the last).
+        positive, negative: the judge's answer words (``causal_lm``); their first tokens must differ.
+        name: metric name (``rewards/<name>/mean``).
+
+    Raises:
+        ValueError: at construction, a bad ``kind``/``dtype``/``batch_size``/``max_length``, naming
+            the field; at :meth:`load`, equal first tokens for ``positive``/``negative`` or a
+            ``label`` the head does not have.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        kind: RewardModelKind = "sequence_classification",
+        template: str | None = None,
+        tokenizer: str | None = None,
+        dtype: str = "float32",
+        batch_size: int = 8,
+        max_length: int | None = 1024,
+        label: int | None = None,
+        positive: str = " yes",
+        negative: str = " no",
+        name: str = "reward_model",
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"RewardModelReward.kind: got {kind!r}, allowed: {list(KINDS)}")
+        if dtype not in _DTYPES:
+            raise ValueError(f"RewardModelReward.dtype: got {dtype!r}, allowed: {sorted(_DTYPES)}")
+        if batch_size < 1:
+            raise ValueError(f"RewardModelReward.batch_size: got {batch_size}, must be >= 1")
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"RewardModelReward.max_length: got {max_length}, must be >= 1 or None")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"RewardModelReward.model: give a hub id, a local path or 'builtin:<name>', got {model!r}")
+        self.model_source, self.tokenizer_source, self.kind, self.dtype = model, tokenizer, kind, dtype
+        self.template = template or (DEFAULT_TEMPLATE if kind == "sequence_classification" else DEFAULT_JUDGE_TEMPLATE)
+        self.batch_size, self.max_length, self.label = batch_size, max_length, label
+        self.positive, self.negative, self.name = positive, negative, name
+        self._model: nn.Module | None = None
+        self._tokenizer: Any = None
+        self._answer_ids: tuple[int, int] | None = None
+
+    # ------------------------------------------------------------------ loading
+    @property
+    def model(self) -> nn.Module:
+        """The frozen model (loaded on first access, on CPU; the strategy moves it)."""
+        if self._model is None:
+            self.load()
+        assert self._model is not None
+        return self._model
+
+    def load(self) -> nn.Module:
+        """Load the model and tokenizer once: eval mode, every parameter ``requires_grad=False``."""
+        if self._model is not None:
+            return self._model
+        from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+        from comlrl_lightning.team.builtin import resolve_model_spec
+
+        tok = AutoTokenizer.from_pretrained(resolve_model_spec(self.tokenizer_source or self.model_source))
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        cls = AutoModelForSequenceClassification if self.kind == "sequence_classification" else AutoModelForCausalLM
+        model = cls.from_pretrained(resolve_model_spec(self.model_source), dtype=_DTYPES[self.dtype])
+        if getattr(model.config, "pad_token_id", None) is None:
+            model.config.pad_token_id = tok.pad_token_id  # sequence classification finds the last real token by it
+        model.eval().requires_grad_(False)
+        if self.kind == "causal_lm":
+            pos, neg = (tok(w, add_special_tokens=False)["input_ids"] for w in (self.positive, self.negative))
+            if not pos or not neg or pos[0] == neg[0]:
+                raise ValueError(f"RewardModelReward.positive/negative: {self.positive!r} and {self.negative!r} must "
+                                 f"start with different tokens (got {pos[:1]} and {neg[:1]})")  # fmt: skip
+            self._answer_ids = (pos[0], neg[0])
+        elif self.label is not None and not 0 <= self.label < model.config.num_labels:
+            raise ValueError(f"RewardModelReward.label: got {self.label}, the head has {model.config.num_labels} labels")
+        self._model, self._tokenizer = model, tok
+        return model
+
+    # ------------------------------------------------------------------ scoring
+    def render(self, joint_action: Sequence[str], episode: Episode, turn: int) -> str:
+        """The text scored for one joint action (see ``template``).
+
+        Raises:
+            KeyError: the template names a field that is neither built in nor in the episode's row.
+        """
+        fields: dict[str, Any] = dict(episode.data)
+        fields.update({f"completion_{i}": c for i, c in enumerate(joint_action)})
+        fields["joint_action"] = "\n\n".join(f"Agent {i}:\n{c}" for i, c in enumerate(joint_action))
+        fields["turn"] = turn
+        try:
+            return self.template.format(**fields)
+        except KeyError as err:
+            names = sorted(f for _, f, _, _ in string.Formatter().parse(self.template) if f)
+            raise KeyError(f"RewardModelReward.template uses field {err.args[0]!r} (template fields {names}); "
+                           f"available: {sorted(fields)}") from None  # fmt: skip
+
+    def __call__(self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int) -> list[float]:
+        texts = [self.render(ja, ep, turn) for ja, ep in zip(joint_actions, episodes)]
+        return self.score_texts(texts).tolist()
+
+    @torch.inference_mode()
+    def score_texts(self, texts: Sequence[str]) -> torch.Tensor:
+        """``[len(texts)]`` float32 scores on CPU, ``batch_size`` texts per forward."""
+        model = self.model
+        device = next(model.parameters()).device
+        out = [self._score_batch(model, list(texts[i : i + self.batch_size]), device)
+               for i in range(0, len(texts), self.batch_size)]  # fmt: skip
+        return torch.cat(out) if out else torch.zeros(0)
+
+    def _score_batch(self, model: nn.Module, texts: list[str], device: torch.device) -> torch.Tensor:
+        tok = self._tokenizer
+        if self.kind == "sequence_classification":
+            enc = tok(texts, padding=True, padding_side="right", truncation=self.max_length is not None,
+                      max_length=self.max_length, return_tensors="pt")  # fmt: skip
+            logits = model(**{k: v.to(device) for k, v in enc.items()}).logits.float()  # [B, num_labels]
+            if logits.shape[-1] == 1:
+                return logits[:, 0].cpu()
+            label = logits.shape[-1] - 1 if self.label is None else self.label
+            return logits.softmax(-1)[:, label].cpu()
+        from comlrl_lightning.core.generation import position_ids_from_mask, tokenize_prompts
+
+        ids, mask = tokenize_prompts(tok, texts, chat_rendered=False, max_length=self.max_length)
+        ids, mask = ids.to(device), mask.to(device)
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                       logits_to_keep=1, use_cache=False).logits[:, -1].float()  # fmt: skip
+        assert self._answer_ids is not None
+        pair = logits[:, list(self._answer_ids)].softmax(-1)  # [B, 2]: p(positive), p(negative), renormalised
+        return pair[:, 0].cpu()
+
+
+def reward_models_of(reward: Any) -> list[RewardModelReward]:
+    """The :class:`RewardModelReward` functions of a reward (a function, a list, or a ``WeightedReward``),
+    in order: what a LightningModule lists in ``reward_models`` for the strategy to place."""
+    functions = getattr(reward, "functions", None)
+    if functions is None:
+        functions = list(reward) if isinstance(reward, (list, tuple)) else [reward]
+    return [f for f in functions if isinstance(f, RewardModelReward)]

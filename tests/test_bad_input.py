@@ -1,0 +1,209 @@
+"""Bad input is refused before any model loads, naming the field, the value and what is allowed (issue 12 §4)."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from experiments import experiment
+
+from comlrl_lightning import MAGRPO, AgentSpec
+from comlrl_lightning.cli import main
+from comlrl_lightning.datamodules import DecPOMDPDataModule, load_rows
+from comlrl_lightning.envs.toy import TargetLengthReward
+from comlrl_lightning.team import team as team_mod
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def no_model_loads(monkeypatch):
+    monkeypatch.setattr(team_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded")))
+
+
+def jsonl(tmp_path, rows, name="rows.jsonl"):
+    path = tmp_path / name
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return str(path)
+
+
+# ------------------------------------------------------------------ data
+def test_template_with_a_syntax_error_names_the_formatter_at_construction():
+    with pytest.raises(ValueError, match=r"data\.formatters\[1\]: PromptTemplate '\{topic'"):
+        DecPOMDPDataModule([{"topic": "x"}], ["A {topic}", "{topic"], TargetLengthReward(4))
+
+
+@pytest.mark.parametrize("template", ["Q: {}", "Q: {0}"])
+def test_a_positional_template_field_is_refused_at_construction(template):
+    with pytest.raises(ValueError, match=r"data\.formatters\[0\]: .*positional fields"):
+        DecPOMDPDataModule([{"q": "x"}], [template], TargetLengthReward(4))
+
+
+def test_unknown_placeholder_fails_at_setup_naming_the_formatter_and_the_row_fields():
+    dm = DecPOMDPDataModule([{"topic": "x"}] * 4, ["A {topic}", "B {subject}"], TargetLengthReward(4))
+    with pytest.raises(ValueError, match=r"data\.formatters\[1\].*first training row.*\['topic'\].*'subject'"):
+        dm.setup("fit")
+
+
+def test_callable_formatter_that_raises_is_named_at_setup():
+    def bad(row):
+        return row["nope"]
+
+    dm = DecPOMDPDataModule([{"topic": "x"}] * 4, [bad], TargetLengthReward(4))
+    with pytest.raises(ValueError, match=r"data\.formatters\[0\] \(<function .*bad.*KeyError"):
+        dm.setup("fit")
+
+
+def test_a_row_missing_a_field_is_refused_not_rendered_as_the_text_none(tmp_path):
+    # datasets fills a field that a later row lacks with None; the template must not print "None"
+    dm = DecPOMDPDataModule(jsonl(tmp_path, [{"topic": "a"}, {"other": 1}]), ["{topic}"], TargetLengthReward(4),
+                            shuffle=False)  # fmt: skip
+    dm.setup("fit")
+    ep0, ep1 = next(iter(dm.train_dataloader()))
+    assert dm.env.observe(ep0, 0) == "a"
+    with pytest.raises(ValueError, match="field 'topic' is None"):
+        dm.env.observe(ep1, 0)
+    first_missing = DecPOMDPDataModule(jsonl(tmp_path, [{"other": 1}, {"topic": "a"}], "b.jsonl"), ["{topic}"],
+                                       TargetLengthReward(4))  # fmt: skip
+    with pytest.raises(ValueError, match=r"data\.formatters\[0\].*field 'topic' is None"):
+        first_missing.setup("fit")
+
+
+@pytest.mark.parametrize("content", ["", "\n\n"])
+def test_empty_jsonl_names_the_file(tmp_path, content):
+    path = tmp_path / "empty.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=r"data\.dataset: '.*empty\.jsonl' has no rows"):
+        load_rows(str(path))
+
+
+def test_an_empty_list_dataset_is_refused_at_setup():
+    dm = DecPOMDPDataModule([], ["{q}"], TargetLengthReward(4))
+    with pytest.raises(ValueError, match="training split of 'list' has no rows"):
+        dm.setup("fit")
+
+
+@pytest.mark.parametrize("field", ["max_train_samples", "max_val_samples"])
+def test_zero_sample_caps_are_refused(field):
+    with pytest.raises(ValueError, match=f"data.{field}: got 0, must be >= 1 or None"):
+        DecPOMDPDataModule([{"q": 1}], ["{q}"], TargetLengthReward(4), **{field: 0})
+
+
+def test_zero_train_samples_from_the_cli_fail_before_any_model_loads(monkeypatch, capsys):
+    no_model_loads(monkeypatch)
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "configs/selfplay_grpo.yaml", "--data.init_args.max_train_samples=0"])
+    assert info.value.code == 1
+    assert "data.max_train_samples: got 0" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ model
+def test_an_empty_agent_list_is_refused_at_construction():
+    with pytest.raises(ValueError, match="agents: got an empty list"):
+        MAGRPO(agents=[])
+
+
+def test_negative_top_k_is_refused():
+    with pytest.raises(ValueError, match=r"^top_k: got -1, must be an integer >= 0 or None"):
+        MAGRPO(agents=["builtin:tiny-gpt2"] * 2, top_k=-1)
+
+
+@pytest.mark.parametrize("key,value", [("temperature", 0), ("top_p", 0.0), ("top_k", -5), ("max_new_tokens", 0)])
+def test_per_agent_sampling_overrides_are_checked_naming_the_agent(key, value):
+    agents = [AgentSpec("builtin:tiny-gpt2"), AgentSpec("builtin:tiny-gpt2", generation={key: value})]
+    with pytest.raises(ValueError, match=rf"^agents\[1\]\.generation\.{key}: got {value}"):
+        MAGRPO(agents=agents)
+
+
+def test_a_missing_local_folder_is_named_before_anything_loads(tmp_path):
+    missing = str(tmp_path / "no_such_model")
+    with pytest.raises(ValueError, match=rf"agents\[0\]\.model: no local folder '{missing}'"):
+        MAGRPO(agents=[missing, "builtin:tiny-gpt2"])
+    with pytest.raises(ValueError, match=r"agents\[1\]\.tokenizer: no local folder"):
+        MAGRPO(agents=[AgentSpec("builtin:tiny-gpt2"), AgentSpec("builtin:tiny-gpt2", tokenizer="./nope/tok")])
+
+
+def test_an_uncached_hub_id_offline_is_named(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match=r"agents\[0\]\.model: 'no-such-org/no-such-model' is neither a local folder "
+                                         r"nor in the Hugging Face cache.*HF_HUB_OFFLINE=1"):  # fmt: skip
+        MAGRPO(agents=["no-such-org/no-such-model"] * 2)
+
+
+def test_a_load_failure_names_the_model(monkeypatch, tmp_path):
+    from comlrl_lightning.team.agents import load_agent
+
+    (tmp_path / "broken").mkdir()  # exists, so it passes the pre-load check, but holds no config.json
+    with pytest.raises(OSError, match=rf"agent model '{tmp_path}/broken': cannot load '{tmp_path}/broken' \((OSError|ValueError)"):
+        load_agent(AgentSpec(str(tmp_path / "broken"), tokenizer="builtin:tiny-gpt2"))
+
+
+# ------------------------------------------------------------------ context
+def test_prompts_longer_than_the_context_keep_their_end_with_a_warning():
+    from comlrl_lightning.core.generation import SamplingConfig, generate
+    from comlrl_lightning.team.agents import load_agent
+
+    model, tok = load_agent(AgentSpec("builtin:tiny-gpt2"))  # n_positions = 512, one token per byte
+    long_prompt = "x" * 700 + "END"
+    with pytest.warns(UserWarning, match=r"1 of 2 prompts are longer than the model's context \(512 tokens\)"):
+        gen = generate(model, tok, [long_prompt, "short"], 2, SamplingConfig(max_new_tokens=12), False)
+    assert gen.prompt_ids.shape[1] == 512 - 12
+    assert tok.decode(gen.prompt_ids[0][-3:]) == "END"
+    assert gen.completion_ids.shape[1] <= 12
+
+
+def test_max_new_tokens_past_the_context_is_refused_when_the_model_loads():
+    module = MAGRPO(agents=["builtin:tiny-gpt2"], max_new_tokens=600)
+    with pytest.raises(ValueError, match=r"agents\[0\] \(builtin:tiny-gpt2\): max_new_tokens: got 600.*context is 512"):
+        module.configure_model()
+
+
+# ------------------------------------------------------------------ CLI
+REWARDS = '''
+def plain(joint_actions, episodes, turn):
+    return [1.0] * len(joint_actions)
+
+def other_names(a, b, c) -> list:
+    return [1.0] * len(a)
+
+def two_args(joint_actions, episodes):
+    return [0.0] * len(joint_actions)
+'''
+
+
+@pytest.mark.parametrize("name", ["plain", "other_names"])
+def test_any_three_argument_reward_is_accepted_from_yaml_whatever_its_annotations(tmp_path, monkeypatch, capsys, name):
+    (tmp_path / "user_rewards.py").write_text(REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "configs/selfplay_grpo.yaml", f"--data.init_args.reward=user_rewards.{name}",
+              "--print_config"])  # fmt: skip
+    assert info.value.code == 0
+    assert f"reward: user_rewards.{name}" in capsys.readouterr().out
+
+
+def test_a_reward_of_the_wrong_arity_is_refused_from_yaml(tmp_path, monkeypatch, capsys):
+    (tmp_path / "user_rewards.py").write_text(REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "configs/selfplay_grpo.yaml", "--data.init_args.reward=user_rewards.two_args",
+              "--print_config"])  # fmt: skip
+    assert info.value.code != 0
+    assert "does not implement protocol RewardFunction" in capsys.readouterr().err
+
+
+def test_an_init_error_is_printed_once_with_the_message_last(monkeypatch, capsys):
+    no_model_loads(monkeypatch)
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *experiment("toy_grpo.yaml"), "--model.init_args.sampling.top_k=-1"])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    message = "top_k: got -1, must be an integer >= 0 or None"
+    assert err.count(message) == 1
+    assert err.strip().splitlines()[-1].startswith(f"ValueError: {message}")
+    assert "Namespace(" not in err and "direct cause" not in err
