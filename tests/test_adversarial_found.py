@@ -95,9 +95,6 @@ FORGED_ISO = ("import os\n_attack = exec(" + repr(
     + ")\n" + HEAD + "    return None\n")
 
 
-@pytest.mark.xfail(strict=True, reason="calls-mode records carry no nonce and up to two `iso` records are taken "
-                   "from the stream before the program record; under bubblewrap the real ones never come, so "
-                   "the candidate's own `iso` record adds layers to the report's `isolation`")
 def test_the_candidate_cannot_add_layers_to_the_isolation_report(coop, rows):
     report = coop.report_for([TRIVIAL_AUX, FORGED_ISO], rows[0])
     if "seccomp" not in report.isolation:

@@ -279,7 +279,7 @@ def _tests_report(raw: RawRun, cfg: SandboxConfig, nonce: str, num_tests: int) -
         tampered = bool(res["overflow"])
     except ValueError:
         program_rec, test_recs, iso, tampered = None, [], [], True
-    isolation, kw["missing"] = raw.layers(iso)
+    isolation, kw["missing"] = raw.layers([] if raw.bwrap else iso)  # bubblewrap: layers from the launcher only
     if tampered:
         bad = SandboxResult("error", "ResultTampering", "forged or malformed result records", 0.0, returncode)
         return TestReport(bad, [dataclasses.replace(bad) for _ in range(num_tests)], isolation=isolation,

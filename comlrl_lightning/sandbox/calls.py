@@ -76,8 +76,11 @@ def run_calls(
         rec = _json_line(line)
         if not isinstance(rec, dict):
             continue
-        if rec.get("k") == "iso" and program_res is None and len(iso) < 2 and isinstance(rec.get("items"), list):
-            iso.append(rec["items"])  # the fallback's init and worker report their layers first
+        # the fallback's init and worker report their layers first; under bubblewrap the launcher
+        # reports them all, so an `iso` record can only come from the candidate's process: refused
+        if (rec.get("k") == "iso" and not raw.bwrap and program_res is None and len(iso) < 2
+                and isinstance(rec.get("items"), list)):
+            iso.append(rec["items"])
         if rec.get("k") == "program" and program_res is None:
             program_res = _result(rec, cfg.max_message_chars)
         v, i = rec.get("v"), rec.get("i")

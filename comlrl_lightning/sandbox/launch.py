@@ -51,6 +51,7 @@ class RawRun:
     uid: int | None
     isolation: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    bwrap: bool = False  # the bubblewrap path: every layer is reported by the launcher, none from inside
 
     def layers(self, extra: list[str]) -> tuple[list[str], list[str]]:
         """(applied, missing) with ``extra`` applied items reported from inside the run (fallback
@@ -145,7 +146,7 @@ def _launch_once(fields: dict, cfg: SandboxConfig, use_bwrap: bool) -> RawRun:
             raise SandboxError(f"sandbox setup failed ({res.get('isolation')}); stderr: {stderr[-1500:]}")
         applied = list(res.get("isolation", []))
         return RawRun(res, stdout, stderr, killed_by_parent, time.monotonic() - t0, uid, applied,
-                      list(res.get("missing", [])))
+                      list(res.get("missing", [])), use_bwrap)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
