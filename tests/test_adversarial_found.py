@@ -77,10 +77,6 @@ LEAK_MAIN = (
     + HEAD + "    import builtins\n    raise builtins._LEAK('x')\n")
 
 
-@pytest.mark.xfail(strict=True, reason="the candidate reads every call input (hidden tests' included) from the "
-                   "job dict at load time and picks which builtin exception a *visible* call raises; feedback "
-                   "quotes that builtin name, so ~3 bits of hidden-test input per quoted failure reach the "
-                   "next prompt")
 def test_feedback_carries_no_information_about_hidden_test_inputs(coop, rows):
     rec = recording_for(rows[0])
     hidden = {k for i, t in enumerate(rec.calls) if i not in visible_tests(len(rec.tests)) for k in t}

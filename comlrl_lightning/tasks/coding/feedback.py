@@ -6,13 +6,13 @@ Each problem's tests are split (:func:`~comlrl_lightning.tasks.coding.reward.vis
 feedback quotes failing assertions of the visible split only, while the reward counts the hidden
 split too (both counts are logged), so hard-coding the quoted asserts does not pay. A problem
 with a single test (a looping ``check``) gets only pass/fail and the failure type, never the
-assertion; a program that fails to load gets only the exception type (its message is the
-candidate's own text and could carry what it found in its process).
+assertion. Failure types are the judge's categories (failed assertion, exception, timeout,
+unsupported output), never an exception's name or message: those are the candidate's choice and
+could carry what it found in its process (every call input, hidden tests' included).
 """
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Sequence
 
 from comlrl_lightning.envs.base import Episode
@@ -26,12 +26,17 @@ from comlrl_lightning.tasks.coding.reward import (
 
 
 def _kind(name: str | None, status: str) -> str:
-    """A failure's type for the prompt: a builtin exception's name, else a generic word (a class
-    name the candidate made up is its own text and could smuggle what its process holds)."""
-    if name and (isinstance(getattr(builtins, name, None), type) or name in ("Timeout", "UnsupportedOutput",
-                                                                              "CallMismatch", "EarlyExit")):
-        return name
-    return "an exception" if status == "error" else status
+    """A failure's category for the prompt, from the judge's own categories only: a failed
+    assertion, a timeout, an unsupported output or an exception. Never an exception's type name:
+    the candidate chooses which (even builtin) exception it raises, and it can read every call
+    input, hidden tests' included, so a chosen name would carry hidden information."""
+    if status == "failed":
+        return "a failed assertion"
+    if status == "timeout" or name == "Timeout":
+        return "a timeout"
+    if name == "UnsupportedOutput":
+        return "an unsupported output"
+    return "an exception"
 
 
 _ROLE = {0: "the helper function `aux`", 1: "the function `{entry_point}`"}
@@ -42,7 +47,7 @@ class CodingFeedbackTransition:
 
     The joint action's program is judged once (the reward's cached report is reused). Each
     agent's next prompt says how many visible tests passed and quotes the first visible failures
-    (error type and assertion), then asks it to revise its own part. The episode ends early when
+    (failure category and, for a failed assertion, the assert), then asks it to revise its own part. The episode ends early when
     every test (visible and hidden) passed.
 
     Args:
