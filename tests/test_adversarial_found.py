@@ -57,9 +57,6 @@ def test_a_constant_helper_used_as_a_gate_earns_no_bonus(coop, rows, name):
     assert _values(coop, rows, [GATES[name]])[0] == pytest.approx(NO_BONUS)
 
 
-@pytest.mark.xfail(strict=True, reason="the trivial-wrapper check is textual (a sole `return aux(...)`): "
-                   "`r = aux(...); return r`, `return aux(...) or False` or a leading `pass` earn the "
-                   "non-trivial +0.5, 4.0 instead of 3.5")
 @pytest.mark.parametrize("body", ["    r = aux(numbers, threshold)\n    return r\n",
                                   "    return aux(numbers, threshold) or False\n",
                                   "    pass\n    return aux(numbers, threshold)\n"])

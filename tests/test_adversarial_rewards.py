@@ -191,7 +191,11 @@ def test_cooperation_bonus_needs_a_helper_that_really_contributes(coop, rows):
         "main_defines_its_own_aux": (TRIVIAL_AUX, HELPER_SOLVES + HEAD + "    return aux(numbers, threshold)\n",
                                      STATIC),
         "helper_does_the_work_trivial_wrapper": (HELPER_SOLVES, HEAD + "    return aux(numbers, threshold)\n", 3.5),
-        "helper_does_the_work": (HELPER_SOLVES, HEAD + "    r = aux(numbers, threshold)\n    return bool(r)\n", 4.0),
+        "bool_of_the_helper_is_a_wrapper": (HELPER_SOLVES, HEAD + "    r = aux(numbers, threshold)\n"
+                                            "    return bool(r)\n", 3.5),  # same outputs as aux: trivial
+        "helper_does_part_of_the_work": ("def aux(a, b, threshold):\n    return abs(a - b) < threshold\n", HEAD + (
+            "    for i, a in enumerate(numbers):\n        for j, b in enumerate(numbers):\n"
+            "            if i != j and aux(a, b, threshold):\n                return True\n    return False\n"), 4.0),
     }
     eps = [Episode(0, rows[0]) for _ in mains]
     res = coop([[a, m] for a, m, _ in mains.values()], eps, 0)

@@ -27,6 +27,9 @@ class CallsReport:
         stdout, stderr: bounded tails of the child's output.
         duration_s: wall-clock seconds of the whole run.
         isolation, missing: layers applied / not applied (see :class:`TestReport`).
+        helper_seen: with a ``probe``, per call, the helper's outputs (JSON text) in that call.
+        helper_direct: with a ``probe``, per call, the helper's own output on the same input
+            (as ``outputs``).
     """
 
     program: SandboxResult
@@ -37,6 +40,8 @@ class CallsReport:
     duration_s: float = 0.0
     isolation: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    helper_seen: list[list[str] | None] = field(default_factory=list)
+    helper_direct: list[dict | None] = field(default_factory=list)
 
 
 def run_calls(
@@ -46,6 +51,7 @@ def run_calls(
     *,
     main: str = "",
     protected: Sequence[str] = (),
+    probe: str = "",
     config: SandboxConfig | None = None,
     **overrides: object,
 ) -> CallsReport:
@@ -57,6 +63,8 @@ def run_calls(
         calls: inputs, each ``plain.dumps([args, kwargs])``.
         main: untrusted source loaded after ``program``; afterwards the names in ``protected``
             are restored to what ``program`` bound (or removed), so ``main`` cannot replace them.
+        probe: a helper's name: also record its outputs in each call and call it alone on each
+            input (:attr:`CallsReport.helper_seen`, :attr:`CallsReport.helper_direct`).
         config, **overrides: limits, as for :func:`run_tests` (``test_timeout_s`` is per call).
 
     Returns:
@@ -67,10 +75,12 @@ def run_calls(
     """
     cfg = (config or SandboxConfig()).replace(**overrides)
     fields = {"mode": "calls", "program": program, "main": main, "protected": list(protected),
-              "entry_point": entry_point, "calls": list(calls)}
+              "entry_point": entry_point, "calls": list(calls), "probe": probe}
     raw = launch(fields, cfg)
     end = _end_result(raw, cfg)
     outputs: list[dict | None] = [None] * len(calls)
+    seen: list[list[str] | None] = [None] * len(calls)
+    direct: list[dict | None] = [None] * len(calls)
     program_res, iso = None, []
     for line in raw.res["records"]:
         rec = _json_line(line)
@@ -86,10 +96,16 @@ def run_calls(
         v, i = rec.get("v"), rec.get("i")
         if v == 0 and type(i) is int and 0 <= i < len(calls) and outputs[i] is None:
             outputs[i] = _output(rec)
+            a = rec.get("a")
+            if probe and type(a) is list and all(type(x) is str for x in a):
+                seen[i] = [x[:200] for x in a[:8]]
+        if v == 1 and probe and type(i) is int and 0 <= i < len(calls) and direct[i] is None:
+            direct[i] = _output(rec)
     if program_res is None:
         program_res = replace(end)
     applied, missing = raw.layers([x for items in iso for x in items])
-    return CallsReport(program_res, outputs, end, raw.stdout, raw.stderr, raw.duration_s, applied, missing)
+    return CallsReport(program_res, outputs, end, raw.stdout, raw.stderr, raw.duration_s, applied, missing,
+                       seen, direct)
 
 
 def run_record(

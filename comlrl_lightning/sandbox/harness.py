@@ -180,7 +180,10 @@ def _loader(ns: dict, step_timeout: float, limit: int):
 def run_calls(job: dict, wfd: int) -> None:
     """Load ``program`` then ``main`` (names in ``protected`` are restored to the program's
     objects after ``main``), then call ``entry_point`` on each of ``calls`` (``plain.dumps`` of
-    ``[args, kwargs]``). Writes ``program``, one record per call and ``done``, then ``os._exit(0)``."""
+    ``[args, kwargs]``). Writes ``program``, one record per call and ``done``, then ``os._exit(0)``.
+    With ``job["probe"]`` (a helper's name): each call's record also holds ``"a"``, the helper's
+    outputs (JSON text, at most 8) in the calls that call made, and after every call a second
+    pass (``"v": 1``) calls the helper itself on the same inputs."""
     _block_sockets()
     write, dumps, setitimer, _type, _callable = os.write, json.dumps, signal.setitimer, type, callable
     encode, loads, limit, timeout = plain.encode, plain.loads, job["max_message_chars"], job["test_timeout_s"]
@@ -205,17 +208,33 @@ def run_calls(job: dict, wfd: int) -> None:
     if err is None and not _callable(ns.get(entry)):
         err = {"s": "error", "e": "NameError", "m": f"{entry!r} is not defined"[:limit]}
     emit({"k": "program", **(err or {"s": "passed", "e": None, "m": ""})})
-    fn = ns.get(entry)
-    for v in (0,) if err is None else ():
+    fn, probe, seen = ns.get(entry), job.get("probe"), []
+    helper = ns.get(probe) if probe and err is None else None
+    if _callable(helper):  # record the helper's outputs in the calls the entry point makes (plain data)
+        def traced(*args, **kwargs):
+            out = helper(*args, **kwargs)
+            if len(seen) < 8:
+                try:
+                    seen.append(dumps(encode(out), sort_keys=True, separators=(",", ":"))[:200])
+                except BaseException:  # noqa: BLE001 - a non-plain value: one more distinct output
+                    seen.append(f"?{len(seen)}")
+            return out
+
+        ns[probe] = traced
+    # pass 0: the entry point on each input; pass 1 (with a probe): the helper called the same way
+    for v in ((0, 1) if _callable(helper) else (0,)) if err is None else ():
         for i in range(len(calls)):
             try:
                 args, kwargs = loads(calls[i])
+                del seen[:]
                 setitimer(signal.ITIMER_REAL, timeout)
                 try:
-                    out = fn(*args, **kwargs)
+                    out = (helper if v else fn)(*args, **kwargs)
                 finally:
                     setitimer(signal.ITIMER_REAL, 0)
                 rec = {"v": v, "i": i, "o": encode(out)}
+                if probe and not v:
+                    rec["a"] = list(seen)
             except _StepTimeout:
                 rec = {"v": v, "i": i, "x": "Timeout"}
             except plain.PlainDataError:

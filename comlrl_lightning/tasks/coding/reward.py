@@ -128,7 +128,8 @@ class _CodeRewardBase:
                 self._executor = ThreadPoolExecutor(self.max_workers or SandboxPool().max_workers,
                                                     thread_name_prefix="reward")
             futures = [self._executor.submit(evaluate, rows[i], plans[i].program, self.judge, self.config,
-                                             main=plans[i].main, protected=plans[i].protected)
+                                             main=plans[i].main, protected=plans[i].protected,
+                                             probe=AUX if plans[i].calls_aux else "")
                        for i in todo]
             for i, fut in zip(todo, futures):
                 self._reports[keys[i]] = fut.result()
@@ -150,7 +151,8 @@ class _CodeRewardBase:
                           for j, t in enumerate(reports[i].tests)]
                 if any(needed):
                     levels[i]["coop_calls_aux"] = 0.5
-                    levels[i]["coop_nontrivial"] = 0.0 if plans[i].trivial else 0.5
+                    mirrors = getattr(reports[i], "helper_mirrors", False)
+                    levels[i]["coop_nontrivial"] = 0.0 if plans[i].trivial or mirrors else 0.5
         metrics = {k: [c[k] for c in levels] for k in self.LEVELS}
         metrics[PASS_AT_1] = [float(r is not None and r.all_passed) for r in reports]
         for name, idx in (("tests_visible_passed", True), ("tests_hidden_passed", False)):
@@ -224,7 +226,10 @@ class CooperativeCodeReward(_CodeRewardBase):
        (visible and hidden tests alike; both counts are logged).
     4. cooperation: ``+0.5`` if the entry point calls ``aux`` and at least one test passes with the
        helper but fails when ``aux`` is replaced by a stub that raises and by one that returns
-       ``None``; ``+0.5`` more if the entry point is not a trivial wrapper (``return aux(...)``).
+       ``None``; ``+0.5`` more if the entry point is not a trivial wrapper: neither a sole
+       ``return aux(...)`` nor, by behaviour, a function whose output equals ``aux``'s own output
+       (``aux`` called alone on the same arguments, in the same sandbox run) on every recorded
+       input where both return.
 
     Before running, the main part's top-level definitions of the preamble's names and of ``aux``
     are dropped (``main_redefined_protected`` counts it). The joint actions of a call run in
