@@ -1,8 +1,8 @@
-"""Attacks on the rebuilt coding reward that still pay (security review, branch ``attack``).
+"""Attacks on the rebuilt coding reward that paid (security review, branch ``attack``), now fixed.
 
-Each test states the behaviour the reward *should* have and is marked ``xfail(strict=True)``
-with the reason it fails today; a fix turns it into an unexpected pass (and the strict marker
-then fails the suite, so the marker must be removed with the fix).
+Each test states the behaviour the reward *should* have. They were filed ``xfail(strict=True)``
+with the reason each failed; every fix removed its marker, so each now must pass (the outcomes
+and the remaining limits are in docs/attacks.md).
 """
 
 from __future__ import annotations
@@ -49,9 +49,6 @@ GATES = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="stub attribution pays for any dependence on aux's value: a main that "
-                   "solves alone and gates its answer on a constant helper (None/raise from the stubs) "
-                   "collects the full cooperation bonus, 4.0 instead of 3.0")
 @pytest.mark.parametrize("name", list(GATES))
 def test_a_constant_helper_used_as_a_gate_earns_no_bonus(coop, rows, name):
     assert _values(coop, rows, [GATES[name]])[0] == pytest.approx(NO_BONUS)

@@ -10,8 +10,8 @@ Every level past the static ones is earned from what ran, judged outside the pro
 it (:mod:`comlrl_lightning.tasks.coding.judge`): the candidate's program is called on the inputs
 the problem's tests use and returns plain outputs; the trusted judge replays the tests on them.
 The cooperation bonus needs tests that pass with the helper and fail when ``aux`` is replaced by
-a stub (one that raises, and one that returns ``None``), so a dead or decorative call earns
-nothing. The main agent's code cannot replace names the prompt or the helper define (its
+a stub (one that raises, one that returns ``None``) and a helper whose outputs vary, so a dead or
+decorative call, or a constant helper used as a gate, earns nothing (limits: docs/attacks.md). The main agent's code cannot replace names the prompt or the helper define (its
 top-level definitions of them are dropped, and they are restored after it loads). Parsing,
 cleaning and static checks never raise: a pathological completion (deep nesting, 100k
 characters, NUL bytes, invalid UTF-8, huge literals) scores the static levels it reached and
@@ -149,7 +149,7 @@ class _CodeRewardBase:
             for k, i in enumerate(attribute):
                 needed = [t.passed and not any(runs[k].tests[j].passed for runs in stubbed)
                           for j, t in enumerate(reports[i].tests)]
-                if any(needed):
+                if any(needed) and getattr(reports[i], "helper_varies", False):  # aux input-dependent
                     levels[i]["coop_calls_aux"] = 0.5
                     mirrors = getattr(reports[i], "helper_mirrors", False)
                     levels[i]["coop_nontrivial"] = 0.0 if plans[i].trivial or mirrors else 0.5
@@ -226,7 +226,9 @@ class CooperativeCodeReward(_CodeRewardBase):
        (visible and hidden tests alike; both counts are logged).
     4. cooperation: ``+0.5`` if the entry point calls ``aux`` and at least one test passes with the
        helper but fails when ``aux`` is replaced by a stub that raises and by one that returns
-       ``None``; ``+0.5`` more if the entry point is not a trivial wrapper: neither a sole
+       ``None``, and ``aux`` is input-dependent (its outputs in the entry point's calls, recorded
+       in the same run, are not all equal: a constant helper used as a gate earns nothing);
+       ``+0.5`` more if the entry point is not a trivial wrapper: neither a sole
        ``return aux(...)`` nor, by behaviour, a function whose output equals ``aux``'s own output
        (``aux`` called alone on the same arguments, in the same sandbox run) on every recorded
        input where both return.
