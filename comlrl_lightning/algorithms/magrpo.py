@@ -151,7 +151,7 @@ class MAGRPO(CoMLRLModule):
         if self.uses_reference_model and self.loss.kl_mode == "reward" and not evaluation:
             costs = self._kl_costs(turns)
         compute_advantages(turns, self.num_agents, k, joint_mode, adv.advantage_mode,
-                           adv.scale_rewards if k > 1 else "none", adv.advantage_eps, credit,
+                           adv.scale if k > 1 else "none", adv.advantage_eps, credit,
                            adv.agent_wise_normalization, costs)  # fmt: skip
         return turns
 

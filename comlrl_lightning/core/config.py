@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
+from comlrl_lightning.core.advantages import default_scale
 from comlrl_lightning.core.credit import reward_calls_per_episode
 
 JointMode = Literal["aligned", "cross", "crossed"]
@@ -130,8 +131,10 @@ class AdvantageConfig:
     advantage_mode: AdvantageMode = "mean"
     """Baseline: ``mean`` (GRPO/MAGRPO), ``max`` (MAReMax), ``rloo`` (leave-one-out, MARLOO) or ``raw``
     (no baseline, MAREINFORCE). CoMLRL name."""
-    scale_rewards: ScaleRewards | bool = "group"
-    """``group``: divide by the group's std + ``advantage_eps`` (GRPO, Shao et al. 2024); ``batch``:
+    scale_rewards: ScaleRewards | bool | None = None
+    """None (default): ``none`` for ``advantage_mode="raw"`` (A = R, CoMLRL's MAREINFORCE: dividing
+    raw returns by a near-zero std turns a group like [1, 1+1e-7, 1, 1] into advantages of ~1e4),
+    ``group`` otherwise (see :meth:`scale`). ``group``: divide by the group's std + ``advantage_eps`` (GRPO, Shao et al. 2024); ``batch``:
     by the std over the whole step (every turn; TRL's ``"batch"``, PPO Lite, arXiv 2508.08221: robust
     when groups are small); ``none``: do not (Dr. GRPO, Liu et al. 2025, which shows the std division
     biases towards easy/hard questions). See ``agent_wise_normalization`` for whose std. TRL name;
@@ -148,8 +151,16 @@ class AdvantageConfig:
         if isinstance(self.scale_rewards, bool):
             self.scale_rewards = "group" if self.scale_rewards else "none"
         _choice("advantage_mode", self.advantage_mode, ("mean", "max", "rloo", "raw"))
-        _choice("scale_rewards", self.scale_rewards, ("group", "batch", "none"))
+        if self.scale_rewards is not None:
+            _choice("scale_rewards", self.scale_rewards, ("group", "batch", "none"))
         _require("advantage_eps", self.advantage_eps, self.advantage_eps >= 1e-4, ">= 1e-4")
+
+    @property
+    def scale(self) -> ScaleRewards:
+        """``scale_rewards`` with its default resolved. Resolved here rather than in ``__post_init__``
+        so an alias that swaps in its own ``advantage_mode`` (``dataclasses.replace``) gets that
+        mode's default, not the one of the mode it replaced."""
+        return default_scale(self.advantage_mode) if self.scale_rewards is None else self.scale_rewards
 
 
 _LOSS_TYPE_ALIASES = {"sequence_mean": "grpo", "token_mean": "dapo"}
