@@ -506,3 +506,28 @@ def test_registered_name():
     assert "agent_parallel" in StrategyRegistry
     assert isinstance(StrategyRegistry.get("agent_parallel"), AgentParallelStrategy)
     assert strategy_mod.KINDS == ("agent", "reference", "critic", "reward")
+
+
+def test_mp_resume_mid_epoch_replaces_optimizer_state_after_it_is_loaded(tmp_path, monkeypatch):
+    """Lightning loads optimizer state onto the root device after on_fit_start and skips
+    on_train_epoch_start on the resumed epoch: the state must be re-placed before the first step."""
+    events = []
+    real_place, real_load = base_mod.optimizer_state_to_param_devices, SingleDeviceStrategy.load_optimizer_state_dict
+    monkeypatch.setattr(base_mod, "optimizer_state_to_param_devices", lambda opt: (events.append("place"), real_place(opt)))
+    monkeypatch.setattr(SingleDeviceStrategy, "load_optimizer_state_dict",
+                        lambda self, ckpt: (events.append("load"), real_load(self, ckpt)))  # fmt: skip
+    real_step = MAGRPO.training_step
+    monkeypatch.setattr(MAGRPO, "training_step", lambda self, b, i: (events.append("step"), real_step(self, b, i))[1])
+
+    trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                         callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=2)])  # fmt: skip
+    trainer.fit(tiny(parallel_training="mp", agent_devices=["cpu", "cpu"]), dm())  # 1 of 4 batches: mid-epoch
+    events.clear()
+    trainer = pl.Trainer(accelerator="cpu", max_steps=4, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                         enable_checkpointing=False)  # fmt: skip
+    trainer.fit(tiny(parallel_training="mp", agent_devices=["cpu", "cpu"]), dm(), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert trainer.global_step == 4 and "load" in events
+    after_load = events[len(events) - events[::-1].index("load"):]
+    assert after_load.index("place") < after_load.index("step")  # both agents' optimizers re-placed first

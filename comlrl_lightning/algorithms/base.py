@@ -295,7 +295,10 @@ class CoMLRLModule(pl.LightningModule):
         self._resume_rng_states = checkpoint.get("rng_states")
 
     def on_train_start(self) -> None:
-        """Apply RNG states stashed by :meth:`on_load_checkpoint` (once), right before training resumes."""
+        """Re-place the team and its optimizer state (Lightning loads optimizer state onto the root
+        device after :meth:`on_fit_start`, and skips ``on_train_epoch_start`` on a resumed epoch), then
+        apply RNG states stashed by :meth:`on_load_checkpoint` (once), right before training resumes."""
+        self._place_team()
         states = getattr(self, "_resume_rng_states", None)
         if states is not None:
             set_rng_states(states)
