@@ -181,6 +181,14 @@ class ActorCritic(CoMLRLModule):
         """Indices of the critics with a model (and an optimizer) of their own."""
         return [c for c, s in enumerate(self.critic_specs) if s.separate]
 
+    @property
+    def steps_per_batch(self) -> int:
+        return self.num_agents * self.loss.num_iterations + len(self.separate_critics)
+
+    def steps_per_batch_terms(self) -> str:
+        return (f"num_agents={self.num_agents} × num_iterations={self.loss.num_iterations} + "
+                f"{len(self.separate_critics)} separate critics")  # fmt: skip
+
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if self.num_turns > 1 and self.env.transition_fn is None:

@@ -18,6 +18,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.utilities import rank_zero_warn
 
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import PlacementConfig, SamplingConfig
@@ -240,7 +241,29 @@ class CoMLRLModule(pl.LightningModule):
         for opt in self.trainer.optimizers:
             optimizer_state_to_param_devices(opt)
 
+    @property
+    def steps_per_batch(self) -> int:
+        """Optimizer steps one training batch takes, i.e. how much ``trainer.global_step`` grows per
+        batch: one per agent here; algorithms that step more often override it."""
+        return self.num_agents
+
+    def steps_per_batch_terms(self) -> str:
+        """How :attr:`steps_per_batch` is made up, for messages."""
+        return f"num_agents={self.num_agents}"
+
+    def _check_max_steps(self) -> None:
+        """Warn when ``trainer.max_steps`` is not a whole number of batches: Lightning checks it only
+        between batches, so the last batch runs all its steps and ``global_step`` overshoots."""
+        max_steps, per = self.trainer.max_steps, self.steps_per_batch
+        if max_steps > 0 and max_steps % per:
+            batches = -(-max_steps // per)
+            rank_zero_warn(f"max_steps={max_steps} is not a multiple of the {per} optimizer steps one batch takes "
+                           f"({self.steps_per_batch_terms()}): training runs {batches} batches and stops at "
+                           f"global_step={batches * per}; set max_steps={(max_steps // per) * per} or "
+                           f"{batches * per} (max_steps_for converts batches to steps)")  # fmt: skip
+
     def on_fit_start(self) -> None:
+        self._check_max_steps()
         self._place_team()
 
     def on_train_epoch_start(self) -> None:

@@ -119,6 +119,13 @@ class MAGRPO(CoMLRLModule):
     def num_turns(self) -> int:
         return self.rollout_config.num_turns
 
+    @property
+    def steps_per_batch(self) -> int:
+        return self.num_agents * self.loss.num_iterations
+
+    def steps_per_batch_terms(self) -> str:
+        return f"num_agents={self.num_agents} × num_iterations={self.loss.num_iterations}"
+
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if self.num_turns > 1 and self.env.transition_fn is None:
