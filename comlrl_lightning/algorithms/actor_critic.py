@@ -294,7 +294,7 @@ class ActorCritic(CoMLRLModule):
             for it in range(self.loss.num_iterations):
                 backward = partial(self._backward, batches=batches, turns=turns, critic_batches=critic_batches, first=it == 0)
                 for i, (s, v) in zip(agents, self.team.map(backward, agents)):
-                    self.step_agent(i, self.loss.max_grad_norm)
+                    self.step_agent(i, self.loss.max_grad_norm, s.loss, self.loss.on_nonfinite)
                     stats[i] = s
                     if v is not None:
                         value_losses[i] = v

@@ -180,7 +180,7 @@ class MAGRPO(CoMLRLModule):
             batches = dict(zip(agents, self.team.map(partial(self._prepare, turns=turns), agents)))
             for _ in range(self.loss.num_iterations):
                 for i, s in zip(agents, self.team.map(partial(self._backward, batches=batches), agents)):
-                    self.step_agent(i, self.loss.max_grad_norm)
+                    self.step_agent(i, self.loss.max_grad_norm, s.loss, self.loss.on_nonfinite)
                     stats[i] = s
         return stats
 

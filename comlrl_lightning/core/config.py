@@ -26,6 +26,7 @@ LossType = Literal["sequence_sum", "grpo", "dr_grpo", "dapo", "bnpo", "sequence_
 Credit = Literal["shared", "counterfactual", "cross_rewards"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
 KLMode = Literal["loss", "reward"]
+OnNonfinite = Literal["skip", "stop"]
 ParallelTraining = Literal["none", "mp"]
 GenerationBackend = Literal["auto", "dynamic", "static_compile", "continuous_batching"]
 AUTO_BACKEND = {"cpu": "dynamic", "cuda": "dynamic"}
@@ -207,6 +208,11 @@ class LossConfig:
     """Per-agent gradient-norm clip; None: off. TRL name."""
     micro_batch_size: int | None = None
     """Samples per forward/backward (gradients accumulate into one step per agent); None: all at once."""
+    on_nonfinite: OnNonfinite = "skip"
+    """An agent whose loss or gradients are not finite (NaN/inf) before its optimizer step: ``skip``
+    (no step for that agent this pass; its gradients are dropped, the count is logged as
+    ``agent_<i>/skipped_steps``; a skipped step does not count in ``global_step``) or ``stop`` (raise
+    ``FloatingPointError`` naming the agent and batch). Either way no non-finite weights are saved."""
 
     def __post_init__(self) -> None:
         _choice("loss_type", self.loss_type, ("sequence_sum", "grpo", "dr_grpo", "dapo", "bnpo", *_LOSS_TYPE_ALIASES))
@@ -219,6 +225,7 @@ class LossConfig:
                  f"> 1 + epsilon_high = {1 + self.clip_high} or None")  # fmt: skip
         _choice("importance_sampling_level", self.importance_sampling_level, ("token", "sequence"))
         _choice("kl_mode", self.kl_mode, ("loss", "reward"))
+        _choice("on_nonfinite", self.on_nonfinite, ("skip", "stop"))
         _require("micro_batch_size", self.micro_batch_size,
                  self.micro_batch_size is None or self.micro_batch_size >= 1, ">= 1 or None")  # fmt: skip
 
