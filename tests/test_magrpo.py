@@ -149,3 +149,5 @@ def test_max_steps_not_a_whole_number_of_batches_warns_with_the_numbers(trainer_
         warnings.simplefilter("always")
         trainer.fit(tiny(num_iterations=2), LengthRatioDataModule(batch_size=2, num_train=8))
     assert not [w for w in caught if "max_steps=" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"stops at global_step=4; set max_steps=4 \(max_steps_for"):  # never 0
+        trainer_factory(max_steps=1).fit(tiny(num_iterations=2), LengthRatioDataModule(batch_size=2, num_train=8))

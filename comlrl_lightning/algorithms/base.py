@@ -295,10 +295,11 @@ class CoMLRLModule(pl.LightningModule):
         max_steps, per = self.trainer.max_steps, self.steps_per_batch
         if max_steps > 0 and max_steps % per:
             batches = -(-max_steps // per)
+            whole = " or ".join(str(n) for n in ((max_steps // per) * per, batches * per) if n > 0)
             rank_zero_warn(f"max_steps={max_steps} is not a multiple of the {per} optimizer steps one batch takes "
                            f"({self.steps_per_batch_terms()}): training runs {batches} batches and stops at "
-                           f"global_step={batches * per}; set max_steps={(max_steps // per) * per} or "
-                           f"{batches * per} (max_steps_for converts batches to steps)")  # fmt: skip
+                           f"global_step={batches * per}; set max_steps={whole} (max_steps_for converts batches "
+                           "to steps)")  # fmt: skip
 
     def on_fit_start(self) -> None:
         self._check_max_steps()
