@@ -531,3 +531,18 @@ def test_mp_resume_mid_epoch_replaces_optimizer_state_after_it_is_loaded(tmp_pat
     assert trainer.global_step == 4 and "load" in events
     after_load = events[len(events) - events[::-1].index("load"):]
     assert after_load.index("place") < after_load.index("step")  # both agents' optimizers re-placed first
+
+
+def test_shared_agents_take_old_logprobs_from_the_policy_that_sampled(monkeypatch, trainer_factory):
+    """num_iterations=2, agent 1 shares agent 0's weights: both no-grad passes (old log-probs) run
+    before agent 0's first step, else agent 1's ratio would start at 1 against an updated policy."""
+    from comlrl_lightning.team.agents import AgentSpec
+
+    seen, real = [], MAGRPO._prepare
+    monkeypatch.setattr(MAGRPO, "_prepare", lambda self, agent, turns: (seen.append((agent, self.global_step)),
+                                                                       real(self, agent, turns))[1])  # fmt: skip
+    model = tiny(agents=[AgentSpec("builtin:tiny-gpt2"), AgentSpec("builtin:tiny-gpt2", share_weights_with=0)],
+                 num_iterations=2)  # fmt: skip
+    trainer = trainer_factory(max_steps=4)  # one batch: 2 agents x 2 iterations
+    trainer.fit(model, dm())
+    assert seen == [(0, 0), (1, 0)] and trainer.global_step == 4

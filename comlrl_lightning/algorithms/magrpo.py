@@ -172,12 +172,16 @@ class MAGRPO(CoMLRLModule):
         """``num_iterations`` × (zero_grad, forward/backward, clip, step) for every agent.
 
         Agents go in :meth:`Team.rounds`: serially one per round, or one per device group per round
-        when threaded. A round's no-grad pass (old / reference log-probs) and forward/backward run in
-        :meth:`Team.map`; its optimizer steps run here, in agent order.
+        when threaded. The no-grad pass (old / reference log-probs) and forward/backward run in
+        :meth:`Team.map`; optimizer steps run here, in agent order. Every agent's no-grad pass runs
+        before any step: agents that share weights would otherwise take their old log-probs from a
+        policy another agent already updated, not the one that sampled the batch.
         """
         stats: list[AgentStats] = [AgentStats()] * self.num_agents
+        batches: dict[int, AgentBatch] = {}
         for agents in self.team.rounds():
-            batches = dict(zip(agents, self.team.map(partial(self._prepare, turns=turns), agents)))
+            batches.update(zip(agents, self.team.map(partial(self._prepare, turns=turns), agents)))
+        for agents in self.team.rounds():
             for _ in range(self.loss.num_iterations):
                 for i, s in zip(agents, self.team.map(partial(self._backward, batches=batches), agents)):
                     self.step_agent(i, self.loss.max_grad_norm, s.loss, self.loss.on_nonfinite)
