@@ -66,3 +66,22 @@ def test_cross_mode_sample_return_is_the_mean_over_its_joint_actions():
     assert agent_sample_returns(joint, idx, 1, 2).tolist() == [[2.0, 3.5]]
     adv = group_advantages(agent_sample_returns(joint, idx, 0, 2), "mean", "none")
     assert adv.tolist() == [[-1.25, 1.25]]
+
+
+def test_raw_is_not_std_scaled_by_default():
+    # a near-equal group: scaled by std + eps it would be ~1 / 1e-4 = 1e4
+    r = torch.tensor([[1.0, 1.0 + 1e-7, 1.0, 1.0]])
+    assert torch.equal(group_advantages(r, "raw"), r)
+    # the other modes keep group scaling by default
+    assert torch.equal(group_advantages(R, "mean"), group_advantages(R, "mean", "group"))
+    assert not torch.equal(group_advantages(R, "mean"), group_advantages(R, "mean", "none"))
+
+
+def test_raw_config_defaults_to_no_scaling_and_mareinforce_gets_it():
+    from comlrl_lightning import MAREINFORCE
+    from comlrl_lightning.core.config import AdvantageConfig
+
+    assert AdvantageConfig(advantage_mode="raw").scale == "none"
+    assert AdvantageConfig().scale == "group"
+    assert AdvantageConfig(advantage_mode="raw", scale_rewards="group").scale == "group"
+    assert MAREINFORCE(agents="builtin:tiny-gpt2").advantage.scale == "none"

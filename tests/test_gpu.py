@@ -152,7 +152,8 @@ def test_each_backend_takes_its_own_path_and_its_greedy_completions_match_the_dy
     ref = generate(model, tok, prompts, 2, SamplingConfig(max_new_tokens=12, generation_backend="dynamic"), False, do_sample=False)
     setattr(model, entry, spy)
     got = generate(model, tok, prompts, 2, SamplingConfig(max_new_tokens=12, generation_backend=backend), False, do_sample=False)
-    assert len(calls) == 1 and calls[0].get("cache_implementation") == marker
+    # the knobs travel in a fresh generation config (never the model's own: see core/generation.py)
+    assert len(calls) == 1 and calls[0]["generation_config"].cache_implementation == marker
     assert got.completion_ids.shape[0] == 4
     assert got.texts == ref.texts
     assert torch.equal(got.lengths, ref.lengths)

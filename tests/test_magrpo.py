@@ -133,3 +133,21 @@ def test_validation_decodes_greedily_unless_val_sampling(trainer_factory, monkey
     trainer.fit(tiny(val_sampling=val_sampling), LengthRatioDataModule(batch_size=2, num_train=2, num_val=2))
     assert (2, True) in seen  # training: K samples
     assert (1, val_sampling) in seen and (1, not val_sampling) not in seen
+
+
+def test_max_steps_not_a_whole_number_of_batches_warns_with_the_numbers(trainer_factory):
+    import warnings
+
+    trainer = trainer_factory(max_steps=5)
+    with pytest.warns(UserWarning, match=r"max_steps=5 is not a multiple of the 4 optimizer steps one batch takes "
+                      r"\(num_agents=2 × num_iterations=2\): training runs 2 batches and stops at global_step=8; "
+                      r"set max_steps=4 or 8"):  # fmt: skip
+        trainer.fit(tiny(num_iterations=2), LengthRatioDataModule(batch_size=2, num_train=8))
+    assert trainer.global_step == 8  # what the warning says happens
+    trainer = trainer_factory(max_steps=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(tiny(num_iterations=2), LengthRatioDataModule(batch_size=2, num_train=8))
+    assert not [w for w in caught if "max_steps=" in str(w.message)]
+    with pytest.warns(UserWarning, match=r"stops at global_step=4; set max_steps=4 \(max_steps_for"):  # never 0
+        trainer_factory(max_steps=1).fit(tiny(num_iterations=2), LengthRatioDataModule(batch_size=2, num_train=8))

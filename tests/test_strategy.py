@@ -506,3 +506,43 @@ def test_registered_name():
     assert "agent_parallel" in StrategyRegistry
     assert isinstance(StrategyRegistry.get("agent_parallel"), AgentParallelStrategy)
     assert strategy_mod.KINDS == ("agent", "reference", "critic", "reward")
+
+
+def test_mp_resume_mid_epoch_replaces_optimizer_state_after_it_is_loaded(tmp_path, monkeypatch):
+    """Lightning loads optimizer state onto the root device after on_fit_start and skips
+    on_train_epoch_start on the resumed epoch: the state must be re-placed before the first step."""
+    events = []
+    real_place, real_load = base_mod.optimizer_state_to_param_devices, SingleDeviceStrategy.load_optimizer_state_dict
+    monkeypatch.setattr(base_mod, "optimizer_state_to_param_devices", lambda opt: (events.append("place"), real_place(opt)))
+    monkeypatch.setattr(SingleDeviceStrategy, "load_optimizer_state_dict",
+                        lambda self, ckpt: (events.append("load"), real_load(self, ckpt)))  # fmt: skip
+    real_step = MAGRPO.training_step
+    monkeypatch.setattr(MAGRPO, "training_step", lambda self, b, i: (events.append("step"), real_step(self, b, i))[1])
+
+    trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                         callbacks=[ModelCheckpoint(dirpath=tmp_path, save_last=True, every_n_train_steps=2)])  # fmt: skip
+    trainer.fit(tiny(parallel_training="mp", agent_devices=["cpu", "cpu"]), dm())  # 1 of 4 batches: mid-epoch
+    events.clear()
+    trainer = pl.Trainer(accelerator="cpu", max_steps=4, logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+                         enable_checkpointing=False)  # fmt: skip
+    trainer.fit(tiny(parallel_training="mp", agent_devices=["cpu", "cpu"]), dm(), ckpt_path=str(tmp_path / "last.ckpt"))
+    assert trainer.global_step == 4 and "load" in events
+    after_load = events[len(events) - events[::-1].index("load"):]
+    assert after_load.index("place") < after_load.index("step")  # both agents' optimizers re-placed first
+
+
+def test_shared_agents_take_old_logprobs_from_the_policy_that_sampled(monkeypatch, trainer_factory):
+    """num_iterations=2, agent 1 shares agent 0's weights: both no-grad passes (old log-probs) run
+    before agent 0's first step, else agent 1's ratio would start at 1 against an updated policy."""
+    from comlrl_lightning.team.agents import AgentSpec
+
+    seen, real = [], MAGRPO._prepare
+    monkeypatch.setattr(MAGRPO, "_prepare", lambda self, agent, turns: (seen.append((agent, self.global_step)),
+                                                                       real(self, agent, turns))[1])  # fmt: skip
+    model = tiny(agents=[AgentSpec("builtin:tiny-gpt2"), AgentSpec("builtin:tiny-gpt2", share_weights_with=0)],
+                 num_iterations=2)  # fmt: skip
+    trainer = trainer_factory(max_steps=4)  # one batch: 2 agents x 2 iterations
+    trainer.fit(model, dm())
+    assert seen == [(0, 0), (1, 0)] and trainer.global_step == 4

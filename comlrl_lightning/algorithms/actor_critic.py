@@ -181,6 +181,14 @@ class ActorCritic(CoMLRLModule):
         """Indices of the critics with a model (and an optimizer) of their own."""
         return [c for c, s in enumerate(self.critic_specs) if s.separate]
 
+    @property
+    def steps_per_batch(self) -> int:
+        return self.num_agents * self.loss.num_iterations + len(self.separate_critics)
+
+    def steps_per_batch_terms(self) -> str:
+        return (f"num_agents={self.num_agents} × num_iterations={self.loss.num_iterations} + "
+                f"{len(self.separate_critics)} separate critics")  # fmt: skip
+
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if self.num_turns > 1 and self.env.transition_fn is None:
@@ -278,15 +286,18 @@ class ActorCritic(CoMLRLModule):
     ) -> tuple[list[AgentStats], dict[int, float]]:
         """Each agent: ``num_iterations`` × (zero_grad, policy forward/backward, clip, step), in the
         base class's rounds; a head on the trunk adds its value loss to the agent's first pass (one
-        joint loss, one step). Returns each agent's stats and each head's value loss."""
+        joint loss, one step). Returns each agent's stats and each head's value loss. Every agent's
+        no-grad pass runs before any step (agents sharing weights: see ``MAGRPO.update_agents``)."""
         stats: list[AgentStats] = [AgentStats()] * self.num_agents
         value_losses: dict[int, float] = {}
+        batches: dict[int, Any] = {}
         for agents in self.team.rounds():
-            batches = dict(zip(agents, self.team.map(partial(self._prepare, turns=turns), agents)))
+            batches.update(zip(agents, self.team.map(partial(self._prepare, turns=turns), agents)))
+        for agents in self.team.rounds():
             for it in range(self.loss.num_iterations):
                 backward = partial(self._backward, batches=batches, turns=turns, critic_batches=critic_batches, first=it == 0)
                 for i, (s, v) in zip(agents, self.team.map(backward, agents)):
-                    self.step_agent(i, self.loss.max_grad_norm)
+                    self.step_agent(i, self.loss.max_grad_norm, s.loss, self.loss.on_nonfinite)
                     stats[i] = s
                     if v is not None:
                         value_losses[i] = v

@@ -10,6 +10,7 @@ no mixins.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -18,9 +19,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.utilities import rank_zero_warn
 
 from comlrl_lightning.core import metrics as M
-from comlrl_lightning.core.config import PlacementConfig, SamplingConfig
+from comlrl_lightning.core.config import OnNonfinite, PlacementConfig, SamplingConfig
 from comlrl_lightning.core.records import Turn
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
@@ -98,6 +100,8 @@ class CoMLRLModule(pl.LightningModule):
         self.learning_rate, self.val_sampling = learning_rate, val_sampling
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self._env = env
+        self.skipped_steps: list[int] = [0] * len(specs)
+        """Per agent, optimizer steps skipped for non-finite loss or gradients (see :meth:`step_agent`)."""
         self.fabric_schedulers: list[Any] | None = None
         """Per-agent LR schedulers when a Fabric drives this module (see :meth:`agent_optimizers`)."""
         # registered here so checkpoints, device moves and strategies see them (the team holds the same lists)
@@ -200,10 +204,44 @@ class CoMLRLModule(pl.LightningModule):
         schs = (schs if isinstance(schs, list) else [schs]) if schs is not None else [None] * self.num_agents
         return opts, schs
 
-    def step_agent(self, agent: int, max_grad_norm: float | None) -> None:
+    def _batch_position(self) -> str:
+        """Where training is, for messages: epoch and batch under a Trainer, else the global step."""
+        if self._trainer is None:
+            return f"global_step={self.global_step}"
+        loop = self.trainer.fit_loop
+        return f"epoch {self.current_epoch}, batch {loop.epoch_loop.batch_idx}, global_step={self.global_step}"
+
+    def step_agent(self, agent: int, max_grad_norm: float | None, loss: float | None = None,
+                   on_nonfinite: OnNonfinite = "skip") -> bool:  # fmt: skip
         """Clip, ``optimizer.step()`` (counted by Lightning) and scheduler step; main thread only, so
-        ``global_step`` grows by one per agent step in agent order."""
+        ``global_step`` grows by one per agent step in agent order.
+
+        First the agent's ``loss`` and gradients are checked: if any is NaN/inf, ``on_nonfinite``
+        (:attr:`LossConfig.on_nonfinite`) either skips the step (gradients dropped, counted in
+        :attr:`skipped_steps` and logged as ``agent_<i>/skipped_steps``) or raises.
+
+        Returns:
+            Whether the optimizer stepped.
+
+        Raises:
+            FloatingPointError: non-finite loss or gradients with ``on_nonfinite="stop"``.
+        """
         opts, schs = self.agent_optimizers()
+        grads = [p.grad for group in opts[agent].param_groups for p in group["params"] if p.grad is not None]
+        grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0  # NaN/inf iff any entry is
+        finite = math.isfinite(grad_norm) and (loss is None or math.isfinite(loss))
+        if not finite:
+            what = f"agent {agent}: non-finite loss ({loss}) or gradient norm ({grad_norm}) at {self._batch_position()}"
+            if on_nonfinite == "stop":
+                raise FloatingPointError(f"{what}; stopping (LossConfig.on_nonfinite='stop'; 'skip' skips the step)")
+            self.skipped_steps[agent] += 1
+            rank_zero_warn(f"{what}; its optimizer step is skipped (LossConfig.on_nonfinite='skip'; "
+                           f"{self.skipped_steps[agent]} skipped so far)")  # fmt: skip
+            opts[agent].zero_grad(set_to_none=True)
+        if self._trainer is not None:
+            self.log(M.agent(agent, "skipped_steps"), float(self.skipped_steps[agent]))
+        if not finite:
+            return False
         if max_grad_norm is not None:
             self.clip_gradients(opts[agent], gradient_clip_val=max_grad_norm, gradient_clip_algorithm="norm")
         opts[agent].step()
@@ -212,6 +250,7 @@ class CoMLRLModule(pl.LightningModule):
         opts[agent].zero_grad(set_to_none=True)
         if schs[agent] is not None:
             schs[agent].step()
+        return True
 
     def locked_backward(self, loss: torch.Tensor) -> None:
         """``manual_backward`` under :data:`~comlrl_lightning.team.team.BACKWARD_LOCK` (agent threads)."""
@@ -240,7 +279,30 @@ class CoMLRLModule(pl.LightningModule):
         for opt in self.trainer.optimizers:
             optimizer_state_to_param_devices(opt)
 
+    @property
+    def steps_per_batch(self) -> int:
+        """Optimizer steps one training batch takes, i.e. how much ``trainer.global_step`` grows per
+        batch: one per agent here; algorithms that step more often override it."""
+        return self.num_agents
+
+    def steps_per_batch_terms(self) -> str:
+        """How :attr:`steps_per_batch` is made up, for messages."""
+        return f"num_agents={self.num_agents}"
+
+    def _check_max_steps(self) -> None:
+        """Warn when ``trainer.max_steps`` is not a whole number of batches: Lightning checks it only
+        between batches, so the last batch runs all its steps and ``global_step`` overshoots."""
+        max_steps, per = self.trainer.max_steps, self.steps_per_batch
+        if max_steps > 0 and max_steps % per:
+            batches = -(-max_steps // per)
+            whole = " or ".join(str(n) for n in ((max_steps // per) * per, batches * per) if n > 0)
+            rank_zero_warn(f"max_steps={max_steps} is not a multiple of the {per} optimizer steps one batch takes "
+                           f"({self.steps_per_batch_terms()}): training runs {batches} batches and stops at "
+                           f"global_step={batches * per}; set max_steps={whole} (max_steps_for converts batches "
+                           "to steps)")  # fmt: skip
+
     def on_fit_start(self) -> None:
+        self._check_max_steps()
         self._place_team()
 
     def on_train_epoch_start(self) -> None:
@@ -281,11 +343,21 @@ class CoMLRLModule(pl.LightningModule):
 
     # ------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Add the global RNG states (python, numpy, torch CPU/CUDA) as ``checkpoint["rng_states"]``.
+        """Add the global RNG states (python, numpy, torch CPU/CUDA) as ``checkpoint["rng_states"]``,
+        after checking every agent's weights are finite.
 
         Sampling draws from torch's global RNG, so exact resume needs them (Lightning saves agents,
         optimizers, schedulers, loops and the datamodule's data position itself).
+
+        Raises:
+            FloatingPointError: an agent's parameter holds NaN/inf (named with the agent); a checkpoint
+                of such weights could only poison the run resumed from it.
         """
+        for i, model in enumerate(self.agents):
+            for name, p in model.named_parameters():
+                if not torch.isfinite(p).all():
+                    raise FloatingPointError(f"agent {i}: parameter {name!r} holds NaN/inf at {self._batch_position()}; "
+                                             "refusing to write a checkpoint with non-finite weights")  # fmt: skip
         checkpoint["rng_states"] = collect_rng_states()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -295,7 +367,10 @@ class CoMLRLModule(pl.LightningModule):
         self._resume_rng_states = checkpoint.get("rng_states")
 
     def on_train_start(self) -> None:
-        """Apply RNG states stashed by :meth:`on_load_checkpoint` (once), right before training resumes."""
+        """Re-place the team and its optimizer state (Lightning loads optimizer state onto the root
+        device after :meth:`on_fit_start`, and skips ``on_train_epoch_start`` on a resumed epoch), then
+        apply RNG states stashed by :meth:`on_load_checkpoint` (once), right before training resumes."""
+        self._place_team()
         states = getattr(self, "_resume_rng_states", None)
         if states is not None:
             set_rng_states(states)

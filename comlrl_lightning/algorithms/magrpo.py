@@ -119,6 +119,13 @@ class MAGRPO(CoMLRLModule):
     def num_turns(self) -> int:
         return self.rollout_config.num_turns
 
+    @property
+    def steps_per_batch(self) -> int:
+        return self.num_agents * self.loss.num_iterations
+
+    def steps_per_batch_terms(self) -> str:
+        return f"num_agents={self.num_agents} × num_iterations={self.loss.num_iterations}"
+
     def setup(self, stage: str) -> None:
         super().setup(stage)
         if self.num_turns > 1 and self.env.transition_fn is None:
@@ -151,7 +158,7 @@ class MAGRPO(CoMLRLModule):
         if self.uses_reference_model and self.loss.kl_mode == "reward" and not evaluation:
             costs = self._kl_costs(turns)
         compute_advantages(turns, self.num_agents, k, joint_mode, adv.advantage_mode,
-                           adv.scale_rewards if k > 1 else "none", adv.advantage_eps, credit,
+                           adv.scale if k > 1 else "none", adv.advantage_eps, credit,
                            adv.agent_wise_normalization, costs)  # fmt: skip
         return turns
 
@@ -165,15 +172,19 @@ class MAGRPO(CoMLRLModule):
         """``num_iterations`` × (zero_grad, forward/backward, clip, step) for every agent.
 
         Agents go in :meth:`Team.rounds`: serially one per round, or one per device group per round
-        when threaded. A round's no-grad pass (old / reference log-probs) and forward/backward run in
-        :meth:`Team.map`; its optimizer steps run here, in agent order.
+        when threaded. The no-grad pass (old / reference log-probs) and forward/backward run in
+        :meth:`Team.map`; optimizer steps run here, in agent order. Every agent's no-grad pass runs
+        before any step: agents that share weights would otherwise take their old log-probs from a
+        policy another agent already updated, not the one that sampled the batch.
         """
         stats: list[AgentStats] = [AgentStats()] * self.num_agents
+        batches: dict[int, AgentBatch] = {}
         for agents in self.team.rounds():
-            batches = dict(zip(agents, self.team.map(partial(self._prepare, turns=turns), agents)))
+            batches.update(zip(agents, self.team.map(partial(self._prepare, turns=turns), agents)))
+        for agents in self.team.rounds():
             for _ in range(self.loss.num_iterations):
                 for i, s in zip(agents, self.team.map(partial(self._backward, batches=batches), agents)):
-                    self.step_agent(i, self.loss.max_grad_norm)
+                    self.step_agent(i, self.loss.max_grad_norm, s.loss, self.loss.on_nonfinite)
                     stats[i] = s
         return stats
 

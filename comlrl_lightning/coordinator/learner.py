@@ -142,7 +142,7 @@ class Learner:
     def advantages(self, returns: torch.Tensor) -> torch.Tensor:
         """``[groups, K]`` -> ``[groups, K]`` with the module's ``advantage_mode`` and ``scale_rewards``."""
         adv = self.module.advantage
-        return group_advantages(returns, adv.advantage_mode, adv.scale_rewards, adv.advantage_eps)
+        return group_advantages(returns, adv.advantage_mode, adv.scale, adv.advantage_eps)
 
     def store(self, experiences: list[Experience]) -> None:
         """Keep this round's experience (the last ``experience_window`` rounds are kept)."""

@@ -9,7 +9,8 @@ same turn, same history). Formulas (design.md, "Algorithm reference"; CoMLRL ``a
 - ``raw``  (MAREINFORCE):  A_k = R_k
 
 ``scale_advantages="group"`` then divides by ``std(R) + eps`` (unbiased std over the group, as TRL
-does); a group whose returns are all equal gets advantage exactly 0 in every mode.
+does); a group whose returns are all equal gets advantage exactly 0 in every mode. ``raw`` is not
+scaled unless asked (:func:`default_scale`).
 """
 
 from __future__ import annotations
@@ -23,15 +24,22 @@ SCALE_MODES = ("group", "none")
 JOINT_MODES = ("aligned", "cross")
 
 
+def default_scale(mode: str) -> str:
+    """The std scaling a baseline gets when none is configured: ``none`` for ``raw`` (A = R; a raw
+    return divided by a near-zero group std is ~R/eps, e.g. ~1e4 for [1, 1+1e-7, 1, 1]), else ``group``."""
+    return "none" if mode == "raw" else "group"
+
+
 def group_advantages(
-    returns: torch.Tensor, mode: str = "mean", scale: str = "group", eps: float = 1e-4
+    returns: torch.Tensor, mode: str = "mean", scale: str | None = None, eps: float = 1e-4
 ) -> torch.Tensor:
     """Advantages of ``G`` groups of ``K`` samples.
 
     Args:
         returns: ``[G, K]`` returns (float).
         mode: one of :data:`ADVANTAGE_MODES`.
-        scale: ``"group"`` (divide by the group's std + ``eps``) or ``"none"``.
+        scale: ``"group"`` (divide by the group's std + ``eps``), ``"none"``, or None for
+            :func:`default_scale` of ``mode``.
         eps: std floor, ≥ 1e-4 recommended so near-equal groups do not explode.
 
     Returns:
@@ -42,6 +50,7 @@ def group_advantages(
     """
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"advantage_mode: got {mode!r}, allowed: {list(ADVANTAGE_MODES)}")
+    scale = default_scale(mode) if scale is None else scale
     if scale not in SCALE_MODES:
         raise ValueError(f"scale_advantages: got {scale!r}, allowed: {list(SCALE_MODES)}")
     returns = returns.float()

@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
+from comlrl_lightning.core.advantages import default_scale
 from comlrl_lightning.core.credit import reward_calls_per_episode
 
 JointMode = Literal["aligned", "cross", "crossed"]
@@ -25,6 +26,7 @@ LossType = Literal["sequence_sum", "grpo", "dr_grpo", "dapo", "bnpo", "sequence_
 Credit = Literal["shared", "counterfactual", "cross_rewards"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
 KLMode = Literal["loss", "reward"]
+OnNonfinite = Literal["skip", "stop"]
 ParallelTraining = Literal["none", "mp"]
 GenerationBackend = Literal["auto", "dynamic", "static_compile", "continuous_batching"]
 AUTO_BACKEND = {"cpu": "dynamic", "cuda": "dynamic"}
@@ -130,8 +132,10 @@ class AdvantageConfig:
     advantage_mode: AdvantageMode = "mean"
     """Baseline: ``mean`` (GRPO/MAGRPO), ``max`` (MAReMax), ``rloo`` (leave-one-out, MARLOO) or ``raw``
     (no baseline, MAREINFORCE). CoMLRL name."""
-    scale_rewards: ScaleRewards | bool = "group"
-    """``group``: divide by the group's std + ``advantage_eps`` (GRPO, Shao et al. 2024); ``batch``:
+    scale_rewards: ScaleRewards | bool | None = None
+    """None (default): ``none`` for ``advantage_mode="raw"`` (A = R, CoMLRL's MAREINFORCE: dividing
+    raw returns by a near-zero std turns a group like [1, 1+1e-7, 1, 1] into advantages of ~1e4),
+    ``group`` otherwise (see :meth:`scale`). ``group``: divide by the group's std + ``advantage_eps`` (GRPO, Shao et al. 2024); ``batch``:
     by the std over the whole step (every turn; TRL's ``"batch"``, PPO Lite, arXiv 2508.08221: robust
     when groups are small); ``none``: do not (Dr. GRPO, Liu et al. 2025, which shows the std division
     biases towards easy/hard questions). See ``agent_wise_normalization`` for whose std. TRL name;
@@ -148,8 +152,16 @@ class AdvantageConfig:
         if isinstance(self.scale_rewards, bool):
             self.scale_rewards = "group" if self.scale_rewards else "none"
         _choice("advantage_mode", self.advantage_mode, ("mean", "max", "rloo", "raw"))
-        _choice("scale_rewards", self.scale_rewards, ("group", "batch", "none"))
+        if self.scale_rewards is not None:
+            _choice("scale_rewards", self.scale_rewards, ("group", "batch", "none"))
         _require("advantage_eps", self.advantage_eps, self.advantage_eps >= 1e-4, ">= 1e-4")
+
+    @property
+    def scale(self) -> ScaleRewards:
+        """``scale_rewards`` with its default resolved. Resolved here rather than in ``__post_init__``
+        so an alias that swaps in its own ``advantage_mode`` (``dataclasses.replace``) gets that
+        mode's default, not the one of the mode it replaced."""
+        return default_scale(self.advantage_mode) if self.scale_rewards is None else self.scale_rewards
 
 
 _LOSS_TYPE_ALIASES = {"sequence_mean": "grpo", "token_mean": "dapo"}
@@ -196,6 +208,11 @@ class LossConfig:
     """Per-agent gradient-norm clip; None: off. TRL name."""
     micro_batch_size: int | None = None
     """Samples per forward/backward (gradients accumulate into one step per agent); None: all at once."""
+    on_nonfinite: OnNonfinite = "skip"
+    """An agent whose loss or gradients are not finite (NaN/inf) before its optimizer step: ``skip``
+    (no step for that agent this pass; its gradients are dropped, the count is logged as
+    ``agent_<i>/skipped_steps``; a skipped step does not count in ``global_step``) or ``stop`` (raise
+    ``FloatingPointError`` naming the agent and batch). Either way no non-finite weights are saved."""
 
     def __post_init__(self) -> None:
         _choice("loss_type", self.loss_type, ("sequence_sum", "grpo", "dr_grpo", "dapo", "bnpo", *_LOSS_TYPE_ALIASES))
@@ -208,6 +225,7 @@ class LossConfig:
                  f"> 1 + epsilon_high = {1 + self.clip_high} or None")  # fmt: skip
         _choice("importance_sampling_level", self.importance_sampling_level, ("token", "sequence"))
         _choice("kl_mode", self.kl_mode, ("loss", "reward"))
+        _choice("on_nonfinite", self.on_nonfinite, ("skip", "stop"))
         _require("micro_batch_size", self.micro_batch_size,
                  self.micro_batch_size is None or self.micro_batch_size >= 1, ">= 1 or None")  # fmt: skip
 

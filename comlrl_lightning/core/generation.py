@@ -6,14 +6,16 @@ Shapes: ``B`` prompts, ``K`` samples each (``num_generations``), ``P`` padded pr
 
 from __future__ import annotations
 
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import StoppingCriteriaList
+from transformers import GenerationConfig, StoppingCriteriaList
 
 from comlrl_lightning.core.config import SamplingConfig
 from comlrl_lightning.core.stopping import CodeBlockEnd, apply_stops
@@ -141,17 +143,45 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def sampling_config(knobs: dict[str, Any]) -> GenerationConfig:
+    """A fresh ``GenerationConfig`` holding only ``knobs`` (None values dropped)."""
+    return GenerationConfig(**{k: v for k, v in knobs.items() if v is not None})
+
+
+_MODEL_LOCKS: dict[int, threading.Lock] = {}
+"""One lock per model (by id): agents that share weights share the model, and two threads swapping
+its ``generation_config`` at once would leave one thread's stand-in on it."""
+
+
+@contextmanager
+def only_configured_knobs(model: nn.Module) -> Iterator[None]:
+    """Let ``model.generate`` see no generation config of the model's own while the block runs.
+
+    transformers fills every knob a passed ``generation_config`` leaves unset (None) from
+    ``model.generation_config``, i.e. a checkpoint's generation_config.json: ``repetition_penalty``,
+    ``no_repeat_ngram_size``, ``suppress_tokens``, ``forced_eos_token_id``, ... Those bend the sampling
+    distribution away from ``softmax(logits / temperature)``, the one the loss scores completions
+    under, and several have no "off" value a config could pass instead, so the model's config is
+    swapped for an empty one and put back afterwards.
+    """
+    with _MODEL_LOCKS.setdefault(id(model), threading.Lock()):
+        own = model.generation_config
+        model.generation_config = GenerationConfig()
+        try:
+            yield
+        finally:
+            model.generation_config = own
+
+
 def _continuous_batching(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
     """``[R, C]`` completions from transformers' ``generate_batch`` (unpadded prompts in, rows padded
     with ``pad_token_id`` out), in the order of ``ids``' rows."""
-    from transformers import GenerationConfig
-
     if not hasattr(model, "generate_batch"):
         raise ValueError(f"generation_backend: 'continuous_batching' needs transformers' generate_batch, "
                          f"which {type(model).__name__} lacks; use 'dynamic' or 'static_compile'")  # fmt: skip
     prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
     max_new = kwargs.pop("max_new_tokens")
-    config = GenerationConfig(**{k: v for k, v in kwargs.items() if v is not None}, max_new_tokens=max_new)
+    config = sampling_config(dict(kwargs, max_new_tokens=max_new))
     out = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
     # request ids are "req_<n>", numbered in the order the prompts were given
     rows = [out[key].generated_tokens for key in sorted(out, key=lambda k: int(k.rsplit("_", 1)[-1]))]
@@ -217,6 +247,11 @@ def generate(
     The sampler is ``sampling.backend_for(device)`` (see :class:`SamplingConfig`). The model is put in
     eval mode (KV cache on) and restored afterwards. Tensors come back on CPU.
 
+    Only the configured knobs reach the sampler (a fresh ``GenerationConfig``,
+    :func:`only_configured_knobs`): the model's own ``generation_config`` (a checkpoint's
+    generation_config.json: ``repetition_penalty``, ``no_repeat_ngram_size``, ...) is not applied;
+    only its ``eos_token_id`` is read.
+
     Prompts that do not fit the model's context with ``max_new_tokens`` lose their first tokens,
     with a warning (:func:`fit_to_context`). ``sampling.stop_after_code_block`` ends completions at
     their first closed code block (:mod:`comlrl_lightning.core.stopping`; not with
@@ -245,13 +280,16 @@ def generate(
     if stopper is not None and backend != "continuous_batching":
         kwargs["stopping_criteria"] = StoppingCriteriaList([stopper])
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), only_configured_knobs(model):
             if backend == "continuous_batching":
                 completion_ids = _continuous_batching(model, ids, mask, kwargs)
             else:
                 if backend == "static_compile":  # transformers compiles the decode step for a static cache on CUDA
                     kwargs["cache_implementation"] = "static"
-                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True, **kwargs)
+                stopping = kwargs.pop("stopping_criteria", None)  # an object generate takes, not a config knob
+                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                     generation_config=sampling_config(dict(kwargs, use_cache=True)),
+                                     stopping_criteria=stopping)  # fmt: skip
                 completion_ids = out[:, ids.shape[1] :].cpu()
     finally:
         model.train(was_training)
