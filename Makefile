@@ -35,6 +35,7 @@ test: setup lint  ## every test, the slow learning tests included
 
 lint: setup  ## ruff (rules in pyproject.toml)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test-fast: setup lint
 	$(VENV)/bin/pytest -q -m "not slow"

@@ -73,7 +73,9 @@ def run(name: str, batches: int, separate: bool) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, default=150)
     parser.add_argument("--separate", action="store_true", help="IAC with a separate critic model per agent")
     args = parser.parse_args(argv)

@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if not torch.cuda.is_available():
-        print("agent_overlap: no CUDA device available; this benchmark needs >= 2 GPUs (or 1 GPU + CPU). Nothing measured.")
+        print(
+            "agent_overlap: no CUDA device available; this benchmark needs >= 2 GPUs (or 1 GPU + CPU). Nothing measured."
+        )
         return 0
     devices = ["cuda:0", "cuda:1"] if torch.cuda.device_count() >= 2 else ["cuda:0", "cpu"]
 
@@ -57,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     place_module(model, plan_devices(model, devices, root=devices[0]))
     placed = [model.team.device(i) for i in range(2)]
     params = sum(p.numel() for p in model.agents[0].parameters())
-    prompts = [[f"Agent {i} prompt number {b}: write about topic {b % 7}." for b in range(args.batch)] for i in range(2)]
+    prompts = [
+        [f"Agent {i} prompt number {b}: write about topic {b % 7}." for b in range(args.batch)]
+        for i in range(2)
+    ]
 
     def timed(concurrent: bool) -> float:
         model.concurrent_agents = concurrent
@@ -74,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         serial.append(timed(False))
         threaded.append(timed(True))
     s, t = statistics.median(serial), statistics.median(threaded)
-    print(f"agents: 2 x {params / 1e6:.1f}M params on {devices}; {args.batch} prompts x K={args.k}, {args.new_tokens} new tokens")
+    print(
+        f"agents: 2 x {params / 1e6:.1f}M params on {devices}; {args.batch} prompts x K={args.k}, {args.new_tokens} new tokens"
+    )
     print(f"serial   Team.generate: median {s:.3f} s  ({', '.join(f'{x:.3f}' for x in serial)})")
     print(f"threaded Team.generate: median {t:.3f} s  ({', '.join(f'{x:.3f}' for x in threaded)})")
     print(f"ratio serial/threaded: {s / t:.2f}x")

@@ -40,19 +40,26 @@ def main() -> None:
         t = time.perf_counter()
         value = coop([[rew.TRIVIAL_AUX, main]], [Episode(0, rows[0])], 0).values[0]
         ok = abs(value - rew.STATIC) < 1e-9 if cls == "reward forging" else 0.0 <= value <= 4.0
-        print(f"| {cls} | `{name}` | {'contained' if ok else '**NOT CONTAINED**'} | {value:.3f} | "
-              f"{time.perf_counter() - t:.2f} |")
+        print(
+            f"| {cls} | `{name}` | {'contained' if ok else '**NOT CONTAINED**'} | {value:.3f} | "
+            f"{time.perf_counter() - t:.2f} |"
+        )
     coop.close()
     tests = [(n, f) for n, f in vars(cont).items() if n.startswith("test_")]
-    tests += [(n, f) for n, f in vars(rew).items() if n.startswith("test_") and "fixture" not in repr(f)
-              and f.__code__.co_argcount == 0]
+    tests += [
+        (n, f)
+        for n, f in vars(rew).items()
+        if n.startswith("test_") and "fixture" not in repr(f) and f.__code__.co_argcount == 0
+    ]
     for name, fn in tests:
         t = time.perf_counter()
         try:
             fn()
             outcome = "contained"
         except BaseException as err:  # noqa: BLE001 - a skip or a failure is reported, not raised
-            outcome = "skipped (layer missing)" if type(err).__name__ == "Skipped" else f"**FAILED** {err!r:.60}"
+            outcome = (
+                "skipped (layer missing)" if type(err).__name__ == "Skipped" else f"**FAILED** {err!r:.60}"
+            )
         print(f"| containment | `{name}` | {outcome} | | {time.perf_counter() - t:.2f} |")
     print(f"\nload: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} cores")
 

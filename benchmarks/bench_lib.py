@@ -138,8 +138,12 @@ class ChainRatioReward:
     def __init__(self) -> None:
         self.pair = LengthRatioReward()
 
-    def __call__(self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Any], turn: int) -> list[float]:
-        return [sum(self.pair.score(a, b) for a, b in zip(ja, ja[1:])) / (len(ja) - 1) for ja in joint_actions]
+    def __call__(
+        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Any], turn: int
+    ) -> list[float]:
+        return [
+            sum(self.pair.score(a, b) for a, b in zip(ja, ja[1:])) / (len(ja) - 1) for ja in joint_actions
+        ]
 
 
 def formatters(num_agents: int) -> list[str]:
@@ -160,7 +164,9 @@ def datamodule(setup: Setup, num_batches: int) -> DecPOMDPDataModule:
     """Episodes in a fixed order (no shuffle), ``num_batches`` batches of ``setup.batch_size``."""
     n = num_batches * setup.batch_size
     if setup.num_agents == 2:
-        return LengthRatioDataModule(num_train=n, num_val=1, batch_size=setup.batch_size, shuffle=False, seed=setup.seed)
+        return LengthRatioDataModule(
+            num_train=n, num_val=1, batch_size=setup.batch_size, shuffle=False, seed=setup.seed
+        )
     return DecPOMDPDataModule(length_ratio_rows(n, setup.seed), formatters(setup.num_agents),
                               reward_for(setup.num_agents), batch_size=setup.batch_size, shuffle=False)  # fmt: skip
 
@@ -245,7 +251,9 @@ class Harness(pl.Callback):
         self.chars.append(sum(map(len, texts)) / max(len(texts), 1))
 
 
-def fit_ours(setup: Setup, num_batches: int, peers: Sequence[Peer] = (), module: MAGRPO | None = None) -> Harness:
+def fit_ours(
+    setup: Setup, num_batches: int, peers: Sequence[Peer] = (), module: MAGRPO | None = None
+) -> Harness:
     """Train our module for ``num_batches`` batches with ``peers`` alternating at every batch."""
     module = module or build_ours(setup)
     harness = Harness(peers)
@@ -300,7 +308,9 @@ def ran_lines(res: dict[str, Any], sections: Sequence[str]) -> str:
         if name in res:
             r = res[name]["ran"]
             start, end = (tuple(round(x, 2) for x in r[k]) for k in ("loadavg_start", "loadavg_end"))
-            lines.append(f"- `{name}`: {r['date']}, {r['wall_s'] / 60:.1f} min, load average {start} -> {end}")
+            lines.append(
+                f"- `{name}`: {r['date']}, {r['wall_s'] / 60:.1f} min, load average {start} -> {end}"
+            )
     return "\n".join(lines)
 
 

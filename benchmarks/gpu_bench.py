@@ -50,9 +50,14 @@ def gpu_memory(device: str, dtype: str) -> dict[str, Any]:
 
 
 def render_memory(m: dict[str, Any]) -> str:
-    lines = ["| SmolLM2-135M bf16, fit of 2 batches | peak GPU memory allocated | parameter bytes |", "|---|---|---|"]
+    lines = [
+        "| SmolLM2-135M bf16, fit of 2 batches | peak GPU memory allocated | parameter bytes |",
+        "|---|---|---|",
+    ]
     for name in ("1 agent", "2 separate", "2 shared"):
-        lines.append(f"| {name} | {m[name]['peak_allocated_mb']:.0f} MiB | {m[name]['param_bytes'] / 2**20:.1f} MiB |")
+        lines.append(
+            f"| {name} | {m[name]['peak_allocated_mb']:.0f} MiB | {m[name]['param_bytes'] / 2**20:.1f} MiB |"
+        )
     lines.append(f"\nParameters, 2 shared / 1 agent: {m['shared_param_ratio']:.2f} (target <= 1.1).")
     return "\n".join(lines)
 
@@ -62,18 +67,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="few steps per row")
     ap.add_argument("--out", default=None, help="folder for gpu_bench.md and gpu_bench.json (GPU runs only)")
     ap.add_argument("--no-smollm2", action="store_true", help="tiny GPT-2 rows only (no SmolLM2 GGUF here)")
-    ap.add_argument("--cpu-dry-run", action="store_true", help="exercise the code path on CPU (bf16); writes nothing")
+    ap.add_argument(
+        "--cpu-dry-run", action="store_true", help="exercise the code path on CPU (bf16); writes nothing"
+    )
     args = ap.parse_args(argv)
     if args.cpu_dry_run:
         device, quick = "cpu", True
     elif not torch.cuda.is_available():
-        print("No GPU available (torch.cuda.is_available() is False): nothing measured, no GPU numbers written.")
+        print(
+            "No GPU available (torch.cuda.is_available() is False): nothing measured, no GPU numbers written."
+        )
         return 0
     else:
         device, quick = "cuda", args.quick
     base = {"device": device, "dtype": "bfloat16"}
     smol = {**base, "model": SMOLLM2, "max_new_tokens": 64, "lr": 1e-6}
-    res: dict[str, Any] = {"machine": run.machine(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M")}
+    res: dict[str, Any] = {
+        "machine": run.machine(),
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+    }
     if device == "cuda":
         res["machine"]["gpu"] = torch.cuda.get_device_name(0)
     t0 = time.time()

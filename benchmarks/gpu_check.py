@@ -84,7 +84,9 @@ def part_tests(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     # cwd outside the repo, so the installed package (not the source folder) is imported on the GPU machine
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}",
            "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), str(ROOT / "tests" / "test_gpu.py")]  # fmt: skip
-    proc = subprocess.run(cmd, check=False, cwd=out, capture_output=True, text=True, timeout=args.tests_timeout)
+    proc = subprocess.run(
+        cmd, check=False, cwd=out, capture_output=True, text=True, timeout=args.tests_timeout
+    )
     suite = ET.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite[0]
     cases = {}
@@ -97,9 +99,13 @@ def part_tests(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     result = {"counts": counts, "cases": cases, "returncode": proc.returncode, "tail": proc.stdout[-1500:]}
     if counts["tests"] and counts["skipped"] == counts["tests"]:
-        raise Skip(f"all {counts['tests']} GPU tests skipped: " + next(iter(cases.values())).split(": ", 1)[-1])
+        raise Skip(
+            f"all {counts['tests']} GPU tests skipped: " + next(iter(cases.values())).split(": ", 1)[-1]
+        )
     if proc.returncode != 0:
-        raise RuntimeError(f"GPU tests failed: {counts}; " + "; ".join(f"{k} {v}" for k, v in cases.items() if v != "passed"))
+        raise RuntimeError(
+            f"GPU tests failed: {counts}; " + "; ".join(f"{k} {v}" for k, v in cases.items() if v != "passed")
+        )
     return result
 
 
@@ -107,7 +113,9 @@ def part_tests(out: Path, args: argparse.Namespace) -> dict[str, Any]:
 def part_main_job(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     device = _device(args)
     if not _has_smollm2():
-        raise Skip("the SmolLM2 GGUF is not here (benchmarks/gpu_assets.py join): the learning part did not run")
+        raise Skip(
+            "the SmolLM2 GGUF is not here (benchmarks/gpu_assets.py join): the learning part did not run"
+        )
     if not args.inner:  # in a child process, so that a hung job cannot hold the check past its budget
         child = out / "main_job"
         cmd = [sys.executable, __file__, "--inner", "--only", "main_job", "--out", str(child),
@@ -115,24 +123,35 @@ def part_main_job(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         try:
             subprocess.run(cmd, check=False, timeout=args.job_seconds + args.job_overhead)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the main job ran past {args.job_seconds + args.job_overhead} s and was stopped") from None
+            raise RuntimeError(
+                f"the main job ran past {args.job_seconds + args.job_overhead} s and was stopped"
+            ) from None
         inner = json.loads((child / "gpu_check.json").read_text())["parts"]["main_job"]
         if inner["status"] != "ran":
             raise RuntimeError(f"main job {inner['status']}: {inner.get('reason')}")
         return inner["result"]
     from comlrl_lightning.cli import CoMLRLCLI, _scalar_history
 
-    log_root = Path(tempfile.gettempdir()) / "gpu_check_runs"  # not in --out: the device run returns 8 files at most
+    log_root = (
+        Path(tempfile.gettempdir()) / "gpu_check_runs"
+    )  # not in --out: the device run returns 8 files at most
     minutes, seconds = divmod(int(args.job_seconds), 60)
     overrides = [f"--trainer.accelerator={'gpu' if device == 'cuda' else 'cpu'}", "--trainer.precision=bf16-true", "--trainer.limit_train_batches=1.0",
                  f"--trainer.max_time=00:00:{minutes:02d}:{seconds:02d}", "--model.init_args.rollout.num_generations=4",
                  f"--model.init_args.sampling.max_new_tokens={args.new_tokens}", f"--trainer.logger.init_args.save_dir={log_root}"]  # fmt: skip
     t0 = time.time()
-    configs = ["--config", str(ROOT / "configs" / "trainer" / "cpu.yaml"), "--config", str(ROOT / "configs" / "humaneval_smollm2.yaml")]
+    configs = [
+        "--config",
+        str(ROOT / "configs" / "trainer" / "cpu.yaml"),
+        "--config",
+        str(ROOT / "configs" / "humaneval_smollm2.yaml"),
+    ]
     cli = CoMLRLCLI(args=[*configs, *overrides], run=False)
     cli.trainer.validate(cli.model, datamodule=cli.datamodule)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    cli.trainer.validate(cli.model, datamodule=cli.datamodule)  # max_time may stop fit before its own validation
+    cli.trainer.validate(
+        cli.model, datamodule=cli.datamodule
+    )  # max_time may stop fit before its own validation
     wall = time.time() - t0
     history = _scalar_history(cli.trainer.log_dir, ("reward", "val/reward", "val/pass@1"))
     return {"wall_s": wall, "batches": cli.trainer.global_step // 2, "overrides": overrides, "new_tokens": args.new_tokens,
@@ -165,7 +184,10 @@ def part_generation(out: Path, args: argparse.Namespace) -> dict[str, Any]:
         AgentSpec(model="builtin:tiny-llama-gpt2tok", dtype="bfloat16", model_kwargs=SMOLLM2_SHAPE)  # fmt: skip
     model, tok = load_agent(spec)
     model.to(device)
-    prompts = [f"Write a Python function number {b} that returns the sum of a list, with a docstring." for b in range(args.rows_b)]
+    prompts = [
+        f"Write a Python function number {b} that returns the sum of a list, with a docstring."
+        for b in range(args.rows_b)
+    ]
     res: dict[str, Any] = {"model": spec.model + ("" if real else " (SmolLM2 shape, GPT-2 vocab, random weights)"),
                            "rows": args.rows_b * args.rows_k, "new_tokens": args.new_tokens}  # fmt: skip
     for backend in [b for b in GENERATION_BACKENDS if b != "auto"]:
@@ -178,7 +200,9 @@ def part_generation(out: Path, args: argparse.Namespace) -> dict[str, Any]:
                 gen = generate(model, tok, prompts, args.rows_k, cfg, chat_rendered=False)
                 _sync(device)
                 times.append(time.perf_counter() - t)
-            tokens = int(gen.completion_mask.sum())  # real tokens (up to EOS): what uneven rows cost each backend
+            tokens = int(
+                gen.completion_mask.sum()
+            )  # real tokens (up to EOS): what uneven rows cost each backend
             res[backend] = {"tokens": tokens, "warmup_s": times[0], "median_s": statistics.median(times[1:]),
                             "tokens_per_s": tokens / statistics.median(times[1:])}  # fmt: skip
         except Exception as e:  # one backend failing (e.g. no continuous batching for this model) is a result
@@ -190,7 +214,11 @@ def part_generation(out: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- reports
 def render(report: dict[str, Any]) -> str:
-    lines = ["**CPU dry run: the numbers below check the code path and mean nothing.**", ""] if report.get("cpu_dry_run") else []
+    lines = (
+        ["**CPU dry run: the numbers below check the code path and mean nothing.**", ""]
+        if report.get("cpu_dry_run")
+        else []
+    )
     lines += [f"Device: {report['device']}; {report['date']}; {report['wall_s']:.0f} s in all; "
              + ", ".join(f"{k} {v}" for k, v in report["versions"].items()) + ".", ""]  # fmt: skip
     for name in PARTS:
@@ -206,8 +234,13 @@ def render(report: dict[str, Any]) -> str:
         if name == "tests":
             lines += [f"- `{case}`: {verdict}" for case, verdict in r["cases"].items()]
         elif name == "main_job":
-            lines.append(f"- {r['batches']} batches in {r['wall_s']:.0f} s (bf16-true, K=4, {r['new_tokens']} new tokens)")
-            lines += [f"- `{k}`: first {v[0]:.3f}, last {v[1]:.3f} ({v[2]} points)" for k, v in r["first_last"].items()]
+            lines.append(
+                f"- {r['batches']} batches in {r['wall_s']:.0f} s (bf16-true, K=4, {r['new_tokens']} new tokens)"
+            )
+            lines += [
+                f"- `{k}`: first {v[0]:.3f}, last {v[1]:.3f} ({v[2]} points)"
+                for k, v in r["first_last"].items()
+            ]
         elif name == "bench":
             lines.append(r["table"] + ("" if r["smollm2"] else "\n\n(SmolLM2 rows skipped: no GGUF.)"))
         elif name == "generation":
@@ -217,7 +250,9 @@ def render(report: dict[str, Any]) -> str:
                 if isinstance(v, dict) and "error" in v:
                     lines.append(f"| {b} | failed: {v['error']} | | |")
                 elif isinstance(v, dict):
-                    lines.append(f"| {b} | {v['tokens_per_s']:.0f} | {v['median_s']:.2f} | {v['warmup_s']:.2f} |")
+                    lines.append(
+                        f"| {b} | {v['tokens_per_s']:.0f} | {v['median_s']:.2f} | {v['warmup_s']:.2f} |"
+                    )
             lines.append(f"\nFastest: `{r['fastest']}`.")
         lines.append("")
     return "\n".join(lines)
@@ -228,14 +263,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "gpu_check_out", help="where the reports go")
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {', '.join(PARTS)}")
     ap.add_argument("--job-seconds", type=int, default=120, help="training time of the main job (max_time)")
-    ap.add_argument("--new-tokens", type=int, default=256, help="max_new_tokens of the main job and generation")
+    ap.add_argument(
+        "--new-tokens", type=int, default=256, help="max_new_tokens of the main job and generation"
+    )
     ap.add_argument("--rows-k", type=int, default=4, help="generation: samples per prompt (K)")
     ap.add_argument("--rows-b", type=int, default=16, help="generation: prompts (B)")
-    ap.add_argument("--repeats", type=int, default=2, help="generation: timed calls per backend after the warm-up")
-    ap.add_argument("--job-overhead", type=int, default=150,
-                    help="seconds the main job may take beyond --job-seconds (loading, two validations) before it is stopped")
+    ap.add_argument(
+        "--repeats", type=int, default=2, help="generation: timed calls per backend after the warm-up"
+    )
+    ap.add_argument(
+        "--job-overhead",
+        type=int,
+        default=150,
+        help="seconds the main job may take beyond --job-seconds (loading, two validations) before it is stopped",
+    )
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)  # the main job's child process
-    ap.add_argument("--cpu-dry-run", action="store_true", help="parts (b)-(d) on CPU at toy sizes; writes no GPU results")
+    ap.add_argument(
+        "--cpu-dry-run", action="store_true", help="parts (b)-(d) on CPU at toy sizes; writes no GPU results"
+    )
     ap.add_argument("--tests-timeout", type=int, default=300)
     ap.add_argument("--bench-timeout", type=int, default=240)
     args = ap.parse_args(argv)
@@ -259,7 +304,12 @@ def main(argv: list[str] | None = None) -> int:
                               "versions": versions, "smollm2_gguf": _has_smollm2(), "cpu_dry_run": args.cpu_dry_run,
                               "parts": {}}  # fmt: skip
     t_all = time.time()
-    runners = {"tests": part_tests, "main_job": part_main_job, "bench": part_bench, "generation": part_generation}
+    runners = {
+        "tests": part_tests,
+        "main_job": part_main_job,
+        "bench": part_bench,
+        "generation": part_generation,
+    }
     for name in only:
         print(f"[gpu-check] {name} ...", flush=True)
         t0 = time.time()
@@ -268,16 +318,25 @@ def main(argv: list[str] | None = None) -> int:
         except Skip as e:
             entry = {"status": "skipped", "reason": str(e)}
         except Exception as e:  # a failed part is reported; the next part still runs
-            entry = {"status": "failed", "reason": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            entry = {
+                "status": "failed",
+                "reason": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc()[-3000:],
+            }
         entry["wall_s"] = time.time() - t0
         report["parts"][name] = entry
-        print(f"[gpu-check] {name}: {entry['status']} {entry.get('reason', '')} ({entry['wall_s']:.0f} s)", flush=True)
+        print(
+            f"[gpu-check] {name}: {entry['status']} {entry.get('reason', '')} ({entry['wall_s']:.0f} s)",
+            flush=True,
+        )
     report["wall_s"] = time.time() - t_all
     text = render(report)
     (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "gpu_check.md").write_text(f"# GPU check\n\n{text}\n")
     if torch.cuda.is_available() and not args.cpu_dry_run:
-        (args.out / "gpu_results.md").write_text(f"Generated by `make gpu-check` (benchmarks/gpu_check.py).\n\n{text}\n")
+        (args.out / "gpu_results.md").write_text(
+            f"Generated by `make gpu-check` (benchmarks/gpu_check.py).\n\n{text}\n"
+        )
     print(text)
     return 1 if any(p["status"] == "failed" for p in report["parts"].values()) else 0
 

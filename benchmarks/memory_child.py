@@ -41,7 +41,12 @@ def main(spec: dict) -> dict:
                 if torch.is_tensor(v) and v.untyped_storage().data_ptr() not in seen:
                     seen.add(v.untyped_storage().data_ptr())
                     opt_bytes += v.untyped_storage().nbytes()
-    return {"base_rss_mb": base, "peak_rss_mb": _rss_mb(), "param_bytes": params, "optimizer_state_bytes": opt_bytes}
+    return {
+        "base_rss_mb": base,
+        "peak_rss_mb": _rss_mb(),
+        "param_bytes": params,
+        "optimizer_state_bytes": opt_bytes,
+    }
 
 
 if __name__ == "__main__":

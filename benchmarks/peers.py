@@ -54,7 +54,10 @@ class FloorPeer(Peer):
     def step(self, batch: list[Any], module: Any) -> float:
         s = self.setup
         chat = has_chat_template(self.tok)
-        prompts = [[render_prompt(self.tok, [module.env.observe(ep, i)], [], chat) for ep in batch] for i in range(s.num_agents)]
+        prompts = [
+            [render_prompt(self.tok, [module.env.observe(ep, i)], [], chat) for ep in batch]
+            for i in range(s.num_agents)
+        ]
         models = list(module.agents)
         for m in models:
             if id(m) not in self.opts:
@@ -67,7 +70,10 @@ class FloorPeer(Peer):
             model, opt = models[i], self.opts[id(models[i])]
             opt.zero_grad(set_to_none=True)
             ids, mask = tokenize_prompts(self.tok, prompts[i], chat)
-            ids, mask = ids.repeat_interleave(s.k, 0).to(s.device), mask.repeat_interleave(s.k, 0).to(s.device)
+            ids, mask = (
+                ids.repeat_interleave(s.k, 0).to(s.device),
+                mask.repeat_interleave(s.k, 0).to(s.device),
+            )
             model.eval()
             with torch.inference_mode():
                 out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=s.temperature,
@@ -131,7 +137,9 @@ class ComlrlPeer(Peer):
             train_batch_size=setup.batch_size, advantage_normalization=True, advantage_mode="mean",
             agent_devices=setup.device,
         )  # fmt: skip
-        fmts = {1: ["Note on {topic}:"], 2: ["Short note on {topic}:", "Longer note on {topic}:"]}[setup.num_agents]
+        fmts = {1: ["Note on {topic}:"], 2: ["Short note on {topic}:", "Longer note on {topic}:"]}[
+            setup.num_agents
+        ]
         chat = has_chat_template(tokenizer)  # our module wraps prompts in the chat template when there is one
 
         def formatter(fmt: str) -> Any:

@@ -50,10 +50,13 @@ print("RESULT " + json.dumps(out))
 
 
 def run_tree(path: str, args: argparse.Namespace) -> list[list[float]]:
-    code = CHILD.format(path=path, problems=args.problems, workers=args.workers, rounds=args.rounds, per=args.per_problem)
+    code = CHILD.format(
+        path=path, problems=args.problems, workers=args.workers, rounds=args.rounds, per=args.per_problem
+    )
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False,
-                          cwd=path)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False, cwd=path
+    )
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not line:
         raise SystemExit(f"{path}: benchmark child failed:\n{proc.stderr[-3000:]}")
@@ -77,14 +80,20 @@ def main() -> None:
             rounds = run_tree(path, args)
             cold[name].append(rounds[0][0] / rounds[0][1])
             warm[name] += [n / s for n, s, _ in rounds[1:]]
-    print(f"load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} cores, workers={args.workers}, "
-          f"{args.problems} problems x {args.per_problem} candidates per round")
+    print(
+        f"load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} cores, workers={args.workers}, "
+        f"{args.problems} problems x {args.per_problem} candidates per round"
+    )
     for name, _ in trees:
-        print(f"{name:>6}: warm {statistics.median(warm[name]):6.1f} candidates/s   "
-              f"cold (first round) {statistics.median(cold[name]):6.1f} candidates/s")
+        print(
+            f"{name:>6}: warm {statistics.median(warm[name]):6.1f} candidates/s   "
+            f"cold (first round) {statistics.median(cold[name]):6.1f} candidates/s"
+        )
     if args.before:
-        print(f"ratio after/before: warm {statistics.median(warm['after']) / statistics.median(warm['before']):.2f}"
-              f"  cold {statistics.median(cold['after']) / statistics.median(cold['before']):.2f}")
+        print(
+            f"ratio after/before: warm {statistics.median(warm['after']) / statistics.median(warm['before']):.2f}"
+            f"  cold {statistics.median(cold['after']) / statistics.median(cold['before']):.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -102,26 +102,44 @@ def vs_comlrl(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]
          f"vs CoMLRL: {_desc(s.__dict__)}, one seed", None)  # fmt: skip
     return {
         "reward_curves": curves,
-        "setup": s.__dict__, "batches": batches, "samples": batches * s.samples_per_step,
-        "comlrl_s_per100": _per100(c, s), "ours_s_per100": _per100(ours, s),
-        "ours_module_s_per100": _per100(ours_mod, s), "floor_s_per100": _per100(f, s),
-        "speedup_vs_comlrl": paired(P["comlrl"], h.loop_s), "speedup_vs_comlrl_module": paired(P["comlrl"], h.module_s),
-        "ours_over_floor": paired(h.loop_s, P["floor"]), "ours_module_over_floor": paired(h.module_s, P["floor"]),
+        "setup": s.__dict__,
+        "batches": batches,
+        "samples": batches * s.samples_per_step,
+        "comlrl_s_per100": _per100(c, s),
+        "ours_s_per100": _per100(ours, s),
+        "ours_module_s_per100": _per100(ours_mod, s),
+        "floor_s_per100": _per100(f, s),
+        "speedup_vs_comlrl": paired(P["comlrl"], h.loop_s),
+        "speedup_vs_comlrl_module": paired(P["comlrl"], h.module_s),
+        "ours_over_floor": paired(h.loop_s, P["floor"]),
+        "ours_module_over_floor": paired(h.module_s, P["floor"]),
         "reward_first20_last20": {"comlrl": [c_first, c_last], "ours": [o_first, o_last]},
-        "mean_chars": {"comlrl": sum(cm.chars) / max(len(cm.chars), 1), "ours": sum(h.chars) / max(len(h.chars), 1)},
-        "raw": {"comlrl": h.peer_s["comlrl"], "floor": h.peer_s["floor"], "ours_loop": h.loop_s, "ours_module": h.module_s},
+        "mean_chars": {
+            "comlrl": sum(cm.chars) / max(len(cm.chars), 1),
+            "ours": sum(h.chars) / max(len(h.chars), 1),
+        },
+        "raw": {
+            "comlrl": h.peer_s["comlrl"],
+            "floor": h.peer_s["floor"],
+            "ours_loop": h.loop_s,
+            "ours_module": h.module_s,
+        },
     }
 
 
 def vs_trl(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
     from peers import FloorPeer, TrlPeer
 
-    s = _setup(dict(num_agents=1, k=4, batch_size=4, max_new_tokens=32, lr=1e-3, loss_aggregation="token_mean"), base)
+    s = _setup(
+        dict(num_agents=1, k=4, batch_size=4, max_new_tokens=32, lr=1e-3, loss_aggregation="token_mean"), base
+    )
     tok = tokenizer_for(s)
     batches = _batches(quick, base, 8, 60)
     dm = datamodule(s, batches)
     dm.setup("fit")
-    chat = has_chat_template(tok)  # TRL gets the prompt text our module renders (chat template when there is one)
+    chat = has_chat_template(
+        tok
+    )  # TRL gets the prompt text our module renders (chat template when there is one)
     prompts = [render_prompt(tok, [dm.env.formatters[0](row)], [], chat) for row in dm.train_rows]
     torch.manual_seed(s.seed)
     trl, fl = TrlPeer(s, tok, prompts, batches), FloorPeer(s, tok)
@@ -129,12 +147,26 @@ def vs_trl(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
     P = h.peer_s
     ours, ours_mod, t, f = med(h.loop_s), med(h.module_s), med(h.peer_s["trl"]), med(h.peer_s["floor"])
     return {
-        "setup": s.__dict__, "batches": batches,
-        "trl_step_s": t, "ours_step_s": ours, "ours_module_step_s": ours_mod, "floor_step_s": f,
-        "ours_over_trl": paired(h.loop_s, P["trl"]), "ours_module_over_trl": paired(h.module_s, P["trl"]),
-        "ours_over_floor": paired(h.loop_s, P["floor"]), "ours_module_over_floor": paired(h.module_s, P["floor"]),
-        "mean_chars": {"trl": sum(trl.chars) / max(len(trl.chars), 1), "ours": sum(h.chars) / max(len(h.chars), 1)},
-        "raw": {"trl": h.peer_s["trl"], "floor": h.peer_s["floor"], "ours_loop": h.loop_s, "ours_module": h.module_s},
+        "setup": s.__dict__,
+        "batches": batches,
+        "trl_step_s": t,
+        "ours_step_s": ours,
+        "ours_module_step_s": ours_mod,
+        "floor_step_s": f,
+        "ours_over_trl": paired(h.loop_s, P["trl"]),
+        "ours_module_over_trl": paired(h.module_s, P["trl"]),
+        "ours_over_floor": paired(h.loop_s, P["floor"]),
+        "ours_module_over_floor": paired(h.module_s, P["floor"]),
+        "mean_chars": {
+            "trl": sum(trl.chars) / max(len(trl.chars), 1),
+            "ours": sum(h.chars) / max(len(h.chars), 1),
+        },
+        "raw": {
+            "trl": h.peer_s["trl"],
+            "floor": h.peer_s["floor"],
+            "ours_loop": h.loop_s,
+            "ours_module": h.module_s,
+        },
     }
 
 
@@ -164,7 +196,10 @@ def scaling(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
     times: dict[str, dict[str, list[float]]] = {}
     for _ in range(rounds):  # configs alternate: A B C D E A B C D E
         for n, k in configs:
-            s = _setup({**dict(batch_size=4, max_new_tokens=32, lr=1e-3), **(base or {}), "num_agents": n, "k": k}, None)
+            s = _setup(
+                {**dict(batch_size=4, max_new_tokens=32, lr=1e-3), **(base or {}), "num_agents": n, "k": k},
+                None,
+            )
             torch.manual_seed(s.seed)
             h = fit_ours(s, batches, [FloorPeer(s, tokenizer_for(s))])
             rec = times.setdefault(f"N={n},K={k}", {"loop": [], "module": [], "floor": [], "ratio": []})
@@ -189,7 +224,9 @@ def scaling(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
 def smollm2(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
     from peers import FloorPeer
 
-    s = _setup(dict(num_agents=1, k=2, batch_size=1, max_new_tokens=8 if quick else 32, lr=1e-6, model=SMOLLM2), base)
+    s = _setup(
+        dict(num_agents=1, k=2, batch_size=1, max_new_tokens=8 if quick else 32, lr=1e-6, model=SMOLLM2), base
+    )
     tok = tokenizer_for(s)
     batches = _batches(quick, base, 4, 8)
     torch.manual_seed(s.seed)
@@ -198,10 +235,21 @@ def smollm2(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
     P = h.peer_s
     ours, ours_mod, f = med(h.loop_s), med(h.module_s), med(h.peer_s["floor"])
     return {
-        "setup": s.__dict__, "batches": batches, "ours_step_s": ours, "ours_module_step_s": ours_mod,
-        "ours_rollout_s": med(h.rollout_s), "floor_step_s": f, "floor_generate_s": med(fl.generate_s),
-        "ours_over_floor": paired(h.loop_s, P["floor"]), "ours_module_over_floor": paired(h.module_s, P["floor"]),
-        "raw": {"floor": h.peer_s["floor"], "ours_loop": h.loop_s, "ours_module": h.module_s, "ours_rollout": h.rollout_s},
+        "setup": s.__dict__,
+        "batches": batches,
+        "ours_step_s": ours,
+        "ours_module_step_s": ours_mod,
+        "ours_rollout_s": med(h.rollout_s),
+        "floor_step_s": f,
+        "floor_generate_s": med(fl.generate_s),
+        "ours_over_floor": paired(h.loop_s, P["floor"]),
+        "ours_module_over_floor": paired(h.module_s, P["floor"]),
+        "raw": {
+            "floor": h.peer_s["floor"],
+            "ours_loop": h.loop_s,
+            "ours_module": h.module_s,
+            "ours_rollout": h.rollout_s,
+        },
     }
 
 
@@ -283,8 +331,15 @@ def render(res: dict[str, Any]) -> str:
                      f"params {m[f'{label}/{name}']['param_bytes'] / 2**20:.2f} MiB, "
                      f"AdamW state {m[f'{label}/{name}']['optimizer_state_bytes'] / 2**20:.2f} MiB"
                      for name in ("1 agent", "2 separate", "2 shared")]  # fmt: skip
-            rss = {n: m[f"{label}/{n}"]["peak_rss_mb"] - m[f"{label}/{n}"]["base_rss_mb"] for n in ("1 agent", "2 shared")}
-            rss_ratio = f"; RSS over imports 2 shared / 1 = {rss['2 shared'] / rss['1 agent']:.2f}" if rss["1 agent"] > 50 else ""
+            rss = {
+                n: m[f"{label}/{n}"]["peak_rss_mb"] - m[f"{label}/{n}"]["base_rss_mb"]
+                for n in ("1 agent", "2 shared")
+            }
+            rss_ratio = (
+                f"; RSS over imports 2 shared / 1 = {rss['2 shared'] / rss['1 agent']:.2f}"
+                if rss["1 agent"] > 50
+                else ""
+            )
             row(f"memory, {label}", "<br>".join(cells), "", "", "",
                 f"params 2 shared / 1 = {m[f'{label}/shared_param_ratio']:.2f} (separate {m[f'{label}/separate_param_ratio']:.2f}){rss_ratio}",
                 "<= 1.1", _ok(m[f"{label}/shared_param_ratio"] <= 1.1))  # fmt: skip
@@ -370,7 +425,11 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
 
 {credit.NOTES}
 """
-    comlrl_plot = f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n" if "reward_curves" in res.get("vs_comlrl", {}) else ""
+    comlrl_plot = (
+        f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n"
+        if "reward_curves" in res.get("vs_comlrl", {})
+        else ""
+    )
     text = f"""# Benchmarks
 
 Generated by `python benchmarks/run.py` (what `make bench` runs; `--only X --write` re-runs one section).
@@ -378,7 +437,7 @@ Sections ran at (other jobs shared the cores):
 
 {ran_lines(res, SECTIONS)}
 
-Machine: {mc['cores']} cores ({mc['cpu']}), torch threads {mc['torch_threads']}, no GPU; Python {mc['python']};
+Machine: {mc["cores"]} cores ({mc["cpu"]}), torch threads {mc["torch_threads"]}, no GPU; Python {mc["python"]};
 {vers}.
 
 {table}
@@ -397,10 +456,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="few steps, tiny models only: a sanity pass")
     ap.add_argument("--only", default="", help=f"comma-separated sections of {', '.join(SECTIONS)}")
-    ap.add_argument("--write", action="store_true", help="write RESULTS.md/results.json even for --quick/--only")
+    ap.add_argument(
+        "--write", action="store_true", help="write RESULTS.md/results.json even for --quick/--only"
+    )
     ap.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"))
-    ap.add_argument("--render", action="store_true",
-                    help="measure nothing: rewrite RESULTS.md from results.json (and gpu_results.md, if present)")
+    ap.add_argument(
+        "--render",
+        action="store_true",
+        help="measure nothing: rewrite RESULTS.md from results.json (and gpu_results.md, if present)",
+    )
     args = ap.parse_args(argv)
     if args.render:
         json_path = os.path.join(os.path.dirname(args.results), "results.json")
@@ -413,7 +477,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(only) - set(SECTIONS))
     if unknown:
         ap.error(f"--only: unknown sections {unknown}; known: {list(SECTIONS)}")
-    res: dict[str, Any] = {"machine": machine(), "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "quick": args.quick, "argv": argv}
+    res: dict[str, Any] = {
+        "machine": machine(),
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "quick": args.quick,
+        "argv": argv,
+    }
     t0 = time.time()
     for name in only:
         ts, load = time.time(), os.getloadavg()
@@ -426,7 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     res["loadavg_end"] = os.getloadavg()
     json_path = os.path.join(os.path.dirname(args.results), "results.json")
     if args.write and args.only:
-        res = {**recorded_sections(json_path, SECTIONS), **res}  # sections not re-run keep their recorded numbers
+        res = {
+            **recorded_sections(json_path, SECTIONS),
+            **res,
+        }  # sections not re-run keep their recorded numbers
     table = render(res)
     print(table)
     if args.write or (not args.quick and not args.only):

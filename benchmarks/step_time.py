@@ -53,9 +53,15 @@ print("RESULT " + json.dumps({{"total_s": time.perf_counter() - t, "batch_s": st
 def run(path: str, steps: int) -> dict:
     logdir = tempfile.mkdtemp(prefix="steptime_")
     code = CHILD.format(path=path, steps=steps, logdir=logdir)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_WAIT_POLICY": "PASSIVE"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=path, env=env, capture_output=True, text=True,
-                          check=False)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=path, env=env, capture_output=True, text=True, check=False
+    )
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not line:
         raise SystemExit(f"{path}: run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -75,12 +81,17 @@ def main() -> None:
             r = run(path, args.steps)
             r["load"] = load
             res[name].append(r)
-            print(f"{name:>6}: total {r['total_s']:.1f} s, train batches {[round(x, 2) for x in r['batch_s']]} s"
-                  f" (1-min load {load:.2f} at start)", flush=True)
+            print(
+                f"{name:>6}: total {r['total_s']:.1f} s, train batches {[round(x, 2) for x in r['batch_s']]} s"
+                f" (1-min load {load:.2f} at start)",
+                flush=True,
+            )
     mean = {k: sum(sum(r["batch_s"]) / len(r["batch_s"]) for r in v) / len(v) for k, v in res.items()}
     total = {k: sum(r["total_s"] for r in v) / len(v) for k, v in res.items()}
-    print(f"mean train batch: before {mean['before']:.2f} s, after {mean['after']:.2f} s, "
-          f"ratio {mean['after'] / mean['before']:.2f}; whole run ratio {total['after'] / total['before']:.2f}")
+    print(
+        f"mean train batch: before {mean['before']:.2f} s, after {mean['after']:.2f} s, "
+        f"ratio {mean['after'] / mean['before']:.2f}; whole run ratio {total['after'] / total['before']:.2f}"
+    )
 
 
 if __name__ == "__main__":

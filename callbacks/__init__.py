@@ -13,4 +13,10 @@ from comlrl_lightning.callbacks.gradient_checkpointing import GradientCheckpoint
 from comlrl_lightning.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from comlrl_lightning.callbacks.reward_logger import RewardLogger
 
-__all__ = ["AgentCheckpoint", "CompletionLogger", "GradientCheckpointing", "InterruptCheckpoint", "RewardLogger"]
+__all__ = [
+    "AgentCheckpoint",
+    "CompletionLogger",
+    "GradientCheckpointing",
+    "InterruptCheckpoint",
+    "RewardLogger",
+]

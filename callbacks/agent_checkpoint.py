@@ -130,7 +130,9 @@ class AgentCheckpoint(pl.Callback):
         return final
 
 
-def save_agents(models: Any, tokenizers: Any, path: str, critics: Any = None, critic_tokenizers: Any = None) -> None:
+def save_agents(
+    models: Any, tokenizers: Any, path: str, critics: Any = None, critic_tokenizers: Any = None
+) -> None:
     """Atomically write ``path/agent_<i>/`` (``save_pretrained`` model and tokenizer) for every agent,
     and ``path/critic_<c>/`` for every critic (see :class:`AgentCheckpoint`).
 

@@ -84,7 +84,11 @@ def completion_report(out: dict[str, Any], max_rows: int, max_chars: int) -> str
     Raises:
         ValueError: ``J`` is neither ``K`` (aligned) nor ``K^N`` (cross).
     """
-    prompts, completions, rewards = out.get("user_prompts") or out["prompts"], out["completions"], out["turn0_rewards"]
+    prompts, completions, rewards = (
+        out.get("user_prompts") or out["prompts"],
+        out["completions"],
+        out["turn0_rewards"],
+    )
     k, n = int(out["num_generations"]), len(completions)
     num_episodes, j = rewards.shape
     if j == k:
@@ -107,7 +111,9 @@ def completion_report(out: dict[str, Any], max_rows: int, max_chars: int) -> str
             rows += 1
             parts.append(f"**reward {float(rewards[e, a]):.4g}** (joint action {a})")
             for i in range(n):
-                parts.append(f"agent_{i}:\n\n" + _code_block(_cut(completions[i][e * k + int(joint[a, i])], max_chars)))
+                parts.append(
+                    f"agent_{i}:\n\n" + _code_block(_cut(completions[i][e * k + int(joint[a, i])], max_chars))
+                )
     return "\n\n".join(parts)
 
 

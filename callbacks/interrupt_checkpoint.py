@@ -65,7 +65,9 @@ class InterruptCheckpoint(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
             log_dir = trainer.log_dir  # a broadcast: every rank must ask
-            self.dirpath = os.path.join(log_dir if log_dir is not None else trainer.default_root_dir, "checkpoints")
+            self.dirpath = os.path.join(
+                log_dir if log_dir is not None else trainer.default_root_dir, "checkpoints"
+            )
         if trainer.is_global_zero and stage == "fit":
             folders = {str(self.dirpath)} | {str(cb.dirpath) for cb in trainer.checkpoint_callbacks
                                              if isinstance(cb, ModelCheckpoint) and cb.dirpath}  # fmt: skip
@@ -82,19 +84,27 @@ class InterruptCheckpoint(pl.Callback):
     def _make_sigint_handler(self, trainer: pl.Trainer) -> Any:
         def handler(signum: int, frame: Any) -> None:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl+C interrupts at once
-            rank_zero_info("\nCtrl+C: finishing the current batch, then saving a checkpoint (Ctrl+C again: stop now)")
+            rank_zero_info(
+                "\nCtrl+C: finishing the current batch, then saving a checkpoint (Ctrl+C again: stop now)"
+            )
             self._exit_code = EXIT_SIGINT
             trainer._signal_connector.received_sigterm = True  # Lightning's own stop-at-batch-end flag
 
         return handler
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         self._restore_sigint()
         if not isinstance(exception, SIGTERMException):
             return
         trainer.save_checkpoint(self.ckpt_path)
-        rank_zero_info(f"Interrupted: saved {self.ckpt_path}; resume with: fit ... --ckpt_path {self.ckpt_path}")
-        exception.code = self._exit_code  # SIGTERMException is a SystemExit with status 0: make it say "stopped"
+        rank_zero_info(
+            f"Interrupted: saved {self.ckpt_path}; resume with: fit ... --ckpt_path {self.ckpt_path}"
+        )
+        exception.code = (
+            self._exit_code
+        )  # SIGTERMException is a SystemExit with status 0: make it say "stopped"
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore_sigint()

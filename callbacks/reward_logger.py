@@ -82,8 +82,16 @@ class RewardLogger(pl.Callback):
         n = outputs["num_episodes"]
         for name, value in step_metrics(outputs, _loss_config(pl_module), wall_s).items():
             # sync_dist: under DDP min/max lengths take the min/max over ranks, throughput the sum
-            pl_module.log(name, value, on_step=True, on_epoch=False, batch_size=n, sync_dist=True,
-                          reduce_fx=_reduce_fx(name), prog_bar=self.prog_bar and name == M.TOKENS_PER_SECOND)
+            pl_module.log(
+                name,
+                value,
+                on_step=True,
+                on_epoch=False,
+                batch_size=n,
+                sync_dist=True,
+                reduce_fx=_reduce_fx(name),
+                prog_bar=self.prog_bar and name == M.TOKENS_PER_SECOND,
+            )
         self._update_epoch_metrics(pl_module, outputs)
 
     # ---------------------------------------------------------------- epoch
@@ -98,7 +106,9 @@ class RewardLogger(pl.Callback):
         self._epoch(pl_module, "epoch/" + M.CLIPPED_RATIO, "mean", clipped, n)
         for i, lengths in enumerate(out["completion_lengths"]):
             for kind in ("mean", "min", "max"):
-                self._epoch(pl_module, "epoch/" + M.agent(i, f"completions/{kind}_length"), kind, lengths.float(), n)
+                self._epoch(
+                    pl_module, "epoch/" + M.agent(i, f"completions/{kind}_length"), kind, lengths.float(), n
+                )
 
     def _epoch(
         self,

@@ -92,7 +92,9 @@ class CoMLRLCLI(LightningCLI):
         if not self.trainer.is_global_zero:
             return
         log_dir = self.trainer.log_dir
-        print(f"\nTensorBoard logs: {log_dir}\n  view them with: tensorboard --logdir {os.path.dirname(log_dir or '.')}")
+        print(
+            f"\nTensorBoard logs: {log_dir}\n  view them with: tensorboard --logdir {os.path.dirname(log_dir or '.')}"
+        )
         for key, values in _scalar_history(log_dir, _SUMMARY_KEYS).items():
             print(f"  {key}: first {values[0]:.3f}  last {values[-1]:.3f}  ({len(values)} points)")
 

@@ -32,16 +32,22 @@ def load_rows(source: Any, split: str = "train") -> Any:
     stem = path.removesuffix(".gz")
     ext = os.path.splitext(stem)[1]
     if ext in _LOCAL_FORMATS and not os.path.exists(path):
-        raise FileNotFoundError(f"data.dataset: no file {os.path.abspath(path)!r} (a local {ext} path was given)")
+        raise FileNotFoundError(
+            f"data.dataset: no file {os.path.abspath(path)!r} (a local {ext} path was given)"
+        )
     if os.path.exists(path):
         if ext not in _LOCAL_FORMATS:
-            raise ValueError(f"dataset: unsupported file {path!r}; allowed extensions: {sorted(_LOCAL_FORMATS)} (+ .gz)")
+            raise ValueError(
+                f"dataset: unsupported file {path!r}; allowed extensions: {sorted(_LOCAL_FORMATS)} (+ .gz)"
+            )
         try:
             return datasets.load_dataset(_LOCAL_FORMATS[ext], data_files=path, split="train")
         except (StopIteration, ValueError) as err:  # an empty file: a bare StopIteration, or "no data"
             if isinstance(err, ValueError) and "no data" not in str(err):
                 raise
-            raise ValueError(f"data.dataset: {os.path.abspath(path)!r} has no rows; give a file with at least one") from None
+            raise ValueError(
+                f"data.dataset: {os.path.abspath(path)!r} has no rows; give a file with at least one"
+            ) from None
     return datasets.load_dataset(path, split=split)
 
 
@@ -95,7 +101,9 @@ class DecPOMDPDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         if num_agents is not None and len(formatters) != num_agents:
-            raise ValueError(f"data.formatters: got {len(formatters)} formatters for num_agents={num_agents}; give one per agent")
+            raise ValueError(
+                f"data.formatters: got {len(formatters)} formatters for num_agents={num_agents}; give one per agent"
+            )
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"data.val_fraction: got {val_fraction}, must be in [0, 1)")
         if batch_size < 1:

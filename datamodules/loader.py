@@ -42,7 +42,9 @@ class ResumableSampler(DistributedSampler):
     exactly where the interrupted run stopped.
     """
 
-    def __init__(self, dataset: Dataset, shuffle: bool = True, seed: int = 0, drop_last: bool = False) -> None:
+    def __init__(
+        self, dataset: Dataset, shuffle: bool = True, seed: int = 0, drop_last: bool = False
+    ) -> None:
         distributed = dist.is_available() and dist.is_initialized()
         super().__init__(
             dataset,

@@ -15,7 +15,9 @@ def experiment(name: str, subcommand: str = "fit") -> list[str]:
             args = shlex.split(line.lstrip("# ").split(f"comlrl-lightning {subcommand}", 1)[1])
             assert args[-1] == f"configs/{name}", f"configs/{name}: its header command must end with itself"
             return args
-    raise AssertionError(f"configs/{name}: no '#   comlrl-lightning {subcommand} --config ...' line in its header")
+    raise AssertionError(
+        f"configs/{name}: no '#   comlrl-lightning {subcommand} --config ...' line in its header"
+    )
 
 
 def subcommand(name: str) -> str:

@@ -41,10 +41,16 @@ SEPARATE = CriticSpec(model="builtin:tiny-gpt2")
 @pytest.mark.parametrize(
     "build,match",
     [
-        (lambda: make(MAAC, critics=CriticSpec()), r"critics\[0\].model: MAAC's centralised critic reads every agent"),
+        (
+            lambda: make(MAAC, critics=CriticSpec()),
+            r"critics\[0\].model: MAAC's centralised critic reads every agent",
+        ),
         (lambda: make(IAC, critics=[SEPARATE] * 3), "critics: got 3 specs, IAC needs 2"),
         (lambda: make(k=0), "num_generations: got 0, must be >= 1"),
-        (lambda: make(critics=CriticSpec(model="builtin:nope")), r"critics\[0\].model: unknown builtin 'nope'"),
+        (
+            lambda: make(critics=CriticSpec(model="builtin:nope")),
+            r"critics\[0\].model: unknown builtin 'nope'",
+        ),
     ],
 )
 def test_bad_actor_critic_config_fails_before_any_model_loads(monkeypatch, build, match):
@@ -58,7 +64,9 @@ def test_one_sample_per_agent_is_allowed_and_broadcast_critics_are_copies():
     assert m.rollout_config.num_generations == 1 and len(m.critic_specs) == 2
     assert m.critic_specs[0] is not m.critic_specs[1] and m.separate_critics == [0, 1]
     assert make().separate_critics == []  # default IAC critic: a head on each agent's trunk
-    assert make(MAAC).critic_specs[0].model == "builtin:tiny-gpt2"  # default MAAC critic: a copy of agent 0's model
+    assert (
+        make(MAAC).critic_specs[0].model == "builtin:tiny-gpt2"
+    )  # default MAAC critic: a copy of agent 0's model
 
 
 class Snapshots(pl.Callback):
@@ -79,9 +87,13 @@ def test_separate_critics_step_on_their_own_optimizers_and_leave_the_agents(trai
     assert trainer.global_step == 4 and len(trainer.optimizers) == 4  # 2 agents + 2 critics, one step each
     assert len(snap.before_critic) == 2
     after = [p.detach() for p in m.agents.parameters()]
-    assert all(torch.equal(a, b) for a, b in zip(snap.before_critic[0], after))  # critic steps moved no agent weight
+    assert all(
+        torch.equal(a, b) for a, b in zip(snap.before_critic[0], after)
+    )  # critic steps moved no agent weight
     assert trainer.optimizers[2].param_groups[0]["lr"] == 1e-3
-    assert {id(p) for p in m.critics[0].parameters()} == {id(p) for g in trainer.optimizers[2].param_groups for p in g["params"]}
+    assert {id(p) for p in m.critics[0].parameters()} == {
+        id(p) for g in trainer.optimizers[2].param_groups for p in g["params"]
+    }
 
 
 def test_a_head_on_the_trunk_is_a_parameter_group_of_its_agents_optimizer(trainer_factory):
@@ -90,7 +102,9 @@ def test_a_head_on_the_trunk_is_a_parameter_group_of_its_agents_optimizer(traine
     trainer.fit(m, data())
     assert trainer.global_step == 2 and len(trainer.optimizers) == 2  # no critic optimizer
     groups = trainer.optimizers[1].param_groups
-    assert groups[1]["lr"] == 3e-3 and {id(p) for p in groups[1]["params"]} == {id(p) for p in m.critics[1].parameters()}
+    assert groups[1]["lr"] == 3e-3 and {id(p) for p in groups[1]["params"]} == {
+        id(p) for p in m.critics[1].parameters()
+    }
     assert m.critics[1].out.weight.abs().sum() > 0  # the joint loss trained the zero-initialised head
 
 
@@ -140,19 +154,25 @@ def test_agent_checkpoint_writes_critic_folders(trainer_factory, tmp_path):
 def _fit_iac(trainer_factory, batches, ckpt_path=None, callbacks=(), **kw):
     pl.seed_everything(0)
     m = make(critics=[SEPARATE, CriticSpec()])
-    trainer = trainer_factory(max_steps=IAC.max_steps_for(batches, 2, num_critics=1), callbacks=list(callbacks), **kw)
+    trainer = trainer_factory(
+        max_steps=IAC.max_steps_for(batches, 2, num_critics=1), callbacks=list(callbacks), **kw
+    )
     trainer.fit(m, data(shuffle=True), ckpt_path=ckpt_path)
     return m
 
 
 def test_iac_resumed_run_equals_uninterrupted(trainer_factory, tmp_path):
-    saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=IAC.max_steps_for(2, 2, num_critics=1), save_top_k=-1)
+    saver = ModelCheckpoint(
+        dirpath=tmp_path, every_n_train_steps=IAC.max_steps_for(2, 2, num_critics=1), save_top_k=-1
+    )
     _fit_iac(trainer_factory, 2, callbacks=[saver], enable_checkpointing=True)
     (ckpt,) = os.listdir(tmp_path)
     resumed = _fit_iac(trainer_factory, 4, ckpt_path=str(tmp_path / ckpt))
     straight = _fit_iac(trainer_factory, 4)
     for name in ("agents", "critics"):
-        for (key, a), b in zip(getattr(resumed, name).named_parameters(), getattr(straight, name).parameters()):
+        for (key, a), b in zip(
+            getattr(resumed, name).named_parameters(), getattr(straight, name).parameters()
+        ):
             assert torch.equal(a, b), f"{name} {key}"
     first = _fit_iac(trainer_factory, 2)
     assert not torch.equal(first.critics[0].value_head.out.weight, straight.critics[0].value_head.out.weight)
@@ -174,14 +194,25 @@ def test_actor_critic_cli_fit_logs_critic_metrics(tmp_path, config):
     acc = EventAccumulator(events[0])
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"reward", "val/reward", "critic/value_mean", "critic/value_loss", "critic/explained_variance"} <= tags
+    assert {
+        "reward",
+        "val/reward",
+        "critic/value_mean",
+        "critic/value_loss",
+        "critic/explained_variance",
+    } <= tags
 
 
 TINY_TEAM = "[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]"
 
 
-@pytest.mark.parametrize("config,extra", [("humaneval_iac.yaml", []),
-                                          ("humaneval_maac.yaml", ["--model.init_args.critics=[{model: builtin:tiny-gpt2}]"])])
+@pytest.mark.parametrize(
+    "config,extra",
+    [
+        ("humaneval_iac.yaml", []),
+        ("humaneval_maac.yaml", ["--model.init_args.critics=[{model: builtin:tiny-gpt2}]"]),
+    ],
+)
 def test_actor_critic_coding_configs_run_on_the_tiny_model(tmp_path, capsys, config, extra):
     os.chdir(ROOT)
     main(["fit", *experiment(config), f"--model.init_args.agents={TINY_TEAM}", *extra,
@@ -249,7 +280,9 @@ def _with_values(cls, monkeypatch):
 
 def test_iac_targets_and_advantages_on_a_two_turn_tree_with_per_agent_rewards(monkeypatch):
     m = _with_values(IAC, monkeypatch)
-    turns = _two_turns(torch.tensor([[[1.0, 5.0], [0.0, 6.0]]]))  # [G=1, J=2, N=2]: agent 1 has its own column
+    turns = _two_turns(
+        torch.tensor([[[1.0, 5.0], [0.0, 6.0]]])
+    )  # [G=1, J=2, N=2]: agent 1 has its own column
     batches = m.estimate(turns)
     # agent 0: T0 = [1 + .5*mean(4, 4), 0 + .5*mean(2, 2)] = [3, 1], A0 = T0 - V(h0) = [2.5, 0.5]
     assert turns[0].agent_returns[0].tolist() == [3.0, 1.0] and turns[0].advantages[0].tolist() == [2.5, 0.5]

@@ -42,7 +42,9 @@ def test_k2_group():
     # unbiased std of (0, 1) is 1/sqrt(2)
     s = 2**-0.5 + 1e-4
     assert torch.allclose(out, torch.tensor([[-0.5 / s, 0.5 / s]]))
-    assert torch.allclose(group_advantages(torch.tensor([[0.0, 1.0]]), "rloo", "none"), torch.tensor([[-1.0, 1.0]]))
+    assert torch.allclose(
+        group_advantages(torch.tensor([[0.0, 1.0]]), "rloo", "none"), torch.tensor([[-1.0, 1.0]])
+    )
 
 
 def test_unknown_mode_is_rejected_naming_the_field():

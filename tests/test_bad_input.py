@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def no_model_loads(monkeypatch):
-    monkeypatch.setattr(team_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded")))
+    monkeypatch.setattr(
+        team_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded"))
+    )
 
 
 def jsonl(tmp_path, rows, name="rows.jsonl"):
@@ -40,7 +42,9 @@ def test_a_positional_template_field_is_refused_at_construction(template):
 
 def test_unknown_placeholder_fails_at_setup_naming_the_formatter_and_the_row_fields():
     dm = DecPOMDPDataModule([{"topic": "x"}] * 4, ["A {topic}", "B {subject}"], TargetLengthReward(4))
-    with pytest.raises(ValueError, match=r"data\.formatters\[1\].*first training row.*\['topic'\].*'subject'"):
+    with pytest.raises(
+        ValueError, match=r"data\.formatters\[1\].*first training row.*\['topic'\].*'subject'"
+    ):
         dm.setup("fit")
 
 
@@ -108,7 +112,9 @@ def test_negative_top_k_is_refused():
         MAGRPO(agents=["builtin:tiny-gpt2"] * 2, top_k=-1)
 
 
-@pytest.mark.parametrize("key,value", [("temperature", 0), ("top_p", 0.0), ("top_k", -5), ("max_new_tokens", 0)])
+@pytest.mark.parametrize(
+    "key,value", [("temperature", 0), ("top_p", 0.0), ("top_k", -5), ("max_new_tokens", 0)]
+)
 def test_per_agent_sampling_overrides_are_checked_naming_the_agent(key, value):
     agents = [AgentSpec("builtin:tiny-gpt2"), AgentSpec("builtin:tiny-gpt2", generation={key: value})]
     with pytest.raises(ValueError, match=rf"^agents\[1\]\.generation\.{key}: got {value}"):
@@ -120,7 +126,9 @@ def test_a_missing_local_folder_is_named_before_anything_loads(tmp_path):
     with pytest.raises(ValueError, match=rf"agents\[0\]\.model: no local folder '{missing}'"):
         MAGRPO(agents=[missing, "builtin:tiny-gpt2"])
     with pytest.raises(ValueError, match=r"agents\[1\]\.tokenizer: no local folder"):
-        MAGRPO(agents=[AgentSpec("builtin:tiny-gpt2"), AgentSpec("builtin:tiny-gpt2", tokenizer="./nope/tok")])
+        MAGRPO(
+            agents=[AgentSpec("builtin:tiny-gpt2"), AgentSpec("builtin:tiny-gpt2", tokenizer="./nope/tok")]
+        )
 
 
 def test_an_uncached_hub_id_offline_is_named(monkeypatch):
@@ -136,7 +144,10 @@ def test_a_load_failure_names_the_model(monkeypatch, tmp_path):
     from comlrl_lightning.team.agents import load_agent
 
     (tmp_path / "broken").mkdir()  # exists, so it passes the pre-load check, but holds no config.json
-    with pytest.raises(OSError, match=rf"agent model '{tmp_path}/broken': cannot load '{tmp_path}/broken' \((OSError|ValueError)"):
+    with pytest.raises(
+        OSError,
+        match=rf"agent model '{tmp_path}/broken': cannot load '{tmp_path}/broken' \((OSError|ValueError)",
+    ):
         load_agent(AgentSpec(str(tmp_path / "broken"), tokenizer="builtin:tiny-gpt2"))
 
 
@@ -147,7 +158,9 @@ def test_prompts_longer_than_the_context_keep_their_end_with_a_warning():
 
     model, tok = load_agent(AgentSpec("builtin:tiny-gpt2"))  # n_positions = 512, one token per byte
     long_prompt = "x" * 700 + "END"
-    with pytest.warns(UserWarning, match=r"1 of 2 prompts are longer than the model's context \(512 tokens\)"):
+    with pytest.warns(
+        UserWarning, match=r"1 of 2 prompts are longer than the model's context \(512 tokens\)"
+    ):
         gen = generate(model, tok, [long_prompt, "short"], 2, SamplingConfig(max_new_tokens=12), False)
     assert gen.prompt_ids.shape[1] == 512 - 12
     assert tok.decode(gen.prompt_ids[0][-3:]) == "END"
@@ -156,12 +169,14 @@ def test_prompts_longer_than_the_context_keep_their_end_with_a_warning():
 
 def test_max_new_tokens_past_the_context_is_refused_when_the_model_loads():
     module = MAGRPO(agents=["builtin:tiny-gpt2"], max_new_tokens=600)
-    with pytest.raises(ValueError, match=r"agents\[0\] \(builtin:tiny-gpt2\): max_new_tokens: got 600.*context is 512"):
+    with pytest.raises(
+        ValueError, match=r"agents\[0\] \(builtin:tiny-gpt2\): max_new_tokens: got 600.*context is 512"
+    ):
         module.configure_model()
 
 
 # ------------------------------------------------------------------ CLI
-REWARDS = '''
+REWARDS = """
 def plain(joint_actions, episodes, turn):
     return [1.0] * len(joint_actions)
 
@@ -170,11 +185,13 @@ def other_names(a, b, c) -> list:
 
 def two_args(joint_actions, episodes):
     return [0.0] * len(joint_actions)
-'''
+"""
 
 
 @pytest.mark.parametrize("name", ["plain", "other_names"])
-def test_any_three_argument_reward_is_accepted_from_yaml_whatever_its_annotations(tmp_path, monkeypatch, capsys, name):
+def test_any_three_argument_reward_is_accepted_from_yaml_whatever_its_annotations(
+    tmp_path, monkeypatch, capsys, name
+):
     (tmp_path / "user_rewards.py").write_text(REWARDS)
     monkeypatch.syspath_prepend(str(tmp_path))
     os.chdir(ROOT)

@@ -166,10 +166,17 @@ def test_completion_report_shows_the_user_turn_the_reward_first_and_code_blocks(
     text = completion_report(out, max_rows=3, max_chars=20)
     assert "im_start" not in text
     parts = text.split("\n\n")
-    assert parts[:4] == ["### episode 0", "**agent_0 user turn**", "> helper for\n> q0", "**agent_1 user turn**"]
+    assert parts[:4] == [
+        "### episode 0",
+        "**agent_0 user turn**",
+        "> helper for\n> q0",
+        "**agent_1 user turn**",
+    ]
     assert parts[5] == "**reward 0.1** (joint action 0)"
     assert parts[6:10] == ["agent_0:", "```\nx|y\n```", "agent_1:", "```\n" + "A" * 20 + "…\n```"]
-    assert parts[12] == "````\n```python\nf()\n```\n````"  # a longer fence: the completion's own cannot close it
+    assert (
+        parts[12] == "````\n```python\nf()\n```\n````"
+    )  # a longer fence: the completion's own cannot close it
     assert text.count("**reward") == 3  # max_rows joint actions
     assert "### episode 1" in text and "**reward 0.3**" in text and "**reward 0.4**" not in text
 
@@ -221,7 +228,11 @@ def test_gradient_checkpointing_keeps_gradients_and_cuts_saved_activations():
     assert enable_gradient_checkpointing([ckpt, ckpt]) == 1  # shared module counted once
     assert enable_gradient_checkpointing([ckpt]) == 0  # idempotent
     assert is_gradient_checkpointing(ckpt) and not is_gradient_checkpointing(plain)
-    flag = "is_activation_checkpointing" if hasattr(ckpt, "is_activation_checkpointing") else "is_gradient_checkpointing"
+    flag = (
+        "is_activation_checkpointing"
+        if hasattr(ckpt, "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
     assert getattr(ckpt, flag) and not getattr(plain, flag)  # HF's own flag
     assert ckpt.config.use_cache is True  # generation keeps its KV cache
     g = torch.Generator().manual_seed(1)
@@ -315,7 +326,13 @@ def test_toy_config_fit_writes_all_metrics_text_and_agent_folders(tmp_path):
     assert "configs/callbacks/default.yaml" in args
     cfg = yaml.safe_load((ROOT / "configs" / "callbacks" / "default.yaml").read_text())
     classes = [c["class_path"].rsplit(".", 1)[1] for c in cfg["trainer"]["callbacks"]]
-    assert classes == ["InterruptCheckpoint", "RewardLogger", "CompletionLogger", "AgentCheckpoint", "ModelCheckpoint"]
+    assert classes == [
+        "InterruptCheckpoint",
+        "RewardLogger",
+        "CompletionLogger",
+        "AgentCheckpoint",
+        "ModelCheckpoint",
+    ]
     cfg["trainer"]["callbacks"][2]["init_args"]["every_n_steps"] = 2  # the shipped 25 is past this short run
     config = tmp_path / "callbacks.yaml"
     config.write_text(yaml.safe_dump(cfg))

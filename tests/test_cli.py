@@ -21,8 +21,13 @@ def fit(config, tmp_path, *extra):
 
 
 def test_two_agent_toy_fit_writes_tensorboard_events(tmp_path):
-    events = fit("toy_length_ratio.yaml", tmp_path, "--trainer.max_steps=6", "--trainer.val_check_interval=2",
-                 "--trainer.log_every_n_steps=1")
+    events = fit(
+        "toy_length_ratio.yaml",
+        tmp_path,
+        "--trainer.max_steps=6",
+        "--trainer.val_check_interval=2",
+        "--trainer.log_every_n_steps=1",
+    )
     assert events
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -51,7 +56,9 @@ def test_print_config_round_trips(tmp_path, capsys):
 def test_a_stray_optimizer_key_is_rejected_not_silently_applied(tmp_path, capsys):
     os.chdir(ROOT)
     with pytest.raises(SystemExit) as exit_info:
-        main(["fit", *experiment("toy_length_ratio.yaml"), "--optimizer=torch.optim.SGD", "--optimizer.lr=0.1"])
+        main(
+            ["fit", *experiment("toy_length_ratio.yaml"), "--optimizer=torch.optim.SGD", "--optimizer.lr=0.1"]
+        )
     assert exit_info.value.code != 0
     assert "optimizer" in capsys.readouterr().err
 
@@ -87,8 +94,14 @@ def test_saved_config_keeps_template_formatters_verbatim(tmp_path):
     assert saved["data"]["init_args"]["formatters"] == ["Note on {topic}:"]
 
 
-@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")  # blocks: subfolders
-                                           if subcommand(p.name) == "fit"))  # coordinator configs: test_coordinator_cli
+@pytest.mark.parametrize(
+    "config",
+    sorted(
+        p.name
+        for p in (ROOT / "configs").glob("*.yaml")  # blocks: subfolders
+        if subcommand(p.name) == "fit"
+    ),
+)  # coordinator configs: test_coordinator_cli
 def test_every_shipped_experiment_parses_with_print_config(config, capsys):
     os.chdir(ROOT)
     with pytest.raises(SystemExit) as exit_info:

@@ -79,8 +79,9 @@ def test_extract_tests_on_real_problems(rows, he0):
 
 
 def test_extract_tests_multiline_asserts_and_errors():
-    code = ("def check(candidate):\n    import math\n"
-            "    assert candidate(\n        1,\n        2) == 3, 'msg'\n")
+    code = (
+        "def check(candidate):\n    import math\n    assert candidate(\n        1,\n        2) == 3, 'msg'\n"
+    )
     assert extract_tests(code, "add") == ["import math\nassert add(1, 2) == 3, 'msg'"]
     with pytest.raises(ValueError, match="no `def check"):
         extract_tests("assert True\n", "f")
@@ -91,11 +92,13 @@ def test_clean_completion_cases():
     assert clean_completion(fenced) == "def f(x):\n    return x + 1"
     prose = "Sure! This works.\nimport math\n\ndef f(x):\n    return math.sqrt(x)\n\nThis function uses sqrt."
     assert clean_completion(prose) == "import math\n\ndef f(x):\n    return math.sqrt(x)"
-    tail = ('def f(x):\n    return 2 * x\n\nprint(f(3))\nassert f(1) == 2\n'
-            'if __name__ == "__main__":\n    f(2)\n')
+    tail = (
+        'def f(x):\n    return 2 * x\n\nprint(f(3))\nassert f(1) == 2\nif __name__ == "__main__":\n    f(2)\n'
+    )
     assert clean_completion(tail) == "def f(x):\n    return 2 * x"
-    two_blocks = ("```\npip install x\n```\n"
-                  "```python\n@cache\ndef g():\n    return 1\n```\n```python\ng()\n```")
+    two_blocks = (
+        "```\npip install x\n```\n```python\n@cache\ndef g():\n    return 1\n```\n```python\ng()\n```"
+    )
     assert clean_completion(two_blocks) == "@cache\ndef g():\n    return 1"
     assert clean_completion("```python\ndef h():\n    return 3\n") == "def h():\n    return 3"  # unterminated
     assert clean_completion("    return x + 1\n") == "    return x + 1"  # a bare body keeps its indent
@@ -119,8 +122,13 @@ def test_canonical_main_with_trivial_aux_passes_all_tests(coop, rows, he0):
     assert result.values == [pytest.approx(3.0)] * 3  # 0.4 + 0.6 + 0.5 + 1.5; no cooperation bonus
     assert result.metrics["all_passed"] == [1.0, 1.0, 1.0]
     assert {k: result.metrics[k][0] for k in coop.LEVELS} == {
-        "aux_defined": 0.4, "main_defined": 0.6, "syntax": 0.5, "tests": 1.5, "coop_calls_aux": 0.0,
-        "coop_nontrivial": 0.0}
+        "aux_defined": 0.4,
+        "main_defined": 0.6,
+        "syntax": 0.5,
+        "tests": 1.5,
+        "coop_calls_aux": 0.0,
+        "coop_nontrivial": 0.0,
+    }
 
 
 def test_wrong_main_gets_less(coop, he0):
@@ -210,7 +218,9 @@ def test_a_definition_cut_off_by_the_token_limit_is_dropped():
 
     text = "def f(x):\n    return x + 1\n\ndef aux(y):\n    return y\n\ndef f(x) -> int:"
     assert clean_completion(text) == "def f(x):\n    return x + 1\n\ndef aux(y):\n    return y"
-    unfinished_new_name = "def g():\n    return 1\n\ndef h(:\n"  # h is defined nowhere else: kept, fails syntax
+    unfinished_new_name = (
+        "def g():\n    return 1\n\ndef h(:\n"  # h is defined nowhere else: kept, fails syntax
+    )
     assert clean_completion(unfinished_new_name).endswith("def h(:")
 
 
@@ -229,5 +239,7 @@ def test_a_helper_under_another_name_is_scored_as_aux_unless_strict(he0):
     assert helper_as_aux("def aux(x):\n    return x\n\ndef g():\n    return 1").startswith("def aux(x):")
     helper = "def dist(a, b):\n    return abs(a - b)"
     lenient = CooperativeCodeReward().score_joint_action(helper, he0["prompt"] + "    return False\n", he0)
-    strict = CooperativeCodeReward(rename_helper=False).score_joint_action(helper, he0["prompt"] + "    return False\n", he0)
+    strict = CooperativeCodeReward(rename_helper=False).score_joint_action(
+        helper, he0["prompt"] + "    return False\n", he0
+    )
     assert lenient["aux_defined"] == 0.4 and strict["aux_defined"] == 0.0

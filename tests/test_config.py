@@ -73,17 +73,23 @@ def test_aliases_normalise_to_one_canonical_value():
 def test_derived_quantities_are_methods_of_the_config():
     assert RolloutConfig(num_generations=4).generations_per_episode(2) == 8
     assert RolloutConfig(num_generations=2, num_turns=2).generations_per_episode(2) == 2 * 2 * (1 + 2)
-    assert RolloutConfig(num_generations=2, num_turns=2, joint_mode="cross").generations_per_episode(2) == 2 * 2 * (1 + 4)
+    assert RolloutConfig(num_generations=2, num_turns=2, joint_mode="cross").generations_per_episode(
+        2
+    ) == 2 * 2 * (1 + 4)
     assert LossConfig(num_iterations=3).max_steps_for(num_batches=5, num_agents=2) == 30
     assert LossConfig(epsilon=0.2).clip_high == 0.2 and LossConfig(epsilon_high=0.28).clip_high == 0.28
     # reward calls: counterfactual N=3, K=3 scores 3 + 3*3*2 = 21 joint actions per node, one node per turn 0
     assert RolloutConfig(num_generations=3, credit="counterfactual").reward_calls_per_episode(3) == 21
-    assert RolloutConfig(num_generations=2, num_turns=2, joint_mode="cross").reward_calls_per_episode(2) == 4 * (1 + 4)
+    assert RolloutConfig(num_generations=2, num_turns=2, joint_mode="cross").reward_calls_per_episode(
+        2
+    ) == 4 * (1 + 4)
 
 
 def test_flat_arguments_go_to_their_group_with_a_deprecation_warning():
     with pytest.warns(DeprecationWarning, match="scale_advantages"):
-        groups = group_flat_kwargs(dict(num_generations=3, scale_advantages="none", loss_aggregation="token_mean"), {})
+        groups = group_flat_kwargs(
+            dict(num_generations=3, scale_advantages="none", loss_aggregation="token_mean"), {}
+        )
     assert groups["rollout"].num_generations == 3
     assert groups["advantage"].scale_rewards == "none"
     assert groups["loss"].loss_type == "dapo"
@@ -94,7 +100,11 @@ def test_flat_arguments_go_to_their_group_with_a_deprecation_warning():
 
 
 def test_hparams_hold_plain_dicts_that_rebuild_the_same_module():
-    model = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, rollout=RolloutConfig(num_generations=3, joint_mode="crossed"))
+    model = MAGRPO(
+        agents="builtin:tiny-gpt2",
+        num_agents=2,
+        rollout=RolloutConfig(num_generations=3, joint_mode="crossed"),
+    )
     assert model.hparams.rollout["joint_mode"] == "cross"
     again = MAGRPO(**{k: v for k, v in model.hparams.items()})
     assert again.rollout_config == model.rollout_config and again.loss == model.loss
@@ -105,7 +115,12 @@ def test_aliases_keep_their_baseline_when_another_advantage_field_is_set():
 
     model = MAREINFORCE(agents="builtin:tiny-gpt2", advantage=AdvantageConfig(scale_rewards="none"))
     assert model.advantage.advantage_mode == "raw" and model.advantage.scale_rewards == "none"
-    assert MAREINFORCE(agents="builtin:tiny-gpt2", advantage=AdvantageConfig(advantage_mode="max")).advantage.advantage_mode == "max"
+    assert (
+        MAREINFORCE(
+            agents="builtin:tiny-gpt2", advantage=AdvantageConfig(advantage_mode="max")
+        ).advantage.advantage_mode
+        == "max"
+    )
 
 
 def test_default_groups_are_copied_so_one_module_cannot_change_another():

@@ -129,7 +129,10 @@ def test_an_interrupted_then_resumed_run_equals_an_uninterrupted_one(tmp_path):
         w_full = dict(full.learners[x].module.agents[0].named_parameters())
         w_res = dict(resumed.learners[x].module.agents[0].named_parameters())
         assert all(torch.equal(w_full[n], w_res[n]) for n in w_full), x
-        opt_full, opt_res = full.learners[x].optimizer.state_dict(), resumed.learners[x].optimizer.state_dict()
+        opt_full, opt_res = (
+            full.learners[x].optimizer.state_dict(),
+            resumed.learners[x].optimizer.state_dict(),
+        )
         assert all(torch.equal(opt_full["state"][i]["exp_avg_sq"], opt_res["state"][i]["exp_avg_sq"])
                    for i in opt_full["state"])  # fmt: skip
         assert full.learners[x].scheduler.get_last_lr() == resumed.learners[x].scheduler.get_last_lr()

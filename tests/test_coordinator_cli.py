@@ -64,7 +64,12 @@ def test_the_shipped_humaneval_example_runs_from_the_cli_on_tiny_learners(tmp_pa
     system = EventAccumulator(glob.glob(str(run / "coordinator" / "events.out.tfevents.*"))[0])
     system.Reload()
     tags = set(system.Tags()["scalars"])
-    assert {"reward", "seconds_per_round", "rewards/revision/pass_rate/mean", "rewards/revision/draft_pass_rate/mean"} <= tags
+    assert {
+        "reward",
+        "seconds_per_round",
+        "rewards/revision/pass_rate/mean",
+        "rewards/revision/draft_pass_rate/mean",
+    } <= tags
     for name, trained in (("proposer", [1.0, 0.0]), ("reviser", [0.0, 1.0])):
         acc = EventAccumulator(glob.glob(str(run / "learners" / name / "events.out.tfevents.*"))[0])
         acc.Reload()

@@ -54,7 +54,9 @@ class Recorder:
 def run(credit, num_turns=2, num_agents=2, k=K, episodes=1):
     rec = Recorder(k)
     env = DecPOMDP(["E"] * num_agents, rec.reward, rec.transition)
-    turns = rollout_tree(env, [Episode(i) for i in range(episodes)], rec, k, num_turns, "aligned", credit=credit)
+    turns = rollout_tree(
+        env, [Episode(i) for i in range(episodes)], rec, k, num_turns, "aligned", credit=credit
+    )
     compute_returns(turns, 0.5, credit)
     compute_advantages(turns, num_agents, k, "aligned", "mean", "none", 1e-4, credit)
     return rec, turns
@@ -122,12 +124,16 @@ def test_one_step_with_credit_loss_type_and_kl_reward_trains_every_agent(trainer
             nonlocal before
             before = [[p.detach().clone() for p in a.parameters()] for a in pl_module.agents]
 
-    trainer_factory(max_steps=2 * 2, callbacks=[Grab(), Snap()]).fit(model, LengthRatioDataModule(batch_size=2, num_train=4))
+    trainer_factory(max_steps=2 * 2, callbacks=[Grab(), Snap()]).fit(
+        model, LengthRatioDataModule(batch_size=2, num_train=4)
+    )
     assert got["rewards"].shape == (2 * 3,)  # only the played (aligned) joint actions are reported
     for s in got["agent_stats"]:
         assert s.entropy > 0 and s.kl == 0.0  # kl_mode="reward": no KL term in the loss
     model.loss.mask_truncated_completions = True  # 8 tokens: the tiny model's completions rarely end in EOS
-    trainer_factory(max_steps=2 * 2, callbacks=[Grab()]).fit(model, LengthRatioDataModule(batch_size=2, num_train=4))
+    trainer_factory(max_steps=2 * 2, callbacks=[Grab()]).fit(
+        model, LengthRatioDataModule(batch_size=2, num_train=4)
+    )
     for clipped, s in zip(got["clipped"], got["agent_stats"]):
         assert (s.grad_norm == 0.0) == bool(clipped.all())  # only completions with an EOS reach the loss
     for b, agent in zip(before, model.agents):

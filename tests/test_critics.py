@@ -29,7 +29,9 @@ def test_value_head_shapes_and_zero_initial_output():
     assert out.shape == (3, 5) and out.dtype == torch.float32 and torch.all(out == 0)
     deep = ValueHead(64, hidden_dim=16)
     assert deep.hidden[0].weight.shape == (16, 64) and deep.out.weight.shape == (1, 16)
-    assert torch.all(deep(torch.randn(4, 64)) == 0)  # the output layer starts at zero, the hidden one does not
+    assert torch.all(
+        deep(torch.randn(4, 64)) == 0
+    )  # the output layer starts at zero, the hidden one does not
     assert deep.hidden[0].weight.abs().sum() > 0
     with pytest.raises(ValueError, match="value_head_hidden_dim: got 0"):
         ValueHead(64, hidden_dim=0)
@@ -109,21 +111,39 @@ def test_shared_head_critic_loss_trains_the_actor_trunk(actor):
 def test_separate_critic_uses_its_own_tokenizer_and_q_reads_the_last_completion_token():
     critic, tok = load_critic(CriticSpec(model="builtin:tiny-llama-gpt2tok", value_head_hidden_dim=8))
     assert len(tok) == 50257 and critic.value_head.hidden_dim == 8  # the GPT-2 BPE, not the actors' bytes
-    ids, mask, pos = encode_critic_inputs(tok, ["Short note on tea:", "Hi"], [" It is hot.", " Yes"], critic_type="q")
-    last = [tok(" It is hot.", add_special_tokens=False)["input_ids"][-1], tok(" Yes", add_special_tokens=False)["input_ids"][-1]]
+    ids, mask, pos = encode_critic_inputs(
+        tok, ["Short note on tea:", "Hi"], [" It is hot.", " Yes"], critic_type="q"
+    )
+    last = [
+        tok(" It is hot.", add_special_tokens=False)["input_ids"][-1],
+        tok(" Yes", add_special_tokens=False)["input_ids"][-1],
+    ]
     assert [int(ids[r, pos[r]]) for r in range(2)] == last
-    assert all(int(mask[r, pos[r]]) == 1 and (pos[r] + 1 == ids.shape[1] or mask[r, pos[r] + 1] == 0) for r in range(2))
+    assert all(
+        int(mask[r, pos[r]]) == 1 and (pos[r] + 1 == ids.shape[1] or mask[r, pos[r] + 1] == 0)
+        for r in range(2)
+    )
     assert critic(ids, mask, pos).tolist() == [0.0, 0.0]  # zero-initialised head
 
 
 def test_maac_critic_input_holds_every_agents_observation_and_the_joint_action():
-    obs, action = central_observation(["Short note on tea:", "Longer note on tea:"], ["Hot.", "Hot and sweet."])
+    obs, action = central_observation(
+        ["Short note on tea:", "Longer note on tea:"], ["Hot.", "Hot and sweet."]
+    )
     assert obs == "[Agent 0] Short note on tea:\n\n[Agent 1] Longer note on tea:"
-    assert "[Joint Action]" in action and "[Agent 0 action]\nHot." in action and "[Agent 1 action]\nHot and sweet." in action
+    assert (
+        "[Joint Action]" in action
+        and "[Agent 0 action]\nHot." in action
+        and "[Agent 1 action]\nHot and sweet." in action
+    )
     _, tok = load_agent(AgentSpec("builtin:tiny-llama-gpt2tok"))
     ids, mask, _ = encode_critic_inputs(tok, [obs], [action], critic_type="q")
     text = tok.decode(ids[0][mask[0].bool()])
-    assert "Short note on tea:" in text and "Longer note on tea:" in text and text.rstrip().endswith("Hot and sweet.")
+    assert (
+        "Short note on tea:" in text
+        and "Longer note on tea:" in text
+        and text.rstrip().endswith("Hot and sweet.")
+    )
     assert central_observation(["x", "y"])[1] is None
     with pytest.raises(ValueError, match="1 actions for 2 agents"):
         central_observation(["x", "y"], ["a"])
@@ -148,9 +168,18 @@ def test_value_model_round_trips_through_a_hugging_face_folder(tmp_path):
         (lambda: CriticConfig(critic_type="w"), r"critic_type: got 'w', allowed: \['v', 'q'\]"),
         (lambda: CriticConfig(value_clip_range=0.0), "value_clip_range: got 0.0, must be > 0 or None"),
         (lambda: CriticConfig(value_loss_coef=-1), "value_loss_coef: got -1, must be > 0"),
-        (lambda: validate_critic_spec(CriticSpec(model="builtin:nope"), 1), r"critics\[1\].model: unknown builtin 'nope'"),
-        (lambda: validate_critic_spec(CriticSpec(model="x", dtype="int8"), 0), r"critics\[0\].dtype: got 'int8'"),
-        (lambda: validate_critic_spec(CriticSpec(tokenizer="x"), 0), r"critics\[0\]: tokenizer/model_kwargs need a separate"),
+        (
+            lambda: validate_critic_spec(CriticSpec(model="builtin:nope"), 1),
+            r"critics\[1\].model: unknown builtin 'nope'",
+        ),
+        (
+            lambda: validate_critic_spec(CriticSpec(model="x", dtype="int8"), 0),
+            r"critics\[0\].dtype: got 'int8'",
+        ),
+        (
+            lambda: validate_critic_spec(CriticSpec(tokenizer="x"), 0),
+            r"critics\[0\]: tokenizer/model_kwargs need a separate",
+        ),
         (lambda: validate_critic_spec(CriticSpec(learning_rate=0), 2), r"critics\[2\].learning_rate: got 0"),
     ],
 )

@@ -28,14 +28,18 @@ class SignalAt(pl.Callback):
 
 def run(trainer_factory, batches, callbacks, ckpt_path=None, root=None):
     pl.seed_everything(0)
-    model = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, num_generations=2, max_new_tokens=8, learning_rate=1e-3)
+    model = MAGRPO(
+        agents="builtin:tiny-gpt2", num_agents=2, num_generations=2, max_new_tokens=8, learning_rate=1e-3
+    )
     trainer = trainer_factory(max_steps=MAGRPO.max_steps_for(batches, 2), callbacks=callbacks,
                               default_root_dir=root, plugins=[AtomicCheckpointIO()])  # fmt: skip
     trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=8, shuffle=True), ckpt_path=ckpt_path)
     return model
 
 
-@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "signum,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"]
+)
 def test_a_signal_mid_batch_finishes_the_batch_saves_and_exits_non_zero_then_resumes_exactly(
     trainer_factory, tmp_path, signum, code
 ):
@@ -68,7 +72,9 @@ def test_every_shipped_config_saves_on_interruption():
     for path in paths:  # an experiment without its own list uses configs/callbacks/default.yaml
         with open(path) as f:
             callbacks = (yaml.safe_load(f).get("trainer") or {}).get("callbacks")
-        assert callbacks is None or any(c["class_path"].endswith("InterruptCheckpoint") for c in callbacks), path
+        assert callbacks is None or any(c["class_path"].endswith("InterruptCheckpoint") for c in callbacks), (
+            path
+        )
 
 
 def test_an_unwritable_checkpoint_folder_fails_at_setup_naming_it(trainer_factory, tmp_path):

@@ -16,12 +16,20 @@ from comlrl_lightning.core.generation import generate
 from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.team.agents import AgentSpec, load_agent
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available() is False)")
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (torch.cuda.is_available() is False)"
+)
 
 
 def _team(beta: float = 0.0) -> MAGRPO:
-    return MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, rollout=RolloutConfig(num_generations=4),
-                  sampling=SamplingConfig(max_new_tokens=16), loss=LossConfig(beta=beta), learning_rate=1e-3)
+    return MAGRPO(
+        agents="builtin:tiny-gpt2",
+        num_agents=2,
+        rollout=RolloutConfig(num_generations=4),
+        sampling=SamplingConfig(max_new_tokens=16),
+        loss=LossConfig(beta=beta),
+        learning_rate=1e-3,
+    )
 
 
 def _trainer(max_steps: int, **kw) -> pl.Trainer:
@@ -36,7 +44,12 @@ def _devices(module: torch.nn.Module) -> collections.Counter:
 
 def _state_devices(optimizer: torch.optim.Optimizer) -> set[str]:
     """Devices of an optimizer's state tensors (AdamW's ``step`` counter lives on the CPU by design)."""
-    return {str(v.device) for s in optimizer.state.values() for k, v in s.items() if torch.is_tensor(v) and k != "step"}
+    return {
+        str(v.device)
+        for s in optimizer.state.values()
+        for k, v in s.items()
+        if torch.is_tensor(v) and k != "step"
+    }
 
 
 class _Snapshot(pl.Callback):
@@ -63,7 +76,9 @@ class _Snapshot(pl.Callback):
 def test_tiny_team_trains_on_cuda_with_params_and_optimizer_state_there():
     pl.seed_everything(0)
     model, snap = _team(), _Snapshot()
-    _trainer(4, accelerator="gpu", callbacks=[snap]).fit(model, LengthRatioDataModule(batch_size=2, num_train=16))
+    _trainer(4, accelerator="gpu", callbacks=[snap]).fit(
+        model, LengthRatioDataModule(batch_size=2, num_train=16)
+    )
     assert [set(c) for c in snap.params] == [{"cuda:0"}, {"cuda:0"}]
     assert snap.state == [{"cuda:0"}, {"cuda:0"}]
     assert snap.finite
@@ -89,7 +104,11 @@ def test_agent_parallel_cuda_and_cpu_keeps_each_agent_and_its_state_on_its_devic
 
     first = _Snapshot()
     fit(4, None, [first])
-    assert [set(c) for c in first.params] == expected and first.state == expected and first.references == expected
+    assert (
+        [set(c) for c in first.params] == expected
+        and first.state == expected
+        and first.references == expected
+    )
     second = _Snapshot()
     fit(8, str(tmp_path / "last.ckpt"), [second, Restored()])
     assert restored == expected, "the resumed optimizer state must be loaded onto each agent's own device"
@@ -98,17 +117,23 @@ def test_agent_parallel_cuda_and_cpu_keeps_each_agent_and_its_state_on_its_devic
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize(("precision", "param_dtype"), [("bf16-true", torch.bfloat16), ("bf16-mixed", torch.float32)])
+@pytest.mark.parametrize(
+    ("precision", "param_dtype"), [("bf16-true", torch.bfloat16), ("bf16-mixed", torch.float32)]
+)
 def test_bf16_steps_change_the_weights_and_keep_them_finite(precision, param_dtype):
     pl.seed_everything(0)
     model, snap = _team(), _Snapshot()
     model.configure_model()
     before = [p.detach().float().cpu().clone() for p in model.agents[0].parameters()]
-    _trainer(4, accelerator="gpu", precision=precision, callbacks=[snap]).fit(model, LengthRatioDataModule(batch_size=2, num_train=16))
+    _trainer(4, accelerator="gpu", precision=precision, callbacks=[snap]).fit(
+        model, LengthRatioDataModule(batch_size=2, num_train=16)
+    )
     assert snap.dtypes == [{param_dtype}, {param_dtype}]
     assert snap.finite
     after = [p.detach().float().cpu() for p in model.agents[0].parameters()]
-    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True)), f"{precision}: no weight changed"
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True)), (
+        f"{precision}: no weight changed"
+    )
 
 
 # --------------------------------------------------------------------------- the sampling switch (CPU)
@@ -123,7 +148,10 @@ def test_auto_backend_keeps_the_dynamic_cache_path_on_cpu_and_cuda_until_measure
     auto = SamplingConfig()
     assert auto.backend_for(torch.device("cpu")) == "dynamic"
     assert auto.backend_for(torch.device("cuda", 0)) == "dynamic"
-    assert SamplingConfig(generation_backend="static_compile").backend_for(torch.device("cpu")) == "static_compile"
+    assert (
+        SamplingConfig(generation_backend="static_compile").backend_for(torch.device("cpu"))
+        == "static_compile"
+    )
 
 
 def test_per_agent_generation_backend_reaches_that_agents_sampling_config():
@@ -138,9 +166,13 @@ _CB = pytest.param("continuous_batching", "generate_batch", None, marks=[pytest.
 
 
 @pytest.mark.parametrize(("backend", "entry", "marker"), [("static_compile", "generate", "static"), _CB])
-def test_each_backend_takes_its_own_path_and_its_greedy_completions_match_the_dynamic_cache(backend, entry, marker):
+def test_each_backend_takes_its_own_path_and_its_greedy_completions_match_the_dynamic_cache(
+    backend, entry, marker
+):
     torch.manual_seed(0)
-    model, tok = load_agent(AgentSpec(model="builtin:tiny-llama-gpt2tok" if entry == "generate_batch" else "builtin:tiny-gpt2"))
+    model, tok = load_agent(
+        AgentSpec(model="builtin:tiny-llama-gpt2tok" if entry == "generate_batch" else "builtin:tiny-gpt2")
+    )
     calls: list[dict] = []
     real = getattr(model, entry)
 
@@ -149,9 +181,25 @@ def test_each_backend_takes_its_own_path_and_its_greedy_completions_match_the_dy
         return real(*args, **kwargs)
 
     prompts = ["Short note on a cat:", "A longer note on the sea and the sky:"]
-    ref = generate(model, tok, prompts, 2, SamplingConfig(max_new_tokens=12, generation_backend="dynamic"), False, do_sample=False)
+    ref = generate(
+        model,
+        tok,
+        prompts,
+        2,
+        SamplingConfig(max_new_tokens=12, generation_backend="dynamic"),
+        False,
+        do_sample=False,
+    )
     setattr(model, entry, spy)
-    got = generate(model, tok, prompts, 2, SamplingConfig(max_new_tokens=12, generation_backend=backend), False, do_sample=False)
+    got = generate(
+        model,
+        tok,
+        prompts,
+        2,
+        SamplingConfig(max_new_tokens=12, generation_backend=backend),
+        False,
+        do_sample=False,
+    )
     # the knobs travel in a fresh generation config (never the model's own: see core/generation.py)
     assert len(calls) == 1 and calls[0]["generation_config"].cache_implementation == marker
     assert got.completion_ids.shape[0] == 4
@@ -178,7 +226,9 @@ def test_gpu_check_without_cuda_skips_each_gpu_part_with_its_reason_and_writes_b
     check = _gpu_check()
     assert check.main(["--out", str(tmp_path), "--only", "main_job,bench,generation"]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert {n: p["status"] for n, p in report["parts"].items()} == dict.fromkeys(("main_job", "bench", "generation"), "skipped")
+    assert {n: p["status"] for n, p in report["parts"].items()} == dict.fromkeys(
+        ("main_job", "bench", "generation"), "skipped"
+    )
     assert all("no CUDA device" in p["reason"] for p in report["parts"].values())
     md = (tmp_path / "gpu_check.md").read_text()
     assert "**(b) main_job**: skipped: no CUDA device" in md and "**(d) generation**: skipped" in md
@@ -199,6 +249,9 @@ def test_gpu_check_report_renders_each_ran_part_and_names_the_fastest_backend():
     text = check.render(report)
     assert "- 12 batches in 130 s (bf16-true, K=4, 256 new tokens)" in text
     assert "- `val/reward`: first 0.500, last 0.900 (2 points)" in text
-    assert "| static_compile | 3000 | 0.70 | 30.00 |" in text and "| continuous_batching | failed: ValueError: no | | |" in text
+    assert (
+        "| static_compile | 3000 | 0.70 | 30.00 |" in text
+        and "| continuous_batching | failed: ValueError: no | | |" in text
+    )
     assert "Fastest: `static_compile`." in text and "**(c) bench**: failed: RuntimeError: x" in text
     assert text.index("(b) main_job") < text.index("(c) bench") < text.index("(d) generation")

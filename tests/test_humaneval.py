@@ -56,7 +56,10 @@ def test_feedback_quotes_the_failing_assertion_and_ends_solved_episodes(dm):
     prompts = dm.env.transition(ep, 0, [["p0"], ["p1"]], [[aux], [wrong]])
     assert len(reward._reports) == runs_before
     assert "0/1 visible tests passed" in prompts[0] and "assert truncate_number(3.5) == 0.5" in prompts[1]
-    assert "Revise the helper function `aux`" in prompts[0] and "Revise the function `truncate_number`" in prompts[1]
+    assert (
+        "Revise the helper function `aux`" in prompts[0]
+        and "Revise the function `truncate_number`" in prompts[1]
+    )
     assert dm.env.transition(ep, 0, [["p0"], ["p1"]], [[aux], [right]]) is None
 
 
@@ -91,7 +94,10 @@ def test_every_canonical_solution_passes_all_its_tests_and_earns_full_test_credi
         res = coop(jas, [Episode(0, row) for row in rows], 0)
     finally:
         coop.close()
-    failing = [row["task_id"] for row, t, ok in zip(rows, res.metrics["tests"], res.metrics["all_passed"])
-               if t != 1.5 or ok != 1.0]
+    failing = [
+        row["task_id"]
+        for row, t, ok in zip(rows, res.metrics["tests"], res.metrics["all_passed"])
+        if t != 1.5 or ok != 1.0
+    ]
     assert failing == []
     assert res.values == [pytest.approx(3.0)] * 164

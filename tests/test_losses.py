@@ -52,7 +52,10 @@ def test_micro_batch_shares_add_up_to_the_full_batch_loss():
     v, m = torch.randn(6, 5), (torch.rand(6, 5) > 0.3).long()
     for agg in ("sequence_sum", "grpo", "dapo", "dr_grpo"):
         full = reduce_loss(v, m, agg, BatchTotals(6, int(m.sum()), 1, 5))
-        parts = sum(reduce_loss(v[i : i + 2], m[i : i + 2], agg, BatchTotals(6, int(m.sum()), 3, 5)) for i in range(0, 6, 2))
+        parts = sum(
+            reduce_loss(v[i : i + 2], m[i : i + 2], agg, BatchTotals(6, int(m.sum()), 3, 5))
+            for i in range(0, 6, 2)
+        )
         assert torch.allclose(full, parts), agg
 
 

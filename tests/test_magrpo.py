@@ -60,7 +60,9 @@ def test_max_steps_counts_every_agents_optimizer_step(trainer_factory, num_agent
     if num_agents == 2:
         dm = LengthRatioDataModule(batch_size=2, num_train=32)
     else:
-        dm = DecPOMDPDataModule(length_ratio_rows(32), ["Note on {topic}:"], TargetLengthReward(8), batch_size=2)
+        dm = DecPOMDPDataModule(
+            length_ratio_rows(32), ["Note on {topic}:"], TargetLengthReward(8), batch_size=2
+        )
     trainer = trainer_factory(max_steps=max_steps, callbacks=[Count()])
     trainer.fit(tiny(num_agents), dm)
     assert len(seen) == batches
@@ -80,7 +82,14 @@ def test_training_step_returns_rewards_lengths_and_texts_for_callbacks(trainer_f
     assert set(got["reward_components"]) == {"length_ratio"}
     assert len(got["completions"]) == 2 and len(got["completions"][0]) == 6
     assert all(0 < length <= 12 for length in got["completion_lengths"][1].tolist())
-    for key in ("reward", "reward_std", "frac_reward_zero_std", "agent_0/loss", "agent_1/loss", "completions/mean_length"):
+    for key in (
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "agent_0/loss",
+        "agent_1/loss",
+        "completions/mean_length",
+    ):
         assert key in trainer.callback_metrics, key
 
 
@@ -110,7 +119,9 @@ def test_beta_keeps_a_frozen_reference_and_reports_kl(trainer_factory):
             got.update(outputs)
 
     model = tiny(beta=0.1, num_iterations=2)
-    trainer_factory(max_steps=2 * 2 * 2, callbacks=[Grab()]).fit(model, LengthRatioDataModule(batch_size=2, num_train=8))
+    trainer_factory(max_steps=2 * 2 * 2, callbacks=[Grab()]).fit(
+        model, LengthRatioDataModule(batch_size=2, num_train=8)
+    )
     assert len(model.reference_models) == 2
     assert not any(p.requires_grad for p in model.reference_models.parameters())
     # the reference stays at the initial weights while the agent moved: the KL is positive
@@ -149,5 +160,9 @@ def test_max_steps_not_a_whole_number_of_batches_warns_with_the_numbers(trainer_
         warnings.simplefilter("always")
         trainer.fit(tiny(num_iterations=2), LengthRatioDataModule(batch_size=2, num_train=8))
     assert not [w for w in caught if "max_steps=" in str(w.message)]
-    with pytest.warns(UserWarning, match=r"stops at global_step=4; set max_steps=4 \(max_steps_for"):  # never 0
-        trainer_factory(max_steps=1).fit(tiny(num_iterations=2), LengthRatioDataModule(batch_size=2, num_train=8))
+    with pytest.warns(
+        UserWarning, match=r"stops at global_step=4; set max_steps=4 \(max_steps_for"
+    ):  # never 0
+        trainer_factory(max_steps=1).fit(
+            tiny(num_iterations=2), LengthRatioDataModule(batch_size=2, num_train=8)
+        )

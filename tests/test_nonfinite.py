@@ -32,7 +32,9 @@ def test_a_nan_gradient_skips_that_agents_step_only_and_is_counted(monkeypatch, 
     poison_agent_1_once(monkeypatch)
     model = tiny()
     trainer = trainer_factory(max_steps=1)  # agent 0 steps (global_step 1), agent 1 is skipped
-    with pytest.warns(UserWarning, match=r"agent 1: non-finite loss .* or gradient norm \(nan\) at epoch 0, batch 0"):
+    with pytest.warns(
+        UserWarning, match=r"agent 1: non-finite loss .* or gradient norm \(nan\) at epoch 0, batch 0"
+    ):
         trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=8))
     assert model.skipped_steps == [0, 1]
     assert trainer.global_step == 1  # the skipped step is not counted
@@ -43,8 +45,12 @@ def test_a_nan_gradient_skips_that_agents_step_only_and_is_counted(monkeypatch, 
 
 def test_stop_raises_naming_the_agent_and_batch(monkeypatch, trainer_factory):
     poison_agent_1_once(monkeypatch)
-    with pytest.raises(FloatingPointError, match=r"agent 1: non-finite .* at epoch 0, batch 0.*on_nonfinite='stop'"):
-        trainer_factory(max_steps=2).fit(tiny(on_nonfinite="stop"), LengthRatioDataModule(batch_size=2, num_train=8))
+    with pytest.raises(
+        FloatingPointError, match=r"agent 1: non-finite .* at epoch 0, batch 0.*on_nonfinite='stop'"
+    ):
+        trainer_factory(max_steps=2).fit(
+            tiny(on_nonfinite="stop"), LengthRatioDataModule(batch_size=2, num_train=8)
+        )
     with pytest.raises(ValueError, match=r"on_nonfinite: got 'ignore'.*'skip', 'stop'"):
         LossConfig(on_nonfinite="ignore")
 
@@ -55,5 +61,7 @@ def test_a_checkpoint_of_nan_weights_is_refused():
     model.on_save_checkpoint({})  # finite: fine
     with torch.no_grad():
         next(model.agents[1].parameters()).view(-1)[0] = float("inf")
-    with pytest.raises(FloatingPointError, match=r"agent 1: parameter .* holds NaN/inf.*refusing to write a checkpoint"):
+    with pytest.raises(
+        FloatingPointError, match=r"agent 1: parameter .* holds NaN/inf.*refusing to write a checkpoint"
+    ):
         model.on_save_checkpoint({})

@@ -38,16 +38,29 @@ def test_per_agent_values_give_one_column_per_agent_and_shared_ones_broadcast():
     assert out.agent(1).tolist() == [1.0, 3.0, 7.0]
     assert out.components["credit"].shape == (3, 2) and out.components["team"].shape == (3,)
     only_shared = WeightedReward([shared])(JOINT, EPS, 0)
-    assert not only_shared.per_agent and only_shared.total.shape == (3,) and only_shared.agent(1).tolist() == [1, 2, 3]
-    assert WeightedReward([fn("t", torch.ones(3, 2))])(JOINT, EPS, 0).total.shape == (3, 2)  # tensors accepted
+    assert (
+        not only_shared.per_agent
+        and only_shared.total.shape == (3,)
+        and only_shared.agent(1).tolist() == [1, 2, 3]
+    )
+    assert WeightedReward([fn("t", torch.ones(3, 2))])(JOINT, EPS, 0).total.shape == (
+        3,
+        2,
+    )  # tensors accepted
 
 
 @pytest.mark.parametrize(
     "values,match",
     [
-        ([[1.0, 0.0, 1.0]] * 3, r"'bad' failed.*shape \[3, 3\] for 3 joint actions of 2 agents; expected \[3\] \(shared\)"),
+        (
+            [[1.0, 0.0, 1.0]] * 3,
+            r"'bad' failed.*shape \[3, 3\] for 3 joint actions of 2 agents; expected \[3\] \(shared\)",
+        ),
         ([[1.0, 0.0], [1.0], [0.0, 0.0]], r"'bad' failed.*rows of different lengths \[2, 1, 2\]"),
-        ([[1.0, 0.0], [1.0, float("nan")], [0.0, 0.0]], r"'bad' returned a non-finite value.*joint actions \[1\]"),
+        (
+            [[1.0, 0.0], [1.0, float("nan")], [0.0, 0.0]],
+            r"'bad' returned a non-finite value.*joint actions \[1\]",
+        ),
         ([[1.0, "x"]] * 3, r"'bad' failed.*non-numeric value 'x'"),
     ],
 )
@@ -101,7 +114,9 @@ def judge_dir(tmp_path_factory):
 def test_classifier_scores_are_batched_frozen_and_independent_of_padding(classifier_dir):
     rm = RewardModelReward(str(classifier_dir), template="{prompt}|{joint_action}", batch_size=2)
     scores = rm(JOINT, EPS, 0)
-    one_by_one = RewardModelReward(str(classifier_dir), template="{prompt}|{joint_action}", batch_size=1)(JOINT, EPS, 0)
+    one_by_one = RewardModelReward(str(classifier_dir), template="{prompt}|{joint_action}", batch_size=1)(
+        JOINT, EPS, 0
+    )
     assert len(scores) == 3 and scores == pytest.approx(one_by_one, abs=1e-5)
     assert len({round(s, 5) for s in scores}) == 3  # different joint actions, different scores
     assert not rm.model.training and not any(p.requires_grad for p in rm.model.parameters())
@@ -117,35 +132,50 @@ def test_reward_model_composes_with_a_programmatic_reward(classifier_dir):
     rm = RewardModelReward(str(classifier_dir), name="rm")
     scores = torch.tensor(rm(JOINT, EPS, 0))
     out = WeightedReward([rm, fn("length", [1.0, 0.0, 2.0])], weights=[0.5, 2.0])(JOINT, EPS, 0)
-    assert out.total.tolist() == pytest.approx((0.5 * scores + 2.0 * torch.tensor([1.0, 0.0, 2.0])).tolist(), abs=1e-5)
+    assert out.total.tolist() == pytest.approx(
+        (0.5 * scores + 2.0 * torch.tensor([1.0, 0.0, 2.0])).tolist(), abs=1e-5
+    )
     assert out.components["rm"].tolist() == pytest.approx(scores.tolist(), abs=1e-6)
     assert reward_models_of(WeightedReward([fn("a", [0.0] * 3), rm])) == [rm]
 
 
 def test_causal_lm_judge_scores_the_yes_probability_against_no(judge_dir):
-    judge = RewardModelReward(str(judge_dir), kind="causal_lm", template="{joint_action} ok?", positive="y", negative="n")
+    judge = RewardModelReward(
+        str(judge_dir), kind="causal_lm", template="{joint_action} ok?", positive="y", negative="n"
+    )
     scores = judge(JOINT, EPS, 0)
     assert all(0.0 < s < 1.0 for s in scores)
     tok = judge._tokenizer
-    y, n = tok("y", add_special_tokens=False)["input_ids"][0], tok("n", add_special_tokens=False)["input_ids"][0]
+    y, n = (
+        tok("y", add_special_tokens=False)["input_ids"][0],
+        tok("n", add_special_tokens=False)["input_ids"][0],
+    )
     with torch.no_grad():
         # ByT5 appends EOS to every encoding; the judge's text must end in the question, not EOS
-        ids = tok([judge.render(JOINT[2], EPS[2], 0)], add_special_tokens=False, return_tensors="pt")["input_ids"]
+        ids = tok([judge.render(JOINT[2], EPS[2], 0)], add_special_tokens=False, return_tensors="pt")[
+            "input_ids"
+        ]
         logits = judge.model(input_ids=ids).logits[0, -1]
     assert scores[2] == pytest.approx(float(logits[[y, n]].softmax(-1)[0]), abs=1e-5)
-    same = RewardModelReward(str(judge_dir), kind="causal_lm", positive=" yes", negative=" no")  # bytes: both start ' '
+    same = RewardModelReward(
+        str(judge_dir), kind="causal_lm", positive=" yes", negative=" no"
+    )  # bytes: both start ' '
     with pytest.raises(ValueError, match="must start with different tokens"):
         same.load()
 
 
 def test_reward_model_config_errors_come_before_loading():
-    with pytest.raises(ValueError, match=r"RewardModelReward.kind: got 'regression', allowed: \['sequence_classification'"):
+    with pytest.raises(
+        ValueError, match=r"RewardModelReward.kind: got 'regression', allowed: \['sequence_classification'"
+    ):
         RewardModelReward("/does/not/exist", kind="regression")
     with pytest.raises(ValueError, match="RewardModelReward.batch_size: got 0"):
         RewardModelReward("/does/not/exist", batch_size=0)
     rm = RewardModelReward("/does/not/exist", template="{answer}")
     assert rm._model is None  # nothing loaded at construction
-    with pytest.raises(KeyError, match=r"uses field 'answer'.*available: \['completion_0', 'completion_1', 'joint_action'"):
+    with pytest.raises(
+        KeyError, match=r"uses field 'answer'.*available: \['completion_0', 'completion_1', 'joint_action'"
+    ):
         rm.render(["a", "b"], Episode(0), 0)
 
 
@@ -155,7 +185,9 @@ class Team(nn.Module):
 
     def __init__(self, agents, critics, reward_models):
         super().__init__()
-        self.agents, self.critics, self.reward_models = (nn.ModuleList(m) for m in (agents, critics, reward_models))
+        self.agents, self.critics, self.reward_models = (
+            nn.ModuleList(m) for m in (agents, critics, reward_models)
+        )
         self.head = nn.Linear(2, 2)
 
 
@@ -170,7 +202,9 @@ def test_critics_and_reward_models_go_to_their_own_device(classifier_dir):
     assert {p.device for a in team.agents for p in a.parameters()} == {CPU}
     assert {p.device for p in team.critics[0].parameters()} == {CPU}
     assert {p.device for p in team.critics[1].parameters()} == {META}
-    assert {p.device for p in rm.model.parameters()} == {META}  # the reward function scores where its model is
+    assert {p.device for p in rm.model.parameters()} == {
+        META
+    }  # the reward function scores where its model is
     assert team.head.weight.device == CPU
 
 

@@ -26,7 +26,9 @@ def test_weighted_sum_and_components():
 
 
 def test_processor_scales_shifts_then_clips():
-    wr = WeightedReward([const("a", [1.0, 5.0])], processor=RewardProcessor(scale=2.0, shift=-1.0, clip_max=4.0))
+    wr = WeightedReward(
+        [const("a", [1.0, 5.0])], processor=RewardProcessor(scale=2.0, shift=-1.0, clip_max=4.0)
+    )
     assert wr([["x"], ["y"]], EPS, 0).total.tolist() == [1.0, 4.0]
 
 

@@ -8,7 +8,9 @@ class ChatTok:
     chat_template = "x"
 
     def apply_chat_template(self, messages, tokenize, add_generation_prompt):
-        return "|".join(f"{m['role']}:{m['content']}" for m in messages) + ("|assistant:" if add_generation_prompt else "")
+        return "|".join(f"{m['role']}:{m['content']}" for m in messages) + (
+            "|assistant:" if add_generation_prompt else ""
+        )
 
 
 def test_history_is_rendered_as_alternating_chat_turns():
@@ -35,7 +37,9 @@ def test_generate_returns_k_rows_per_prompt_with_eos_terminated_masks():
     model = build_tiny_gpt2(tok)
     gen = generate(model, tok, ["ab", "cde"], 3, SamplingConfig(max_new_tokens=5), chat_rendered=False)
     assert gen.prompt_ids.shape[0] == gen.completion_ids.shape[0] == 6 and len(gen.texts) == 6
-    assert torch.equal(gen.prompt_ids[0], gen.prompt_ids[2]) and not torch.equal(gen.prompt_ids[0], gen.prompt_ids[3])
+    assert torch.equal(gen.prompt_ids[0], gen.prompt_ids[2]) and not torch.equal(
+        gen.prompt_ids[0], gen.prompt_ids[3]
+    )
     for row, clipped in zip(range(6), gen.clipped.tolist()):
         n = int(gen.completion_mask[row].sum())
         if clipped:

@@ -68,8 +68,12 @@ def test_infinite_loop_times_out_within_the_limit():
     assert report.program.status == "timeout" and report.tests[0].status == "timeout"
     assert 1.0 <= elapsed < 1.0 + 1.5, elapsed
     # A hanging test only costs that test (per-test timer); the others still run.
-    report = run_tests(ADD, ["assert add(1, 2) == 3", "while True: pass", "assert add(2, 2) == 4"],
-                       config=FAST, test_timeout_s=0.3)
+    report = run_tests(
+        ADD,
+        ["assert add(1, 2) == 3", "while True: pass", "assert add(2, 2) == 4"],
+        config=FAST,
+        test_timeout_s=0.3,
+    )
     assert [t.status for t in report.tests] == ["passed", "timeout", "passed"]
 
 
@@ -77,8 +81,9 @@ def test_infinite_loop_times_out_within_the_limit():
 def test_fork_bomb_is_bounded_and_leaves_no_process(namespaces):
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
     t0 = time.monotonic()
-    report = run_tests(bomb, ["assert True"], config=FAST, timeout_s=1.5, max_processes=16,
-                       namespaces=namespaces)
+    report = run_tests(
+        bomb, ["assert True"], config=FAST, timeout_s=1.5, max_processes=16, namespaces=namespaces
+    )
     assert time.monotonic() - t0 < 1.5 + 1.5
     assert report.program.status in ("timeout", "killed") and report.num_passed == 0
     _no_processes_of(report.sandbox_uid)
@@ -100,8 +105,9 @@ def test_cpu_limit_kills_and_a_stuck_launcher_is_killed_by_the_parent():
     report = run_tests(loop, [], config=FAST, cpu_time_s=1, timeout_s=10, test_timeout_s=9)
     assert (report.program.status, report.program.error_type) == ("killed", "SIGXCPU")
     t0 = time.monotonic()  # parent deadline (timeout + grace) before the launcher's own deadline
-    report = run_tests("while True:\n    pass\n", ["assert True"], config=FAST, timeout_s=0.5,
-                       startup_grace_s=0.01)
+    report = run_tests(
+        "while True:\n    pass\n", ["assert True"], config=FAST, timeout_s=0.5, startup_grace_s=0.01
+    )
     assert report.program.status == "timeout" and report.tests[0].status == "timeout"
     assert time.monotonic() - t0 < 1.5
     _no_processes_of(report.sandbox_uid)
@@ -135,13 +141,19 @@ def test_killing_the_parent_does_not_reach_training():
         "    except OSError as err:\n        results[name] = type(err).__name__\n"
         f"try:\n    os.killpg(os.getpgid({me}), signal.SIGKILL)\nexcept OSError:\n    pass\n"
     )
-    report = run_tests(code, ["assert results['training'] in ('ProcessLookupError', 'PermissionError')"],
-                       config=FAST)
+    report = run_tests(
+        code, ["assert results['training'] in ('ProcessLookupError', 'PermissionError')"], config=FAST
+    )
     assert psutil.pid_exists(me) and report.all_passed  # refused; and the launcher survived to report
     # Without namespaces or uid change the code's parent is the intermediate init, never training:
     # the kill lands there, and the run still returns a well-formed report.
-    report = run_tests("import os, signal\nPARENT = os.getppid()\nos.kill(PARENT, signal.SIGKILL)\n",
-                       [f"assert PARENT != {me}"], config=FAST, namespaces=False, drop_privileges=False)
+    report = run_tests(
+        "import os, signal\nPARENT = os.getppid()\nos.kill(PARENT, signal.SIGKILL)\n",
+        [f"assert PARENT != {me}"],
+        config=FAST,
+        namespaces=False,
+        drop_privileges=False,
+    )
     assert report.program.status in ("passed", "killed") and report.tests[0].status in ("passed", "killed")
     assert psutil.pid_exists(me)
 
@@ -149,11 +161,19 @@ def test_killing_the_parent_does_not_reach_training():
 @pytest.mark.parametrize("namespaces", [True, False])
 def test_writes_outside_the_working_directory_do_not_persist(namespaces):
     token = secrets.token_hex(6)
-    targets = [ROOT / f"pwned_{token}", Path(tempfile.gettempdir()) / f"x_{token}",
-               Path("/tmp") / f"y_{token}", Path("/dev/shm") / f"z_{token}"]
-    code = "import os\nprint(os.getcwd())\n" + "".join(
-        f"try:\n    open({str(t)!r}, 'w').write('pwned')\nexcept OSError:\n    pass\n" for t in targets
-    ) + "open('inside.txt', 'w').write('ok')\n"
+    targets = [
+        ROOT / f"pwned_{token}",
+        Path(tempfile.gettempdir()) / f"x_{token}",
+        Path("/tmp") / f"y_{token}",
+        Path("/dev/shm") / f"z_{token}",
+    ]
+    code = (
+        "import os\nprint(os.getcwd())\n"
+        + "".join(
+            f"try:\n    open({str(t)!r}, 'w').write('pwned')\nexcept OSError:\n    pass\n" for t in targets
+        )
+        + "open('inside.txt', 'w').write('ok')\n"
+    )
     try:
         test = "assert open('inside.txt').read() == 'ok'"
         report = run_tests(code, [test], config=FAST, namespaces=namespaces)
@@ -186,9 +206,11 @@ def test_forged_result_markers_are_not_passes():
     report = run_tests(printed, tests, config=FAST)
     assert report.num_passed == 0 and not report.tampered
     assert [t.status for t in report.tests] == ["failed", "failed"]
-    written = ("import os\ndef add(a, b):\n    return 0\n"
-               f"for fd in range(3, 64):\n    try:\n        os.write(fd, ({fake!r} + '\\n').encode())\n"
-               "    except OSError:\n        pass\n")
+    written = (
+        "import os\ndef add(a, b):\n    return 0\n"
+        f"for fd in range(3, 64):\n    try:\n        os.write(fd, ({fake!r} + '\\n').encode())\n"
+        "    except OSError:\n        pass\n"
+    )
     report = run_tests(written, tests, config=FAST)
     assert report.tampered and report.num_passed == 0 and report.tests[0].error_type == "ResultTampering"
 
@@ -200,8 +222,9 @@ def test_network_is_unreachable():
     server.settimeout(0.3)
     port = server.getsockname()[1]
     try:
-        report = run_tests(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n", [],
-                           config=FAST)
+        report = run_tests(
+            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\n", [], config=FAST
+        )
         assert (report.program.status, report.program.error_type) == ("error", "PermissionError")
         raw = f"import _socket\ns = _socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', {port}))\n"
         report = run_tests(raw, [], config=FAST)  # bypasses the in-process patch
@@ -215,9 +238,10 @@ def test_network_is_unreachable():
 
 
 def test_pool_runs_in_parallel_and_keeps_order():
-    jobs = [TestJob(f"import time\ntime.sleep(0.6)\nVALUE = {i}\n",
-                    [f"assert VALUE == {i}", "assert VALUE == 2"])
-            for i in range(4)]
+    jobs = [
+        TestJob(f"import time\ntime.sleep(0.6)\nVALUE = {i}\n", [f"assert VALUE == {i}", "assert VALUE == 2"])
+        for i in range(4)
+    ]
     with SandboxPool(max_workers=4, config=FAST) as pool:
         t0 = time.monotonic()
         reports = pool.run(jobs)

@@ -43,7 +43,12 @@ def cuda(i):
 def tiny(num_agents=2, **kw):
     kw.setdefault("max_new_tokens", 8)
     kw.setdefault("learning_rate", 1e-2)
-    return MAGRPO(agents=kw.pop("agents", "builtin:tiny-gpt2"), num_agents=num_agents, num_generations=kw.pop("k", 2), **kw)
+    return MAGRPO(
+        agents=kw.pop("agents", "builtin:tiny-gpt2"),
+        num_agents=num_agents,
+        num_generations=kw.pop("k", 2),
+        **kw,
+    )
 
 
 def dm(**kw):
@@ -68,8 +73,14 @@ def test_auto_is_one_gpu_per_agent_then_round_robin_then_cpu():
     [
         (dict(spec=["cpu"], num=2, num_gpus=0), "agent_devices: got 1 devices for 2"),
         (dict(spec=["cpu", "gpu:x"], num=2, num_gpus=0), r"agent_devices\[1\]"),
-        (dict(spec=["cuda:0", "cuda:2"], num=2, num_gpus=2), r"agent_devices\[1\]: cuda:2 requested, but 2 CUDA"),
-        (dict(spec=["cuda:0", "cuda:1"], num=2, num_gpus=2, owners=[0, 0]), r"agent_devices\[1\]: cuda:1 differs"),
+        (
+            dict(spec=["cuda:0", "cuda:2"], num=2, num_gpus=2),
+            r"agent_devices\[1\]: cuda:2 requested, but 2 CUDA",
+        ),
+        (
+            dict(spec=["cuda:0", "cuda:1"], num=2, num_gpus=2, owners=[0, 0]),
+            r"agent_devices\[1\]: cuda:1 differs",
+        ),
     ],
 )
 def test_bad_device_lists_fail_naming_the_entry(args, match):
@@ -102,7 +113,9 @@ def test_strategy_auto_plan_with_mocked_gpus_and_agentspec_override(monkeypatch)
     strategy.resolve_plan()
     assert [strategy.device_for("agent", i) for i in range(3)] == [cuda(1), CPU, cuda(0)]
     assert [strategy.device_for("reference", i) for i in range(3)] == [CPU] * 3
-    assert strategy.device_for("critic", 0) == cuda(1) and strategy.device_for("critic", 1) == CPU  # agent 1's
+    assert (
+        strategy.device_for("critic", 0) == cuda(1) and strategy.device_for("critic", 1) == CPU
+    )  # agent 1's
     assert [strategy.device_for("reward", i) for i in range(2)] == [cuda(1), CPU]
     assert visible_gpus(CPUAccelerator()) == 0 and visible_gpus(None) == 2
     # no devices of its own: the strategy reads the module's agent_devices (MAGRPO init arg)
@@ -137,7 +150,10 @@ def test_setup_refuses_mp_under_ddp_and_ddp_without_unused_parameter_detection()
         model.setup("fit")
 
     with pytest.raises(ValueError, match="parallel_training='mp' runs the team in one process"):
-        setup_with(tiny(parallel_training="mp", agent_devices=["cpu", "cpu"]), DDPStrategy(find_unused_parameters=True))
+        setup_with(
+            tiny(parallel_training="mp", agent_devices=["cpu", "cpu"]),
+            DDPStrategy(find_unused_parameters=True),
+        )
     with pytest.raises(ValueError, match="ddp_find_unused_parameters_true"):
         setup_with(tiny(), DDPStrategy())
     setup_with(tiny(), DDPStrategy(find_unused_parameters=True))  # fine
@@ -168,7 +184,10 @@ def test_model_to_device_never_routes_agents_through_the_root():
     strategy = AgentParallelStrategy(agent_devices=["cpu", "meta"], root_device="meta")
     strategy.connect(model)
     strategy.model_to_device()
-    assert next(model.agents[0].parameters()).device == CPU and model.agents[0](torch.tensor([[5, 6]])).logits.isfinite().all()
+    assert (
+        next(model.agents[0].parameters()).device == CPU
+        and model.agents[0](torch.tensor([[5, 6]])).logits.isfinite().all()
+    )
     assert next(model.agents[1].parameters()).device == META and model.head.weight.device == META
 
 
@@ -193,7 +212,9 @@ def test_tensor_init_context_sets_no_default_device():
     strategy.precision_plugin = pl.plugins.precision.Precision()
     with strategy.tensor_init_context():
         assert torch.empty(1).device == CPU
-    with SingleDeviceStrategy("meta", precision_plugin=pl.plugins.precision.Precision()).tensor_init_context():
+    with SingleDeviceStrategy(
+        "meta", precision_plugin=pl.plugins.precision.Precision()
+    ).tensor_init_context():
         assert torch.empty(1).device == META  # what the base class would have done
 
 
@@ -277,16 +298,23 @@ def fake_generate(model, tokenizer, prompt_texts, num_generations, sampling, cha
     stop = torch.randint(1, 6, (ids.shape[0],), generator=g)
     comp[torch.arange(ids.shape[0]), stop] = tokenizer.eos_token_id
     cmask, clipped = completion_mask_from_ids(comp, tokenizer.eos_token_id)
-    texts = tokenizer.batch_decode(comp * cmask + tokenizer.pad_token_id * (1 - cmask), skip_special_tokens=True)
+    texts = tokenizer.batch_decode(
+        comp * cmask + tokenizer.pad_token_id * (1 - cmask), skip_special_tokens=True
+    )
     return Generation(ids, mask, comp, cmask, texts, clipped)
 
 
-NO_DROPOUT = {"model": "builtin:tiny-gpt2", "model_kwargs": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}}
+NO_DROPOUT = {
+    "model": "builtin:tiny-gpt2",
+    "model_kwargs": {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+}
 SHARED = [NO_DROPOUT, {"model": "builtin:tiny-gpt2", "share_weights_with": 0}, NO_DROPOUT]
 
 
 @pytest.mark.parametrize("agents,num_iterations", [([NO_DROPOUT] * 2, 2), (SHARED, 1)])
-def test_threaded_agents_match_serial_and_count_n_steps_per_batch(monkeypatch, trainer_factory, agents, num_iterations):
+def test_threaded_agents_match_serial_and_count_n_steps_per_batch(
+    monkeypatch, trainer_factory, agents, num_iterations
+):
     monkeypatch.setattr(team_mod, "generate", fake_generate)
     threads = []
     real_backward = MAGRPO._backward
@@ -363,11 +391,17 @@ class GradCheckAdamW(torch.optim.AdamW):
         with torch.enable_grad():
             loss = 0.0
             for g, adv in batch.chunks:  # sequence_sum, on-policy: -mean_rows(A * sum_t log pi)
-                logits = model(input_ids=torch.cat([g.prompt_ids, g.completion_ids], 1),
-                               attention_mask=torch.cat([g.prompt_mask, g.completion_mask], 1),
-                               position_ids=(torch.cat([g.prompt_mask, g.completion_mask], 1).cumsum(-1) - 1).clamp(min=0)).logits
+                logits = model(
+                    input_ids=torch.cat([g.prompt_ids, g.completion_ids], 1),
+                    attention_mask=torch.cat([g.prompt_mask, g.completion_mask], 1),
+                    position_ids=(torch.cat([g.prompt_mask, g.completion_mask], 1).cumsum(-1) - 1).clamp(
+                        min=0
+                    ),
+                ).logits
                 c = g.completion_ids.shape[1]
-                logp = torch.log_softmax(logits[:, -c - 1 : -1].float(), -1).gather(-1, g.completion_ids[..., None])[..., 0]
+                logp = torch.log_softmax(logits[:, -c - 1 : -1].float(), -1).gather(
+                    -1, g.completion_ids[..., None]
+                )[..., 0]
                 loss = loss - (adv[:, None] * logp * g.completion_mask).sum() / batch.num_rows
             expected = torch.autograd.grad(loss, params, allow_unused=True)
         diffs = [float((p.grad - e).abs().max()) for p, e in zip(params, expected) if e is not None]
@@ -442,21 +476,26 @@ def test_heterogeneous_team_each_agent_uses_its_own_tokenizer_and_template(monke
             got.update(outputs)
 
     trainer_factory(max_steps=2, callbacks=[Snap()]).fit(model, dm())
-    assert type(model.agents[0]).__name__ == "GPT2LMHeadModel" and type(model.agents[1]).__name__ == "LlamaForCausalLM"
+    assert (
+        type(model.agents[0]).__name__ == "GPT2LMHeadModel"
+        and type(model.agents[1]).__name__ == "LlamaForCausalLM"
+    )
     assert len(model.tokenizers[0]) == 384 and len(model.tokenizers[1]) == 50257
     by_model = {id(model.agents[i]): i for i in range(2)}
     for m, tok, texts, gen in calls:
         i = by_model[id(m)]
         assert tok is model.tokenizers[i]
-        ids = gen.prompt_ids[:: 2]  # K=2 copies of each prompt
-        mask = gen.prompt_mask[:: 2].bool()
+        ids = gen.prompt_ids[::2]  # K=2 copies of each prompt
+        mask = gen.prompt_mask[::2].bool()
         decoded = [tok.decode(row[mk]) for row, mk in zip(ids, mask)]
         if i == 0:
             assert int(gen.prompt_ids.max()) < 384 and all(t.startswith("Short note on") for t in texts)
             assert [d.replace("</s>", "") for d in decoded] == texts
         else:
             assert int(gen.prompt_ids.max()) >= 384  # BPE ids, not bytes
-            assert all(t.startswith("### user:\nLonger note on") and t.endswith("### assistant:\n") for t in texts)
+            assert all(
+                t.startswith("### user:\nLonger note on") and t.endswith("### assistant:\n") for t in texts
+            )
             assert decoded == texts
     assert got["prompts"][1][0].startswith("### user:") and not got["prompts"][0][0].startswith("###")
     for before, agent in zip(got["before"], model.agents):
@@ -512,12 +551,19 @@ def test_mp_resume_mid_epoch_replaces_optimizer_state_after_it_is_loaded(tmp_pat
     """Lightning loads optimizer state onto the root device after on_fit_start and skips
     on_train_epoch_start on the resumed epoch: the state must be re-placed before the first step."""
     events = []
-    real_place, real_load = base_mod.optimizer_state_to_param_devices, SingleDeviceStrategy.load_optimizer_state_dict
-    monkeypatch.setattr(base_mod, "optimizer_state_to_param_devices", lambda opt: (events.append("place"), real_place(opt)))
+    real_place, real_load = (
+        base_mod.optimizer_state_to_param_devices,
+        SingleDeviceStrategy.load_optimizer_state_dict,
+    )
+    monkeypatch.setattr(
+        base_mod, "optimizer_state_to_param_devices", lambda opt: (events.append("place"), real_place(opt))
+    )
     monkeypatch.setattr(SingleDeviceStrategy, "load_optimizer_state_dict",
                         lambda self, ckpt: (events.append("load"), real_load(self, ckpt)))  # fmt: skip
     real_step = MAGRPO.training_step
-    monkeypatch.setattr(MAGRPO, "training_step", lambda self, b, i: (events.append("step"), real_step(self, b, i))[1])
+    monkeypatch.setattr(
+        MAGRPO, "training_step", lambda self, b, i: (events.append("step"), real_step(self, b, i))[1]
+    )
 
     trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
@@ -527,9 +573,13 @@ def test_mp_resume_mid_epoch_replaces_optimizer_state_after_it_is_loaded(tmp_pat
     trainer = pl.Trainer(accelerator="cpu", max_steps=4, logger=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                          enable_checkpointing=False)  # fmt: skip
-    trainer.fit(tiny(parallel_training="mp", agent_devices=["cpu", "cpu"]), dm(), ckpt_path=str(tmp_path / "last.ckpt"))
+    trainer.fit(
+        tiny(parallel_training="mp", agent_devices=["cpu", "cpu"]),
+        dm(),
+        ckpt_path=str(tmp_path / "last.ckpt"),
+    )
     assert trainer.global_step == 4 and "load" in events
-    after_load = events[len(events) - events[::-1].index("load"):]
+    after_load = events[len(events) - events[::-1].index("load") :]
     assert after_load.index("place") < after_load.index("step")  # both agents' optimizers re-placed first
 
 

@@ -51,7 +51,9 @@ def test_k2_advantages_v_baseline_and_q_sibling_mean_baseline():
     assert td_advantages(targets, critic_baseline(q, "q")).tolist() == [[1.5, 0.0]]
     assert (targets - q).tolist() == [[1.0, 0.5]]  # what T − Q(h, a) would have given
     # with K = 1 the Q baseline is the sample's own Q (CoMLRL's T − Q)
-    assert td_advantages(torch.tensor([[2.0]]), critic_baseline(torch.tensor([[0.5]]), "q")).tolist() == [[1.5]]
+    assert td_advantages(torch.tensor([[2.0]]), critic_baseline(torch.tensor([[0.5]]), "q")).tolist() == [
+        [1.5]
+    ]
     with pytest.raises(ValueError, match=r"critic_type: got 'x', allowed: \['v', 'q'\]"):
         critic_baseline(q, "x")
 
@@ -83,7 +85,9 @@ def test_value_loss_unclipped_and_clipped():
     assert float(loss.detach()) == pytest.approx(0.5 * 0.64)
     loss.backward()
     assert values.grad.tolist() == [0.0, 0.0]
-    assert float(value_loss(values, torch.tensor([1.0, 0.0]), coef=0.5).detach()) == 0.0  # unclipped: already on target
+    assert (
+        float(value_loss(values, torch.tensor([1.0, 0.0]), coef=0.5).detach()) == 0.0
+    )  # unclipped: already on target
     with pytest.raises(ValueError, match="value_clip_range needs old_values"):
         value_loss(values, targets, clip_range=0.2)
 

@@ -48,7 +48,9 @@ class Recorder:
         return out
 
     def transition(self, episode, turn, prompts, completions):
-        self.transitions.append((episode.index, turn, [list(p) for p in prompts], [list(c) for c in completions]))
+        self.transitions.append(
+            (episode.index, turn, [list(p) for p in prompts], [list(c) for c in completions])
+        )
         return [c[-1] for c in completions]  # next prompt = own last completion (keeps the path)
 
 
@@ -117,7 +119,9 @@ def test_comlrl_termination_threshold_stops_a_node_whose_mean_reward_exceeds_it(
 def test_budget_counts_the_full_tree():
     assert RolloutConfig(num_generations=4, num_turns=1).generations_per_episode(2) == 8
     assert RolloutConfig(num_generations=2, num_turns=2).generations_per_episode(2) == 2 * 2 * (1 + 2)
-    assert RolloutConfig(num_generations=2, num_turns=2, joint_mode="cross").generations_per_episode(2) == 2 * 2 * (1 + 4)
+    assert RolloutConfig(num_generations=2, num_turns=2, joint_mode="cross").generations_per_episode(
+        2
+    ) == 2 * 2 * (1 + 4)
 
 
 def test_wrong_prompt_count_from_transition_is_an_error():

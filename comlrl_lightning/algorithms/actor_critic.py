@@ -74,7 +74,9 @@ class ActorCriticRolloutConfig(RolloutConfig):
         k = self.num_generations
         if k < 1:
             raise ValueError(f"num_generations: got {k}, must be >= 1")
-        self.num_generations = max(k, 2)  # the parent's checks assume a group baseline; K itself is checked above
+        self.num_generations = max(
+            k, 2
+        )  # the parent's checks assume a group baseline; K itself is checked above
         try:
             super().__post_init__()
         finally:
@@ -134,7 +136,9 @@ class ActorCritic(CoMLRLModule):
         env: DecPOMDP | None = None,
     ) -> None:
         given = dict(rollout=rollout, critic=critic, loss=loss, sampling=sampling, placement=placement)
-        groups = {k: _GROUP_TYPES[k](**cfg) if isinstance(cfg, dict) else replace(cfg) for k, cfg in given.items()}
+        groups = {
+            k: _GROUP_TYPES[k](**cfg) if isinstance(cfg, dict) else replace(cfg) for k, cfg in given.items()
+        }
         specs = normalize_agents(agents, num_agents)
         groups["rollout"].check_budget(len(specs))
         self.critic_specs = self._critic_specs(critics, specs)
@@ -152,7 +156,11 @@ class ActorCritic(CoMLRLModule):
     def _critic_specs(self, critics: Any, specs: list[AgentSpec]) -> list[CriticSpec]:
         n = 1 if self.centralised else len(specs)
         if critics is None:  # IAC: heads on the trunks; MAAC: a separate copy of agent 0's model
-            critics = CriticSpec(model=specs[0].model, tokenizer=specs[0].tokenizer) if self.centralised else CriticSpec()
+            critics = (
+                CriticSpec(model=specs[0].model, tokenizer=specs[0].tokenizer)
+                if self.centralised
+                else CriticSpec()
+            )
         items = [critics] if isinstance(critics, (CriticSpec, dict)) else list(critics)
         out = [CriticSpec(**c) if isinstance(c, dict) else c for c in items]
         if len(out) == 1 and n > 1:
@@ -208,7 +216,11 @@ class ActorCritic(CoMLRLModule):
                 model, tok = ValueHead(hidden_size_of(agent), spec.value_head_hidden_dim), self.tokenizers[c]
             self.critics.append(model)
             self.critic_tokenizers.append(tok)
-        env = self._env if self._env is not None else getattr(getattr(self._trainer, "datamodule", None), "env", None)
+        env = (
+            self._env
+            if self._env is not None
+            else getattr(getattr(self._trainer, "datamodule", None), "env", None)
+        )
         if env is not None:
             self.reward_models.extend(rm.load() for rm in reward_models_of(env.reward_fn))
 
@@ -223,14 +235,20 @@ class ActorCritic(CoMLRLModule):
             if not spec.separate:
                 out[c]["optimizer"].add_param_group({"params": params, "lr": lr, "initial_lr": lr})
                 continue
-            opt = self.optimizer_factory(params) if self.optimizer_factory is not None else torch.optim.AdamW(params, lr=lr)
+            opt = (
+                self.optimizer_factory(params)
+                if self.optimizer_factory is not None
+                else torch.optim.AdamW(params, lr=lr)
+            )
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] = lr
             out.append({"optimizer": opt})
         return out
 
     @staticmethod
-    def max_steps_for(num_batches: int, num_agents: int, num_iterations: int = 1, num_critics: int = 0) -> int:
+    def max_steps_for(
+        num_batches: int, num_agents: int, num_iterations: int = 1, num_critics: int = 0
+    ) -> int:
         """``trainer.max_steps`` that trains ``num_batches`` batches with ``num_critics`` separate critics."""
         return num_batches * (num_agents * num_iterations + num_critics)
 
@@ -240,7 +258,9 @@ class ActorCritic(CoMLRLModule):
         turns = self.rollout(batch)  # observe → generate → join → reward → transition; returns
         critic_batches = self.estimate(turns)  # critic values, TD targets, advantages (no grad)
         t_rollout = time.perf_counter() - t0
-        stats, value_losses = self.update_agents(turns, critic_batches)  # policy (+ value loss of heads on trunks)
+        stats, value_losses = self.update_agents(
+            turns, critic_batches
+        )  # policy (+ value loss of heads on trunks)
         value_losses.update(self.update_critics(turns, critic_batches))  # separate critics
         out = StepOutput.from_turns(turns, stats, self.rollout_config.num_generations)
         out.rollout_time_s, out.step_time_s = t_rollout, time.perf_counter() - t0
@@ -295,7 +315,9 @@ class ActorCritic(CoMLRLModule):
             batches.update(zip(agents, self.team.map(partial(self._prepare, turns=turns), agents)))
         for agents in self.team.rounds():
             for it in range(self.loss.num_iterations):
-                backward = partial(self._backward, batches=batches, turns=turns, critic_batches=critic_batches, first=it == 0)
+                backward = partial(
+                    self._backward, batches=batches, turns=turns, critic_batches=critic_batches, first=it == 0
+                )
                 for i, (s, v) in zip(agents, self.team.map(backward, agents)):
                     self.step_agent(i, self.loss.max_grad_norm, s.loss, self.loss.on_nonfinite)
                     stats[i] = s
@@ -305,7 +327,9 @@ class ActorCritic(CoMLRLModule):
 
     def _prepare(self, agent: int, turns: list[Turn]) -> Any:
         ref = self.reference_models[agent] if self.uses_reference_model else None
-        return prepare_agent_batch(self.agents[agent], ref, turns, agent, self.team.sampling[agent].temperature, self.loss)
+        return prepare_agent_batch(
+            self.agents[agent], ref, turns, agent, self.team.sampling[agent].temperature, self.loss
+        )
 
     def _backward(self, agent: int, batches: dict[int, Any], turns: list[Turn], critic_batches: list[CriticBatch],
                   first: bool) -> tuple[AgentStats, float | None]:  # fmt: skip
@@ -326,7 +350,9 @@ class ActorCritic(CoMLRLModule):
         loss_sum = 0.0
         for t, old, target in zip(turns, data.values, data.targets):
             values = self.critic_values(critic, t)
-            loss = value_loss(values, target, old, cfg.value_clip_range, cfg.value_loss_coef) * (values.numel() / total)
+            loss = value_loss(values, target, old, cfg.value_clip_range, cfg.value_loss_coef) * (
+                values.numel() / total
+            )
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"critic {critic}: non-finite value loss at step {self.global_step}, "
                                          f"turn {t.turn}; not stepping into non-finite weights")  # fmt: skip
@@ -349,13 +375,20 @@ class ActorCritic(CoMLRLModule):
         return losses
 
     # ------------------------------------------------------------------ report
-    def log_step(self, out: StepOutput, critic_batches: list[CriticBatch], value_losses: dict[int, float]) -> None:
+    def log_step(
+        self, out: StepOutput, critic_batches: list[CriticBatch], value_losses: dict[int, float]
+    ) -> None:
         """MAGRPO's scalars plus ``critic/value_mean``, ``critic/value_loss``, ``critic/explained_variance``
         (mean over critics) and, with several critics, ``critic/agent_<i>/<name>`` (names: core/metrics.py)."""
         dev, n = self.device, out.num_episodes
         self.log(M.REWARD, out.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
         self.log(M.REWARD_STD, out.reward_std.to(dev), batch_size=n, sync_dist=True)
-        self.log(M.MEAN_LENGTH, torch.cat(out.completion_lengths).float().mean().to(dev), batch_size=n, sync_dist=True)
+        self.log(
+            M.MEAN_LENGTH,
+            torch.cat(out.completion_lengths).float().mean().to(dev),
+            batch_size=n,
+            sync_dist=True,
+        )
         for i, s in enumerate(out.agent_stats):
             self.log(M.agent(i, "loss"), s.loss, batch_size=n, sync_dist=True)
         names = (M.CRITIC_VALUE_MEAN, M.CRITIC_VALUE_LOSS, M.CRITIC_EXPLAINED_VARIANCE)
@@ -367,4 +400,3 @@ class ActorCritic(CoMLRLModule):
                 self.log(M.critic(c, name), v, batch_size=n, sync_dist=True)
         for name, vs in zip(names, zip(*rows)):
             self.log(name, sum(vs) / len(vs), batch_size=n, sync_dist=True)
-

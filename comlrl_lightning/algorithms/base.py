@@ -46,13 +46,20 @@ def normalize_agents(agents: Any, num_agents: int | None) -> list[AgentSpec]:
     """
     if isinstance(agents, (str, AgentSpec, dict)):
         agents = [agents] * (num_agents or 1)
-    specs = [AgentSpec(model=a) if isinstance(a, str) else AgentSpec(**a) if isinstance(a, dict) else a for a in agents]
+    specs = [
+        AgentSpec(model=a) if isinstance(a, str) else AgentSpec(**a) if isinstance(a, dict) else a
+        for a in agents
+    ]
     if num_agents is not None and len(specs) == 1 and num_agents > 1:
         specs = [copy.deepcopy(specs[0]) for _ in range(num_agents)]
     if not specs:
-        raise ValueError("agents: got an empty list; give one AgentSpec (or model string) per agent, at least one")
+        raise ValueError(
+            "agents: got an empty list; give one AgentSpec (or model string) per agent, at least one"
+        )
     if num_agents is not None and len(specs) != num_agents:
-        raise ValueError(f"agents: got {len(specs)} specs for num_agents={num_agents}; give one spec or num_agents")
+        raise ValueError(
+            f"agents: got {len(specs)} specs for num_agents={num_agents}; give one spec or num_agents"
+        )
     return specs
 
 
@@ -150,7 +157,9 @@ class CoMLRLModule(pl.LightningModule):
             return self._env
         dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         if dm is None or getattr(dm, "env", None) is None:
-            raise RuntimeError(f"{type(self).__name__}.env: pass env=... or fit with a DecPOMDPDataModule (which has .env)")
+            raise RuntimeError(
+                f"{type(self).__name__}.env: pass env=... or fit with a DecPOMDPDataModule (which has .env)"
+            )
         return dm.env
 
     def setup(self, stage: str) -> None:
@@ -164,7 +173,11 @@ class CoMLRLModule(pl.LightningModule):
             raise ValueError(f"parallel_training='mp' runs the team in one process; the trainer's strategy is "
                              f"{type(strategy).__name__}: use strategy='agent_parallel' (or parallel_training='none')")  # fmt: skip
         distinct = sum(s.share_weights_with is None for s in self.specs)
-        if isinstance(strategy, DDPStrategy) and distinct > 1 and not strategy._ddp_kwargs.get("find_unused_parameters"):
+        if (
+            isinstance(strategy, DDPStrategy)
+            and distinct > 1
+            and not strategy._ddp_kwargs.get("find_unused_parameters")
+        ):
             raise ValueError("each agent's backward uses only that agent's parameters, so DDP needs "
                              "find_unused_parameters: use strategy='ddp_find_unused_parameters_true' "
                              "(or DDPStrategy(find_unused_parameters=True))")  # fmt: skip
@@ -209,7 +222,9 @@ class CoMLRLModule(pl.LightningModule):
         if self._trainer is None:
             return f"global_step={self.global_step}"
         loop = self.trainer.fit_loop
-        return f"epoch {self.current_epoch}, batch {loop.epoch_loop.batch_idx}, global_step={self.global_step}"
+        return (
+            f"epoch {self.current_epoch}, batch {loop.epoch_loop.batch_idx}, global_step={self.global_step}"
+        )
 
     def step_agent(self, agent: int, max_grad_norm: float | None, loss: float | None = None,
                    on_nonfinite: OnNonfinite = "skip") -> bool:  # fmt: skip
@@ -233,7 +248,9 @@ class CoMLRLModule(pl.LightningModule):
         if not finite:
             what = f"agent {agent}: non-finite loss ({loss}) or gradient norm ({grad_norm}) at {self._batch_position()}"
             if on_nonfinite == "stop":
-                raise FloatingPointError(f"{what}; stopping (LossConfig.on_nonfinite='stop'; 'skip' skips the step)")
+                raise FloatingPointError(
+                    f"{what}; stopping (LossConfig.on_nonfinite='stop'; 'skip' skips the step)"
+                )
             self.skipped_steps[agent] += 1
             rank_zero_warn(f"{what}; its optimizer step is skipped (LossConfig.on_nonfinite='skip'; "
                            f"{self.skipped_steps[agent]} skipped so far)")  # fmt: skip
@@ -329,7 +346,13 @@ class CoMLRLModule(pl.LightningModule):
         for name, v in first.components.items():
             self.log(M.reward_fn(name, "val/"), v.nanmean().to(dev), batch_size=n, sync_dist=True)
         if first.pass_at_1 is not None:  # one sample per problem: the fraction solved is pass@1
-            self.log(M.VAL_PASS_AT_1, first.pass_at_1.nanmean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
+            self.log(
+                M.VAL_PASS_AT_1,
+                first.pass_at_1.nanmean().to(dev),
+                prog_bar=True,
+                batch_size=n,
+                sync_dist=True,
+            )
         if self.num_turns > 1:
             for t in turns:
                 self.log(M.turn(t.turn, "reward", "val/"), t.rewards.mean().to(dev), batch_size=t.rewards.numel(),
@@ -375,4 +398,3 @@ class CoMLRLModule(pl.LightningModule):
         if states is not None:
             set_rng_states(states)
             self._resume_rng_states = None
-

@@ -24,7 +24,9 @@ class IAC(ActorCritic):
                 idx = torch.arange(0, len(gen.texts), k)
                 g = gen.rows(idx)
                 pos = torch.full((len(idx),), g.prompt_ids.shape[1] - 1)
-                v = values_at(trunk_of(self.agents[critic]), self.critics[critic], g.prompt_ids, g.prompt_mask, pos)
+                v = values_at(
+                    trunk_of(self.agents[critic]), self.critics[critic], g.prompt_ids, g.prompt_mask, pos
+                )
             else:
                 v = self._read(critic, list(turn.prompt_texts[critic]), None)
             return v.repeat_interleave(k)

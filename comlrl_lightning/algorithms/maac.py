@@ -21,14 +21,21 @@ class MAAC(ActorCritic):
     centralised = True
 
     def _joint(self, turn: Turn) -> torch.Tensor:
-        return joint_action_indices(self.num_agents, self.rollout_config.num_generations, self.rollout_config.joint_mode)
+        return joint_action_indices(
+            self.num_agents, self.rollout_config.num_generations, self.rollout_config.joint_mode
+        )
 
     def critic_values(self, critic: int, turn: Turn) -> torch.Tensor:
         """``[G·J]`` (row ``g·J + j``): ``V`` of node g (repeated over its joint actions) or ``Q`` of joint action j."""
         n, k, joint = self.num_agents, self.rollout_config.num_generations, self._joint(turn)
-        obs = [[render_prompt(None, node.prompts[i], node.completions[i], False) for i in range(n)] for node in turn.nodes]
+        obs = [
+            [render_prompt(None, node.prompts[i], node.completions[i], False) for i in range(n)]
+            for node in turn.nodes
+        ]
         if self.critic_config.critic_type == "v":
-            return self._read(0, [central_observation(o)[0] for o in obs], None).repeat_interleave(joint.shape[0])
+            return self._read(0, [central_observation(o)[0] for o in obs], None).repeat_interleave(
+                joint.shape[0]
+            )
         prompts, actions = [], []
         for g, o in enumerate(obs):
             for j in range(joint.shape[0]):
@@ -57,5 +64,7 @@ class MAAC(ActorCritic):
                     adv = normalize_advantages(adv)
                 t.agent_returns.append(agent_sample_returns(joint_t[i], joint, i, k).flatten())
                 t.advantages.append(adv.flatten())
-            targets.append(torch.stack(joint_t).mean(0).flatten())  # the team's target (shared rewards: every agent's)
+            targets.append(
+                torch.stack(joint_t).mean(0).flatten()
+            )  # the team's target (shared rewards: every agent's)
         return [CriticBatch(values, targets)]

@@ -100,7 +100,9 @@ class MAGRPO(CoMLRLModule):
     ) -> None:
         groups = group_flat_kwargs(flat, dict(rollout=rollout, advantage=advantage, loss=loss, sampling=sampling,
                                               placement=placement))  # fmt: skip
-        if groups["advantage"].advantage_mode == "mean":  # the aliases' own baseline unless another is asked for
+        if (
+            groups["advantage"].advantage_mode == "mean"
+        ):  # the aliases' own baseline unless another is asked for
             groups["advantage"] = replace(groups["advantage"], advantage_mode=self.default_advantage_mode)
         specs = normalize_agents(agents, num_agents)
         groups["rollout"].check_budget(len(specs))

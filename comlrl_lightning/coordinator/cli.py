@@ -51,7 +51,9 @@ def summary(coordinator: Coordinator) -> str:
                      f"{h[-1]['learner_reward'][name]:.3f}  (trained at rounds "
                      f"{[r['round'] for r in h if name in r['trained']]})")  # fmt: skip
     secs = [r["seconds"] for r in h]
-    lines.append(f"  shared reward: first {h[0]['reward']:.3f}  last {h[-1]['reward']:.3f}  ({len(h)} rounds)")
+    lines.append(
+        f"  shared reward: first {h[0]['reward']:.3f}  last {h[-1]['reward']:.3f}  ({len(h)} rounds)"
+    )
     lines.append(f"  seconds per round: median {statistics.median(secs):.2f}  "
                  f"(first {secs[0]:.2f}, last {secs[-1]:.2f})")  # fmt: skip
     return "\n".join(lines)
@@ -64,4 +66,3 @@ def main(args: list[str]) -> Coordinator:
     coordinator.fit()
     print(summary(coordinator))
     return coordinator
-

@@ -171,7 +171,12 @@ class Coordinator:
         self.configs, self.names, self.stages = learners, names, stages
         self.reward = as_weighted_reward(reward)
         self.schedule = schedule if schedule is not None else Alternate()
-        self.joint_mode, self.num_rounds, self.batch_size, self.seed = joint_mode, num_rounds, batch_size, seed
+        self.joint_mode, self.num_rounds, self.batch_size, self.seed = (
+            joint_mode,
+            num_rounds,
+            batch_size,
+            seed,
+        )
         self.root_dir, self.checkpoint_every, self.keep_last = root_dir, checkpoint_every, keep_last
         self.ckpt_path, self.accelerator, self.save_agents = ckpt_path, accelerator, save_agents
         self.progress_bar = progress_bar
@@ -229,7 +234,9 @@ class Coordinator:
     def play(self, round: int) -> RoundOutput:
         """One round: play the stages, store experience, update the scheduled learners, log."""
         t0 = time.perf_counter()
-        out = play_round(round, self.stages, self.episodes_for(round), self.learners, self.reward, self.joint_mode)
+        out = play_round(
+            round, self.stages, self.episodes_for(round), self.learners, self.reward, self.joint_mode
+        )
         for name, learner in self.learners.items():
             learner.store(out.experiences[name])
         out.trained = [x for x in self.names if x in scheduled(self.schedule, round, self.names)]
@@ -296,7 +303,9 @@ class Coordinator:
 
     def load(self, path: str) -> None:
         """Restore the system from a coordinator checkpoint (learner files are found next to it)."""
-        state = torch.load(path, map_location="cpu", weights_only=False)  # our own file: buffers are dataclasses
+        state = torch.load(
+            path, map_location="cpu", weights_only=False
+        )  # our own file: buffers are dataclasses
         if state["names"] != self.names:
             raise ValueError(f"ckpt_path: {path} holds learners {state['names']}, this run has {self.names}")
         for name, learner in self.learners.items():

@@ -52,7 +52,13 @@ class HumanEvalEpisodes(EpisodeSource):
             raise ValueError(f"episodes.split: got {split!r}, allowed: ['train', 'val']")
         if max_samples is not None and max_samples < 1:
             raise ValueError(f"episodes.max_samples: got {max_samples}, must be >= 1 or None")
-        self.split, self.val_fraction, self.seed, self.max_samples, self.path = split, val_fraction, seed, max_samples, path
+        self.split, self.val_fraction, self.seed, self.max_samples, self.path = (
+            split,
+            val_fraction,
+            seed,
+            max_samples,
+            path,
+        )
 
     def episodes(self) -> list[Episode]:
         train, val = train_val_split(load_humaneval_rows(self.path), self.val_fraction, self.seed)
@@ -92,7 +98,9 @@ class ReviserPrompt:
             raise KeyError(f"ReviserPrompt.draft_from: no response of {self.draft_from!r} yet; earlier stages: "
                            f"{sorted(responses)}")  # fmt: skip
         draft = clean_completion(responses[self.draft_from]) or "pass"
-        return self.template.format(prompt=row["prompt"].strip("\n"), entry_point=row["entry_point"], draft=draft)
+        return self.template.format(
+            prompt=row["prompt"].strip("\n"), entry_point=row["entry_point"], draft=draft
+        )
 
 
 class RevisionReward:
@@ -112,19 +120,25 @@ class RevisionReward:
 
     name = "revision"
 
-    def __init__(self, syntax_weight: float = 0.5, timeout_s: float = 4.0, test_timeout_s: float = 1.0) -> None:
+    def __init__(
+        self, syntax_weight: float = 0.5, timeout_s: float = 4.0, test_timeout_s: float = 1.0
+    ) -> None:
         if syntax_weight < 0:
             raise ValueError(f"RevisionReward.syntax_weight: got {syntax_weight}, must be >= 0")
         self.syntax_weight = syntax_weight
         self.tests = SingleAgentCodeReward(SandboxConfig(timeout_s=timeout_s, test_timeout_s=test_timeout_s))
 
-    def __call__(self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int) -> list[float]:
+    def __call__(
+        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
+    ) -> list[float]:
         n = len(joint_actions)
         last = [[ja[-1]] for ja in joint_actions]
         first = [[ja[0]] for ja in joint_actions]
         both = self.tests(last + first, list(episodes) + list(episodes), turn)  # one pool batch
         passed, draft = list(both.values[:n]), list(both.values[n:])
-        ok = [float(compiles(single_agent_program(ja[-1], ep.data))) for ja, ep in zip(joint_actions, episodes)]
+        ok = [
+            float(compiles(single_agent_program(ja[-1], ep.data))) for ja, ep in zip(joint_actions, episodes)
+        ]
         values = [p + self.syntax_weight * c for p, c in zip(passed, ok)]
         metrics = {"pass_rate": passed, "compiles": ok, PASS_AT_1: list(both.metrics[PASS_AT_1][:n]),
                    "draft_pass_rate": draft}  # fmt: skip

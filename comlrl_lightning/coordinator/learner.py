@@ -58,14 +58,20 @@ class LearnerConfig:
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name.startswith("."):
-            raise ValueError(f"learners[].name: got {self.name!r}; a non-empty folder name without '/' is needed")
+            raise ValueError(
+                f"learners[].name: got {self.name!r}; a non-empty folder name without '/' is needed"
+            )
         if self.module.num_agents != 1:
             raise ValueError(f"learners[{self.name!r}].module: num_agents={self.module.num_agents}; a learner is a "
                              "single-agent module (num_agents=1)")  # fmt: skip
         if self.precision not in PRECISIONS:
-            raise ValueError(f"learners[{self.name!r}].precision: got {self.precision!r}, allowed: {list(PRECISIONS)}")
+            raise ValueError(
+                f"learners[{self.name!r}].precision: got {self.precision!r}, allowed: {list(PRECISIONS)}"
+            )
         if self.experience_window < 1:
-            raise ValueError(f"learners[{self.name!r}].experience_window: got {self.experience_window}, must be >= 1")
+            raise ValueError(
+                f"learners[{self.name!r}].experience_window: got {self.experience_window}, must be >= 1"
+            )
         if self.share_weights_with is not None and self.module.loss.beta > 0:
             raise ValueError(f"learners[{self.name!r}]: share_weights_with with beta > 0 is not supported "
                              "(the reference model would be loaded twice); use beta=0")  # fmt: skip
@@ -97,7 +103,9 @@ class Learner:
         shared: the learner whose model it uses (``config.share_weights_with``), else None.
     """
 
-    def __init__(self, config: LearnerConfig, device: torch.device, log_dir: str, shared: Learner | None = None) -> None:
+    def __init__(
+        self, config: LearnerConfig, device: torch.device, log_dir: str, shared: Learner | None = None
+    ) -> None:
         self.config, self.name, self.log_dir = config, config.name, log_dir
         self.fabric = Fabric(
             accelerator="cuda" if device.type == "cuda" else "cpu",

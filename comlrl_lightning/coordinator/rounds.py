@@ -156,10 +156,14 @@ def check_stages(stages: Sequence[Stage], players: Mapping[str, Player], joint_m
         raise ValueError(f"rounds.joint_mode: got {joint_mode!r}, allowed: ['aligned', 'cross']")
     for s, st in enumerate(stages):
         if st.learner not in players:
-            raise ValueError(f"rounds.stages[{s}].learner: got {st.learner!r}, the learners are {list(players)}")
+            raise ValueError(
+                f"rounds.stages[{s}].learner: got {st.learner!r}, the learners are {list(players)}"
+            )
     idle = [x for x in players if all(st.learner != x for st in stages)]
     if idle:
-        raise ValueError(f"learners {idle} answer in no stage of rounds.stages; route a stage to each learner")
+        raise ValueError(
+            f"learners {idle} answer in no stage of rounds.stages; route a stage to each learner"
+        )
     ks = {st.learner: players[st.learner].num_generations for st in stages}
     if joint_mode == "aligned" and len(set(ks.values())) > 1:
         raise ValueError(f"num_generations: joint_mode='aligned' pairs the j-th responses of every stage, so every "
@@ -227,11 +231,13 @@ def _joint_texts(stage_rows: list[tuple[str, list[str], Generation, int]], num_e
     out = []
     for j in range(num_episodes * math.prod(ks)):
         # stage s's row of joint response j: j with the trailing stages' sample indices dropped
-        out.append([gen.texts[j // math.prod(ks[s + 1:])] for s, (_, _, gen, _) in enumerate(stage_rows)])
+        out.append([gen.texts[j // math.prod(ks[s + 1 :])] for s, (_, _, gen, _) in enumerate(stage_rows)])
     return out
 
 
-def _stage_returns(rewards: torch.Tensor, ks: list[int], stage: int, num_episodes: int, joint_mode: str) -> torch.Tensor:
+def _stage_returns(
+    rewards: torch.Tensor, ks: list[int], stage: int, num_episodes: int, joint_mode: str
+) -> torch.Tensor:
     """``[groups, K_s]`` returns of stage ``stage``'s responses from the ``[J]`` shared rewards."""
     if joint_mode == "aligned":
         return rewards.view(num_episodes, ks[0]).clone()

@@ -124,7 +124,9 @@ class WarmupFreeze:
         _check_names("WarmupFreeze.stop", self.stop, names)
         chosen = scheduled(self.inner, round, names)
         return frozenset(
-            x for x in chosen if self.start.get(x, 0) <= round and (x not in self.stop or round < self.stop[x])
+            x
+            for x in chosen
+            if self.start.get(x, 0) <= round and (x not in self.stop or round < self.stop[x])
         )
 
 

@@ -85,11 +85,15 @@ def joint_action_indices(num_agents: int, num_generations: int, joint_mode: str)
     if joint_mode == "aligned":
         return torch.arange(num_generations)[:, None].expand(num_generations, num_agents).clone()
     if joint_mode == "cross":
-        return torch.tensor(list(itertools.product(range(num_generations), repeat=num_agents)), dtype=torch.long)
+        return torch.tensor(
+            list(itertools.product(range(num_generations), repeat=num_agents)), dtype=torch.long
+        )
     raise ValueError(f"joint_mode: got {joint_mode!r}, allowed: {list(JOINT_MODES)}")
 
 
-def agent_sample_returns(joint_returns: torch.Tensor, joint_index: torch.Tensor, agent: int, num_generations: int) -> torch.Tensor:
+def agent_sample_returns(
+    joint_returns: torch.Tensor, joint_index: torch.Tensor, agent: int, num_generations: int
+) -> torch.Tensor:
     """Each of an agent's K samples' return: the mean return of the joint actions it took part in.
 
     Args:

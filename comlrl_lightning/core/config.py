@@ -215,11 +215,20 @@ class LossConfig:
     ``FloatingPointError`` naming the agent and batch). Either way no non-finite weights are saved."""
 
     def __post_init__(self) -> None:
-        _choice("loss_type", self.loss_type, ("sequence_sum", "grpo", "dr_grpo", "dapo", "bnpo", *_LOSS_TYPE_ALIASES))
+        _choice(
+            "loss_type",
+            self.loss_type,
+            ("sequence_sum", "grpo", "dr_grpo", "dapo", "bnpo", *_LOSS_TYPE_ALIASES),
+        )
         self.loss_type = _LOSS_TYPE_ALIASES.get(self.loss_type, self.loss_type)
         _require("num_iterations", self.num_iterations, self.num_iterations >= 1, ">= 1")
         _require("epsilon", self.epsilon, self.epsilon > 0, "> 0")
-        _require("epsilon_high", self.epsilon_high, self.epsilon_high is None or self.epsilon_high > 0, "> 0 or None")
+        _require(
+            "epsilon_high",
+            self.epsilon_high,
+            self.epsilon_high is None or self.epsilon_high > 0,
+            "> 0 or None",
+        )
         _require("beta", self.beta, self.beta >= 0, ">= 0")
         _require("delta", self.delta, self.delta is None or self.delta > 1 + self.clip_high,
                  f"> 1 + epsilon_high = {1 + self.clip_high} or None")  # fmt: skip
@@ -308,7 +317,9 @@ class PlacementConfig:
     def check(self, num_agents: int) -> None:
         """Raises ValueError when ``mp`` lacks one device per agent."""
         devices = self.agent_devices
-        if self.parallel_training == "mp" and (isinstance(devices, str) or devices is None or len(devices) != num_agents):
+        if self.parallel_training == "mp" and (
+            isinstance(devices, str) or devices is None or len(devices) != num_agents
+        ):
             raise ValueError(f"agent_devices: parallel_training='mp' needs a list of {num_agents} devices "
                              f"(one per agent), got {devices!r}")  # fmt: skip
 
@@ -359,7 +370,9 @@ def group_flat_kwargs(flat: dict[str, Any], groups: dict[str, Any]) -> dict[str,
             given = cls(**given)
         if per_group[group]:
             if given is not None and given != cls():
-                raise ValueError(f"{group}: given as an object and as flat keys {sorted(per_group[group])}; give one")
+                raise ValueError(
+                    f"{group}: given as an object and as flat keys {sorted(per_group[group])}; give one"
+                )
             given = cls(**per_group[group])
         out[group] = replace(given) if given is not None else cls()  # a copy: defaults are shared
     return out

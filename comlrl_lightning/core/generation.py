@@ -77,7 +77,9 @@ def render_prompt(tokenizer: Any, prompts: Sequence[str], completions: Sequence[
         completions: this agent's completions for turns ``0..t-1`` (``t`` strings).
     """
     if len(prompts) != len(completions) + 1:
-        raise ValueError(f"render_prompt: need one more prompt than completions, got {len(prompts)}/{len(completions)}")
+        raise ValueError(
+            f"render_prompt: need one more prompt than completions, got {len(prompts)}/{len(completions)}"
+        )
     if use_chat and has_chat_template(tokenizer):
         messages: list[dict[str, str]] = []
         for i, p in enumerate(prompts):
@@ -114,12 +116,16 @@ def tokenize_prompts(
         list(texts), padding=True, padding_side="left", add_special_tokens=add_special, return_tensors="pt"
     )
     ids, mask = enc["input_ids"], enc["attention_mask"]
-    if max_length is not None and ids.shape[1] > max_length:  # left padding: the tail holds every prompt's end
+    if (
+        max_length is not None and ids.shape[1] > max_length
+    ):  # left padding: the tail holds every prompt's end
         ids, mask = ids[:, -max_length:], mask[:, -max_length:]
     return ids, mask
 
 
-def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int | Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_mask_from_ids(
+    completion_ids: torch.Tensor, eos_token_id: int | Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask of tokens up to and including the first EOS, and whether each row was clipped.
 
     Args:
@@ -132,7 +138,11 @@ def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int | S
     eos_ids = torch.as_tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
     is_eos = torch.isin(completion_ids, eos_ids.to(completion_ids.device))
     has_eos = is_eos.any(-1)
-    first = torch.where(has_eos, is_eos.float().argmax(-1), torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long))
+    first = torch.where(
+        has_eos,
+        is_eos.float().argmax(-1),
+        torch.full_like(has_eos, completion_ids.shape[1], dtype=torch.long),
+    )
     positions = torch.arange(completion_ids.shape[1], device=completion_ids.device)
     mask = (positions[None, :] <= first[:, None]) & (positions[None, :] < completion_ids.shape[1])
     return mask.long(), ~has_eos
@@ -173,7 +183,9 @@ def only_configured_knobs(model: nn.Module) -> Iterator[None]:
             model.generation_config = own
 
 
-def _continuous_batching(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+def _continuous_batching(
+    model: nn.Module, ids: torch.Tensor, mask: torch.Tensor, kwargs: dict[str, Any]
+) -> torch.Tensor:
     """``[R, C]`` completions from transformers' ``generate_batch`` (unpadded prompts in, rows padded
     with ``pad_token_id`` out), in the order of ``ids``' rows."""
     if not hasattr(model, "generate_batch"):
@@ -271,9 +283,13 @@ def generate(
     model.eval()
     eos = model.generation_config.eos_token_id
     eos = tokenizer.eos_token_id if eos is None else eos
-    kwargs: dict[str, Any] = dict(max_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos)
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos
+    )
     if do_sample:
-        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
+        kwargs.update(
+            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0
+        )
     else:
         kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
     stopper = CodeBlockEnd(tokenizer, ids.shape[1]) if sampling.stop_after_code_block else None
@@ -284,9 +300,13 @@ def generate(
             if backend == "continuous_batching":
                 completion_ids = _continuous_batching(model, ids, mask, kwargs)
             else:
-                if backend == "static_compile":  # transformers compiles the decode step for a static cache on CUDA
+                if (
+                    backend == "static_compile"
+                ):  # transformers compiles the decode step for a static cache on CUDA
                     kwargs["cache_implementation"] = "static"
-                stopping = kwargs.pop("stopping_criteria", None)  # an object generate takes, not a config knob
+                stopping = kwargs.pop(
+                    "stopping_criteria", None
+                )  # an object generate takes, not a config knob
                 out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                      generation_config=sampling_config(dict(kwargs, use_cache=True)),
                                      stopping_criteria=stopping)  # fmt: skip
@@ -298,5 +318,8 @@ def generate(
         completion_ids = torch.full((ids.shape[0], 1), tokenizer.pad_token_id, dtype=torch.long)
     completion_mask, clipped = completion_mask_from_ids(completion_ids, eos)
     completion_mask, clipped = apply_stops(completion_mask, clipped, stopper and stopper.stop_lengths)
-    texts = tokenizer.batch_decode(completion_ids * completion_mask + tokenizer.pad_token_id * (1 - completion_mask), skip_special_tokens=True)
+    texts = tokenizer.batch_decode(
+        completion_ids * completion_mask + tokenizer.pad_token_id * (1 - completion_mask),
+        skip_special_tokens=True,
+    )
     return Generation(ids, mask, completion_ids, completion_mask, texts, clipped)

@@ -37,7 +37,11 @@ def _completion_logits(
     attn = torch.cat([prompt_mask, completion_mask[:, :-1]], 1).to(device)
     c = completion_ids.shape[1]
     logits = model(
-        input_ids=input_ids, attention_mask=attn, position_ids=position_ids_from_mask(attn), logits_to_keep=c, use_cache=False
+        input_ids=input_ids,
+        attention_mask=attn,
+        position_ids=position_ids_from_mask(attn),
+        logits_to_keep=c,
+        use_cache=False,
     ).logits
     return logits / temperature if temperature != 1.0 else logits
 

@@ -32,7 +32,9 @@ class Actors(Protocol):
         """The prompt text of ``agent`` at ``node`` (history and chat template)."""
         ...
 
-    def generate(self, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool = False) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool = False
+    ) -> list[Generation]:
         """Per agent, ``num_generations`` completions of each of its prompts (one Generation per agent)."""
         ...
 
@@ -86,7 +88,9 @@ def rollout_tree(
         g, j = len(nodes), joint_index.shape[0]
         rows = torch.arange(g)[:, None] * num_generations + joint_index.T[:, None, :]  # [N, G, J]
         joint_actions = [[gens[i].texts[rows[i, a, b]] for i in range(n)] for a in range(g) for b in range(j)]
-        out = env.reward(joint_actions, [nodes[a].episode for a in range(g) for _ in range(j)], turn, step=step)
+        out = env.reward(
+            joint_actions, [nodes[a].episode for a in range(g) for _ in range(j)], turn, step=step
+        )
         scored = out.total.view(g, j, *out.total.shape[1:])  # [G, J] or, per agent, [G, J, N]
         j_played = j if shared else num_generations  # the aligned rows come first
         rewards = scored[:, :j_played]
@@ -106,7 +110,9 @@ def rollout_tree(
                     if nxt is None:
                         continue
                     child[a, b] = len(next_nodes)
-                    next_nodes.append(Node(node.episode, turn + 1, [node.prompts[i] + [nxt[i]] for i in range(n)], comps))
+                    next_nodes.append(
+                        Node(node.episode, turn + 1, [node.prompts[i] + [nxt[i]] for i in range(n)], comps)
+                    )
         pass_at_1 = None if out.pass_at_1 is None else out.pass_at_1.view(g, j)[:, :j_played]
         components = {k: v.view(g, j, *v.shape[1:])[:, :j_played] for k, v in out.components.items()}
         turns.append(Turn(turn, nodes, texts, gens, rewards, components, child, pass_at_1,
@@ -122,7 +128,9 @@ def compute_returns(turns: list[Turn], discount: float, credit: str = "shared") 
     per agent when the rewards are ``[G, J, N]``; under a credit mode also ``turn.scored_returns``
     (:func:`~comlrl_lightning.core.credit.tree_credit_returns`)."""
     if credit != "shared":
-        scored = tree_credit_returns([t.scored_rewards for t in turns], [t.child for t in turns], discount, credit)
+        scored = tree_credit_returns(
+            [t.scored_rewards for t in turns], [t.child for t in turns], discount, credit
+        )
         for t, r in zip(turns, scored):
             t.scored_returns = r
     below: torch.Tensor | None = None
@@ -164,12 +172,18 @@ def compute_advantages(
                 t.agent_returns.append(r.flatten())
                 t.advantages.append(group_advantages(r, mode, scale, eps).flatten())
         return
-    index = CreditIndex(own, None) if credit == "shared" else credit_index(num_agents, num_generations, credit)
+    index = (
+        CreditIndex(own, None) if credit == "shared" else credit_index(num_agents, num_generations, credit)
+    )
     assert all(t.returns is not None for t in turns), "compute_returns first"
     returns = [t.returns if credit == "shared" else t.scored_returns for t in turns]
-    advantages = step_advantages(returns, index, num_agents, credit, mode, scale, agent_wise, eps, sample_costs)
+    advantages = step_advantages(
+        returns, index, num_agents, credit, mode, scale, agent_wise, eps, sample_costs
+    )
     for n_t, (t, adv) in enumerate(zip(turns, advantages)):
-        t.agent_returns = [agent_sample_returns(t.returns, own, i, num_generations).flatten() for i in range(num_agents)]
+        t.agent_returns = [
+            agent_sample_returns(t.returns, own, i, num_generations).flatten() for i in range(num_agents)
+        ]
         if sample_costs is not None:
             t.agent_returns = [r - c.flatten() for r, c in zip(t.agent_returns, sample_costs[n_t])]
         t.advantages = [a.flatten() for a in adv]

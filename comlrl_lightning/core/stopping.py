@@ -51,7 +51,9 @@ class CodeBlockEnd(StoppingCriteria):
             # a block can only have just closed if the newest token holds a backtick
             if done[r] or "`" not in last[r]:
                 continue
-            text = self.tokenizer.decode(input_ids[r, self.prompt_length :].tolist(), skip_special_tokens=True)
+            text = self.tokenizer.decode(
+                input_ids[r, self.prompt_length :].tolist(), skip_special_tokens=True
+            )
             if CODE_BLOCK.search(text):
                 self.stop_lengths[r] = length
                 done[r] = True

@@ -49,7 +49,9 @@ def td_targets(
     if next_values is None:
         raise ValueError("td_targets: some joint actions have a child node but next_values is None")
     if int(child.max()) >= next_values.shape[0]:
-        raise ValueError(f"td_targets: child index {int(child.max())} but next_values has {next_values.shape[0]} rows")
+        raise ValueError(
+            f"td_targets: child index {int(child.max())} but next_values has {next_values.shape[0]} rows"
+        )
     child_mean = next_values.detach().float().to(targets.device).mean(-1)  # [G_next]
     targets[has_child] += discount * child_mean[child[has_child]]
     return targets

@@ -54,7 +54,12 @@ def _device(model: nn.Module) -> torch.device:
 
 
 def prepare_agent_batch(
-    model: nn.Module, reference: nn.Module | None, turns: list[Turn], agent: int, temperature: float, cfg: LossConfig
+    model: nn.Module,
+    reference: nn.Module | None,
+    turns: list[Turn],
+    agent: int,
+    temperature: float,
+    cfg: LossConfig,
 ) -> AgentBatch:
     """Agent ``agent``'s micro-batches (``cfg.micro_batch_size`` rows each, per turn) and their no-grad
     old / reference log-probs."""
@@ -131,7 +136,10 @@ def sequence_kls(
     for t in turns:
         g = t.generations[agent]
         args = (g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, temperature)
-        logps, ref = completion_logprobs(model, *args), completion_logprobs(reference, *args).to(_device(model))
+        logps, ref = (
+            completion_logprobs(model, *args),
+            completion_logprobs(reference, *args).to(_device(model)),
+        )
         kl = sequence_kl(logps, ref, g.completion_mask.to(logps.device))
         out.append(kl.view(len(t.nodes), -1).cpu())
     return out

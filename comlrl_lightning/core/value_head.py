@@ -51,7 +51,9 @@ class ValueHead(nn.Module):
         if hidden_dim is not None and hidden_dim < 1:
             raise ValueError(f"value_head_hidden_dim: got {hidden_dim}, must be >= 1 or None")
         self.hidden_size, self.hidden_dim = hidden_size, hidden_dim
-        self.hidden = nn.Sequential(nn.Linear(hidden_size, hidden_dim), nn.Tanh()) if hidden_dim else nn.Identity()
+        self.hidden = (
+            nn.Sequential(nn.Linear(hidden_size, hidden_dim), nn.Tanh()) if hidden_dim else nn.Identity()
+        )
         self.out = nn.Linear(hidden_dim or hidden_size, 1)
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
@@ -61,7 +63,9 @@ class ValueHead(nn.Module):
         return self.out(self.hidden(hidden.to(self.out.weight.dtype))).squeeze(-1).float()
 
 
-def read_positions(prompt_mask: torch.Tensor, completion_mask: torch.Tensor | None, critic_type: str) -> torch.Tensor:
+def read_positions(
+    prompt_mask: torch.Tensor, completion_mask: torch.Tensor | None, critic_type: str
+) -> torch.Tensor:
     """Where the critic reads in ``prompt ⊕ completion`` (prompt left-padded, completion right-padded).
 
     ``"v"``: the last prompt token, index ``P − 1`` for every row (left padding puts every prompt's
@@ -95,7 +99,11 @@ def trunk_of(model: nn.Module) -> nn.Module:
 
 
 def values_at(
-    trunk: nn.Module, head: ValueHead, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor
+    trunk: nn.Module,
+    head: ValueHead,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: torch.Tensor,
 ) -> torch.Tensor:
     """Values read from ``trunk``'s last hidden state at ``positions``.
 
@@ -130,7 +138,9 @@ def hidden_size_of(model: nn.Module) -> int:
         value = getattr(config, key, None)
         if isinstance(value, int):
             return value
-    raise ValueError(f"{type(model).__name__}: its config has no hidden_size/n_embd/d_model; cannot size a value head")
+    raise ValueError(
+        f"{type(model).__name__}: its config has no hidden_size/n_embd/d_model; cannot size a value head"
+    )
 
 
 def save_value_head(head: ValueHead, path: str | Path) -> None:
@@ -138,7 +148,9 @@ def save_value_head(head: ValueHead, path: str | Path) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     torch.save(head.state_dict(), path / VALUE_HEAD_FILE)
-    (path / VALUE_HEAD_CONFIG).write_text(json.dumps({"hidden_size": head.hidden_size, "hidden_dim": head.hidden_dim}))
+    (path / VALUE_HEAD_CONFIG).write_text(
+        json.dumps({"hidden_size": head.hidden_size, "hidden_dim": head.hidden_dim})
+    )
 
 
 class ValueModel(nn.Module):
@@ -154,7 +166,9 @@ class ValueModel(nn.Module):
         self.backbone = backbone
         self.value_head = ValueHead(hidden_size_of(backbone), hidden_dim)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
         """``[R, L]`` tokens → ``[R]`` values at ``positions`` (see :func:`values_at`)."""
         return values_at(trunk_of(self.backbone), self.value_head, input_ids, attention_mask, positions)
 
@@ -179,7 +193,9 @@ class ValueModel(nn.Module):
         path = Path(path)
         for name in (VALUE_HEAD_FILE, VALUE_HEAD_CONFIG):
             if not (path / name).is_file():
-                raise FileNotFoundError(f"{path}: no {name}; not a critic folder written by ValueModel.save_pretrained")
+                raise FileNotFoundError(
+                    f"{path}: no {name}; not a critic folder written by ValueModel.save_pretrained"
+                )
         head = json.loads((path / VALUE_HEAD_CONFIG).read_text())
         model = cls(AutoModelForCausalLM.from_pretrained(path, dtype=dtype), head["hidden_dim"])
         model.value_head.load_state_dict(torch.load(path / VALUE_HEAD_FILE, weights_only=True))

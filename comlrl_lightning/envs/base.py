@@ -49,7 +49,9 @@ class PromptTemplate:
         try:
             names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
         except ValueError as err:
-            raise ValueError(f"PromptTemplate {template!r}: not a valid str.format template ({err})") from None
+            raise ValueError(
+                f"PromptTemplate {template!r}: not a valid str.format template ({err})"
+            ) from None
         if any(not n or n[0].isdigit() for n in names):
             raise ValueError(f"PromptTemplate {template!r}: positional fields ({{}} or {{0}}) have no value; "
                              "name a field of the row, e.g. {prompt}")  # fmt: skip
@@ -59,7 +61,9 @@ class PromptTemplate:
     def __call__(self, example: dict[str, Any]) -> str:
         missing = [f for f in self.fields if f not in example]
         if missing:
-            raise KeyError(f"PromptTemplate {self.template[:40]!r} uses field {missing[0]!r}; the row has {sorted(example)}")
+            raise KeyError(
+                f"PromptTemplate {self.template[:40]!r} uses field {missing[0]!r}; the row has {sorted(example)}"
+            )
         empty = [f for f in self.fields if example[f] is None]
         if empty:
             raise ValueError(f"PromptTemplate {self.template[:40]!r}: the row's field {empty[0]!r} is None (missing in "
@@ -81,7 +85,11 @@ class Transition(Protocol):
     """
 
     def __call__(
-        self, episode: Episode, turn: int, prompts: Sequence[Sequence[str]], completions: Sequence[Sequence[str]]
+        self,
+        episode: Episode,
+        turn: int,
+        prompts: Sequence[Sequence[str]],
+        completions: Sequence[Sequence[str]],
     ) -> Sequence[str] | None: ...
 
 
@@ -115,7 +123,9 @@ class DecPOMDP:
                 except ValueError as err:
                     raise ValueError(f"formatters[{i}]: {err}") from None
             elif not callable(f):
-                raise TypeError(f"formatters[{i}]: got a {type(f).__name__}; give a template string or a callable")
+                raise TypeError(
+                    f"formatters[{i}]: got a {type(f).__name__}; give a template string or a callable"
+                )
             self.formatters.append(f)
         self.reward_fn = as_weighted_reward(reward)
         self.transition_fn = transition
@@ -136,7 +146,11 @@ class DecPOMDP:
         return self.reward_fn(joint_actions, episodes, turn, step=step)
 
     def transition(
-        self, episode: Episode, turn: int, prompts: Sequence[Sequence[str]], completions: Sequence[Sequence[str]]
+        self,
+        episode: Episode,
+        turn: int,
+        prompts: Sequence[Sequence[str]],
+        completions: Sequence[Sequence[str]],
     ) -> Sequence[str] | None:
         """Next prompts per agent after ``turn``, or ``None`` when the episode ends (see Transition)."""
         if self.transition_fn is None:

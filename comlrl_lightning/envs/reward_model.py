@@ -84,9 +84,13 @@ class RewardModelReward:
         if max_length is not None and max_length < 1:
             raise ValueError(f"RewardModelReward.max_length: got {max_length}, must be >= 1 or None")
         if not isinstance(model, str) or not model:
-            raise ValueError(f"RewardModelReward.model: give a hub id, a local path or 'builtin:<name>', got {model!r}")
+            raise ValueError(
+                f"RewardModelReward.model: give a hub id, a local path or 'builtin:<name>', got {model!r}"
+            )
         self.model_source, self.tokenizer_source, self.kind, self.dtype = model, tokenizer, kind, dtype
-        self.template = template or (DEFAULT_TEMPLATE if kind == "sequence_classification" else DEFAULT_JUDGE_TEMPLATE)
+        self.template = template or (
+            DEFAULT_TEMPLATE if kind == "sequence_classification" else DEFAULT_JUDGE_TEMPLATE
+        )
         self.batch_size, self.max_length, self.label = batch_size, max_length, label
         self.positive, self.negative, self.name = positive, negative, name
         self._model: nn.Module | None = None
@@ -113,10 +117,16 @@ class RewardModelReward:
         tok = AutoTokenizer.from_pretrained(resolve_model_spec(self.tokenizer_source or self.model_source))
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        cls = AutoModelForSequenceClassification if self.kind == "sequence_classification" else AutoModelForCausalLM
+        cls = (
+            AutoModelForSequenceClassification
+            if self.kind == "sequence_classification"
+            else AutoModelForCausalLM
+        )
         model = cls.from_pretrained(resolve_model_spec(self.model_source), dtype=_DTYPES[self.dtype])
         if getattr(model.config, "pad_token_id", None) is None:
-            model.config.pad_token_id = tok.pad_token_id  # sequence classification finds the last real token by it
+            model.config.pad_token_id = (
+                tok.pad_token_id
+            )  # sequence classification finds the last real token by it
         model.eval().requires_grad_(False)
         if self.kind == "causal_lm":
             pos, neg = (tok(w, add_special_tokens=False)["input_ids"] for w in (self.positive, self.negative))
@@ -125,7 +135,9 @@ class RewardModelReward:
                                  f"start with different tokens (got {pos[:1]} and {neg[:1]})")  # fmt: skip
             self._answer_ids = (pos[0], neg[0])
         elif self.label is not None and not 0 <= self.label < model.config.num_labels:
-            raise ValueError(f"RewardModelReward.label: got {self.label}, the head has {model.config.num_labels} labels")
+            raise ValueError(
+                f"RewardModelReward.label: got {self.label}, the head has {model.config.num_labels} labels"
+            )
         self._model, self._tokenizer = model, tok
         return model
 
@@ -147,7 +159,9 @@ class RewardModelReward:
             raise KeyError(f"RewardModelReward.template uses field {err.args[0]!r} (template fields {names}); "
                            f"available: {sorted(fields)}") from None  # fmt: skip
 
-    def __call__(self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int) -> list[float]:
+    def __call__(
+        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
+    ) -> list[float]:
         texts = [self.render(ja, ep, turn) for ja, ep in zip(joint_actions, episodes)]
         return self.score_texts(texts).tolist()
 

@@ -195,7 +195,9 @@ class WeightedReward:
                 values = _as_values(out, n, num_agents)
             except Exception as err:  # noqa: BLE001 - re-raised with context below
                 if not self.skip_invalid:
-                    raise RewardError(f"reward function {name!r} failed at step {step}, turn {turn}: {err}") from err
+                    raise RewardError(
+                        f"reward function {name!r} failed at step {step}, turn {turn}: {err}"
+                    ) from err
                 self._warn_once(name, "raised", f"reward function {name!r} failed at step {step}, turn {turn}: "
                                       f"{type(err).__name__}: {err}")  # fmt: skip
                 values = torch.full((n,), float("nan"))
@@ -217,7 +219,9 @@ class WeightedReward:
                     if key == PASS_AT_1 and pass_at_1 is None:
                         pass_at_1 = components[f"{name}/{key}"]
             weighted = w * torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
-            if weighted.dim() == 2 and total.dim() == 1:  # the first per-agent function: give every agent a column
+            if (
+                weighted.dim() == 2 and total.dim() == 1
+            ):  # the first per-agent function: give every agent a column
                 total = total[:, None].expand(n, num_agents).clone()
             total += weighted[:, None] if total.dim() == 2 and weighted.dim() == 1 else weighted
         if self.processor is not None:
@@ -245,16 +249,22 @@ def _as_values(out: object, n: int, num_agents: int) -> torch.Tensor:
         values = out.detach().float().cpu()
     else:
         if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
-            raise RewardError(f"returned a {type(out).__name__}; expected a sequence of {n} numbers or a RewardResult")
+            raise RewardError(
+                f"returned a {type(out).__name__}; expected a sequence of {n} numbers or a RewardResult"
+            )
         rows = list(out)
-        if rows and all(hasattr(r, "__len__") and not isinstance(r, (str, bytes, dict, torch.Tensor)) for r in rows):
+        if rows and all(
+            hasattr(r, "__len__") and not isinstance(r, (str, bytes, dict, torch.Tensor)) for r in rows
+        ):
             flat = [v for r in rows for v in r]
             shape: tuple[int, ...] = (len(rows), len(rows[0])) if len({len(r) for r in rows}) == 1 else (-1,)
         else:
             flat, shape = rows, (len(rows),)
         bad = [v for v in flat if not isinstance(v, (numbers.Real, torch.Tensor))]
         if bad:
-            raise RewardError(f"returned a non-numeric value {bad[0]!r} ({type(bad[0]).__name__}); expected {n} numbers")
+            raise RewardError(
+                f"returned a non-numeric value {bad[0]!r} ({type(bad[0]).__name__}); expected {n} numbers"
+            )
         if shape == (-1,):
             raise RewardError(f"returned rows of different lengths {[len(r) for r in rows]}; expected [{n}] "
                               f"(shared) or [{n}, {num_agents}] (one per agent)")  # fmt: skip
@@ -276,4 +286,3 @@ def as_weighted_reward(reward: RewardFunction | WeightedReward | Sequence[Reward
     if isinstance(reward, (list, tuple)):
         return WeightedReward(reward)
     return WeightedReward([reward])
-

@@ -41,7 +41,9 @@ class LengthRatioReward:
         d = max(self.lo - ratio, 0.0, ratio - self.hi)
         return math.exp(-d)
 
-    def __call__(self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int) -> list[float]:
+    def __call__(
+        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
+    ) -> list[float]:
         return [self.score(ja[0], ja[1]) for ja in joint_actions]
 
 
@@ -67,7 +69,9 @@ class TargetLengthReward:
             raise ValueError(f"TargetLengthReward.target: got {target}, must be >= 1")
         self.target = target
 
-    def __call__(self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int) -> list[float]:
+    def __call__(
+        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
+    ) -> list[float]:
         return [math.exp(-abs(len(ja[0]) - self.target) / self.target) for ja in joint_actions]
 
 
@@ -86,7 +90,9 @@ class TeamTargetsReward:
 
     name = "team_targets"
 
-    def __init__(self, targets: Sequence[int] = (12, 24, 8), weights: Sequence[float] = (0.6, 0.35, 0.05)) -> None:
+    def __init__(
+        self, targets: Sequence[int] = (12, 24, 8), weights: Sequence[float] = (0.6, 0.35, 0.05)
+    ) -> None:
         if len(targets) != 3 or min(targets) < 1:
             raise ValueError(f"TeamTargetsReward.targets: got {list(targets)}, need three lengths >= 1")
         if len(weights) != 3 or min(weights) < 0:
@@ -103,5 +109,7 @@ class TeamTargetsReward:
         w0, w01, w2 = self.weights
         return w0 * c[0] + w01 * c[0] * c[1] + w2 * c[2]
 
-    def __call__(self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int) -> list[float]:
+    def __call__(
+        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
+    ) -> list[float]:
         return [self.combine([self.closeness(i, len(ja[i])) for i in range(3)]) for ja in joint_actions]

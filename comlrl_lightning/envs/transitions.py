@@ -36,14 +36,20 @@ class RolePromptTransition:
         self.templates = [[t] if isinstance(t, str) else list(t) for t in templates]
 
     def __call__(
-        self, episode: Episode, turn: int, prompts: Sequence[Sequence[str]], completions: Sequence[Sequence[str]]
+        self,
+        episode: Episode,
+        turn: int,
+        prompts: Sequence[Sequence[str]],
+        completions: Sequence[Sequence[str]],
     ) -> Sequence[str] | None:
         if turn >= len(self.templates):
             return None
         n = len(completions)
         row = self.templates[turn]
         if len(row) not in (1, n):
-            raise ValueError(f"RolePromptTransition.templates[{turn}]: got {len(row)} templates for {n} agents")
+            raise ValueError(
+                f"RolePromptTransition.templates[{turn}]: got {len(row)} templates for {n} agents"
+            )
         out = []
         for i in range(n):
             fields: dict[str, Any] = dict(episode.data)

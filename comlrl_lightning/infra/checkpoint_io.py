@@ -60,7 +60,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path)
         try:
             atomic_torch_save(checkpoint, local)
-        except OSError as err:  # torch's own message ("unexpected pos ...", "file write failed") names no path
+        except (
+            OSError
+        ) as err:  # torch's own message ("unexpected pos ...", "file write failed") names no path
             raise OSError(err.errno, f"could not write the checkpoint {os.path.abspath(local)!r}: "
                           f"{err.strerror or err}") from err  # fmt: skip
         return None
@@ -112,7 +114,9 @@ def prepare_checkpoint_dir(path: str | os.PathLike[str]) -> list[str]:
             f.write(b"ok")
         os.remove(probe)
     except OSError as err:
-        raise OSError(err.errno, f"checkpoint folder {path!r} is not writable: {err.strerror or err}") from err
+        raise OSError(
+            err.errno, f"checkpoint folder {path!r} is not writable: {err.strerror or err}"
+        ) from err
     removed = []
     for name in sorted(os.listdir(path)):
         if name.endswith(".ckpt.tmp") and os.path.isfile(os.path.join(path, name)):

@@ -50,7 +50,12 @@ from torch.optim import Optimizer
 from comlrl_lightning.envs.base import Episode
 
 KINDS = ("agent", "reference", "critic", "reward")
-MODEL_LISTS = {"agent": "agents", "reference": "reference_models", "critic": "critics", "reward": "reward_models"}
+MODEL_LISTS = {
+    "agent": "agents",
+    "reference": "reference_models",
+    "critic": "critics",
+    "reward": "reward_models",
+}
 """Which ``nn.ModuleList`` attribute of the LightningModule holds each kind of model."""
 
 DeviceSpec = str | Sequence[str] | None
@@ -69,7 +74,12 @@ class DevicePlan:
     def devices(self, kind: str) -> list[torch.device]:
         if kind not in KINDS:
             raise ValueError(f"kind: got {kind!r}, allowed: {list(KINDS)}")
-        lists = {"agent": self.agents, "reference": self.references, "critic": self.critics, "reward": self.rewards}
+        lists = {
+            "agent": self.agents,
+            "reference": self.references,
+            "critic": self.critics,
+            "reward": self.rewards,
+        }
         return lists[kind]
 
     def device_for(self, kind: str, index: int) -> torch.device:
@@ -138,14 +148,17 @@ def resolve_devices(
     else:
         spec = list(spec)
         if len(spec) != num:
-            raise ValueError(f"{field_name}: got {len(spec)} devices for {num} models; give one per model or 'auto'")
+            raise ValueError(
+                f"{field_name}: got {len(spec)} devices for {num} models; give one per model or 'auto'"
+            )
         explicit = [_parse(d, f"{field_name}[{i}]") for i, d in enumerate(spec)]
     for i, dev in enumerate(overrides):
         if dev is not None:
             explicit[i] = _parse(dev, f"agents[{i}].device")
     distinct = sorted(set(owners))
     auto_dev = {
-        o: torch.device("cuda", k % num_gpus) if num_gpus else torch.device("cpu") for k, o in enumerate(distinct)
+        o: torch.device("cuda", k % num_gpus) if num_gpus else torch.device("cpu")
+        for k, o in enumerate(distinct)
     }
     out: list[torch.device] = []
     for i in range(num):
@@ -187,7 +200,11 @@ def plan_devices(
     models = {kind: list(getattr(module, attr, None) or []) for kind, attr in MODEL_LISTS.items()}
     agents = models["agent"]
     specs = getattr(module, "specs", None)
-    overrides = [getattr(s, "device", None) for s in specs] if specs is not None and len(specs) == len(agents) else None
+    overrides = (
+        [getattr(s, "device", None) for s in specs]
+        if specs is not None and len(specs) == len(agents)
+        else None
+    )
     plan = DevicePlan(root=root)
     plan.agents = resolve_devices(agent_devices, len(agents), num_gpus=num_gpus, owners=_owners(agents),
                                   overrides=overrides)  # fmt: skip
@@ -254,7 +271,9 @@ def optimizer_state_to_param_devices(
     for p, state in optimizer.state.items():
         dev = device_of(p) if device_of is not None else p.device
         if not isinstance(state, MutableMapping):
-            optimizer.state[p] = apply_to_collection(state, Tensor, move_data_to_device, dev, allow_frozen=True)
+            optimizer.state[p] = apply_to_collection(
+                state, Tensor, move_data_to_device, dev, allow_frozen=True
+            )
             continue
         for key, value in state.items():
             if key != "step":
@@ -330,8 +349,13 @@ class AgentParallelStrategy(SingleDeviceStrategy):
         if agent_devices is None:
             agent_devices = getattr(getattr(module, "placement", None), "agent_devices", None) or "auto"
         self.plan = plan_devices(
-            module, agent_devices, self.reference_devices, self.critic_devices, self.reward_devices,
-            root=self.root_device, num_gpus=visible_gpus(self._accelerator),
+            module,
+            agent_devices,
+            self.reference_devices,
+            self.critic_devices,
+            self.reward_devices,
+            root=self.root_device,
+            num_gpus=visible_gpus(self._accelerator),
         )
         return self.plan
 
@@ -339,7 +363,9 @@ class AgentParallelStrategy(SingleDeviceStrategy):
         """Device of model ``index`` of ``kind`` (``"agent"``, ``"reference"``, ``"critic"``, ``"reward"``)."""
         if self.plan is None:
             if self.lightning_module is None:
-                raise RuntimeError("AgentParallelStrategy.device_for: no module connected yet (call trainer.fit)")
+                raise RuntimeError(
+                    "AgentParallelStrategy.device_for: no module connected yet (call trainer.fit)"
+                )
             self.resolve_plan()
         assert self.plan is not None
         return self.plan.device_for(kind, index)

@@ -13,5 +13,15 @@ from comlrl_lightning.sandbox.api import (
     run_tests,
 )
 
-__all__ = ["CallsReport", "SandboxConfig", "SandboxError", "SandboxPool", "SandboxResult", "TestJob", "TestReport",
-           "run_calls", "run_record", "run_tests"]
+__all__ = [
+    "CallsReport",
+    "SandboxConfig",
+    "SandboxError",
+    "SandboxPool",
+    "SandboxResult",
+    "TestJob",
+    "TestReport",
+    "run_calls",
+    "run_record",
+    "run_tests",
+]

@@ -100,8 +100,16 @@ class SandboxConfig:
     startup_grace_s: float = 5.0
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "test_timeout_s", "memory_mb", "file_size_mb", "disk_mb", "max_processes",
-                     "max_message_chars", "max_output_chars"):
+        for name in (
+            "timeout_s",
+            "test_timeout_s",
+            "memory_mb",
+            "file_size_mb",
+            "disk_mb",
+            "max_processes",
+            "max_message_chars",
+            "max_output_chars",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"SandboxConfig.{name}: got {value!r}; must be a positive number")
@@ -250,46 +258,59 @@ def run_code(program: str, *, config: SandboxConfig | None = None, **overrides: 
 def _end_result(raw: RawRun, cfg: SandboxConfig) -> SandboxResult:
     """How the sandboxed run ended, as a result for the steps it did not report."""
     res, st = raw.res, raw.end_status
-    returncode = st.get("code") if st.get("kind") == "exited" else (
-        -st["signal"] if st.get("kind") == "signaled" else None)
+    returncode = (
+        st.get("code")
+        if st.get("kind") == "exited"
+        else (-st["signal"] if st.get("kind") == "signaled" else None)
+    )
     if res.get("launcher_died"):
         lim = cfg.max_message_chars
         return SandboxResult("killed", "LauncherDied", f"sandbox launcher died: {raw.stderr[-lim:]}"[:lim])
     if res["timed_out"]:
         return SandboxResult("timeout", "Timeout", f"run exceeded {cfg.timeout_s:g} s wall clock", 0.0, None)
     if st.get("oom"):
-        return SandboxResult("killed", "MemoryLimit", f"memory limit of {cfg.memory_mb} MB (cgroup) hit", 0.0,
-                             returncode)
+        return SandboxResult(
+            "killed", "MemoryLimit", f"memory limit of {cfg.memory_mb} MB (cgroup) hit", 0.0, returncode
+        )
     if st.get("kind") == "signaled":
         name = signame(st["signal"])
         return SandboxResult("killed", name, f"killed by {name} (resource limit or signal)", 0.0, returncode)
     if st.get("kind") == "exited":
-        return SandboxResult("error", "EarlyExit", f"exited with code {returncode} before reporting", 0.0,
-                             returncode)
+        return SandboxResult(
+            "error", "EarlyExit", f"exited with code {returncode} before reporting", 0.0, returncode
+        )
     return SandboxResult("killed", "SandboxKilled", "the sandbox's init process was killed", 0.0, None)
 
 
 def _tests_report(raw: RawRun, cfg: SandboxConfig, nonce: str, num_tests: int) -> TestReport:
     lim, end = cfg.max_message_chars, _end_result(raw, cfg)
     res, returncode = raw.res, end.returncode
-    kw = {"stdout": raw.stdout, "stderr": raw.stderr, "duration_s": raw.duration_s,
-          "sandbox_uid": raw.uid}
+    kw = {"stdout": raw.stdout, "stderr": raw.stderr, "duration_s": raw.duration_s, "sandbox_uid": raw.uid}
     try:
         program_rec, test_recs, iso = parse_records(res["records"], nonce, num_tests, STATUSES)
         tampered = bool(res["overflow"])
     except ValueError:
         program_rec, test_recs, iso, tampered = None, [], [], True
-    isolation, kw["missing"] = raw.layers([] if raw.bwrap else iso)  # bubblewrap: layers from the launcher only
+    isolation, kw["missing"] = raw.layers(
+        [] if raw.bwrap else iso
+    )  # bubblewrap: layers from the launcher only
     if tampered:
         bad = SandboxResult("error", "ResultTampering", "forged or malformed result records", 0.0, returncode)
-        return TestReport(bad, [dataclasses.replace(bad) for _ in range(num_tests)], isolation=isolation,
-                          tampered=True, **kw)
+        return TestReport(
+            bad,
+            [dataclasses.replace(bad) for _ in range(num_tests)],
+            isolation=isolation,
+            tampered=True,
+            **kw,
+        )
     program = _result(program_rec, lim) if program_rec else dataclasses.replace(end)
     program.returncode = returncode
     tests = [_result(r, lim) for r in test_recs]
     if not program.passed:
         note = f"program failed to load: {program.message}"[:lim]
-        tests = [SandboxResult(program.status, program.error_type, note, 0.0, returncode) for _ in range(num_tests)]
+        tests = [
+            SandboxResult(program.status, program.error_type, note, 0.0, returncode) for _ in range(num_tests)
+        ]
     else:
         for t in tests:
             t.returncode = returncode
@@ -300,9 +321,12 @@ def _tests_report(raw: RawRun, cfg: SandboxConfig, nonce: str, num_tests: int) -
 
 def _result(rec: dict, lim: int) -> SandboxResult:
     err, status = rec.get("e"), rec.get("s")
-    return SandboxResult(status if status in STATUSES else "error", None if err is None else str(err)[:100],
-                         str(rec.get("m", ""))[:lim], float(rec.get("d") or 0.0) if type(rec.get("d")) is float
-                         else 0.0)
+    return SandboxResult(
+        status if status in STATUSES else "error",
+        None if err is None else str(err)[:100],
+        str(rec.get("m", ""))[:lim],
+        float(rec.get("d") or 0.0) if type(rec.get("d")) is float else 0.0,
+    )
 
 
 from comlrl_lightning.sandbox.calls import CallsReport, run_calls, run_record  # noqa: E402 - re-exported

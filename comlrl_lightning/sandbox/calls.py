@@ -74,8 +74,15 @@ def run_calls(
         SandboxError: the sandbox could not be started or crashed (not the code's fault).
     """
     cfg = (config or SandboxConfig()).replace(**overrides)
-    fields = {"mode": "calls", "program": program, "main": main, "protected": list(protected),
-              "entry_point": entry_point, "calls": list(calls), "probe": probe}
+    fields = {
+        "mode": "calls",
+        "program": program,
+        "main": main,
+        "protected": list(protected),
+        "entry_point": entry_point,
+        "calls": list(calls),
+        "probe": probe,
+    }
     raw = launch(fields, cfg)
     end = _end_result(raw, cfg)
     outputs: list[dict | None] = [None] * len(calls)
@@ -88,8 +95,13 @@ def run_calls(
             continue
         # the fallback's init and worker report their layers first; under bubblewrap the launcher
         # reports them all, so an `iso` record can only come from the candidate's process: refused
-        if (rec.get("k") == "iso" and not raw.bwrap and program_res is None and len(iso) < 2
-                and isinstance(rec.get("items"), list)):
+        if (
+            rec.get("k") == "iso"
+            and not raw.bwrap
+            and program_res is None
+            and len(iso) < 2
+            and isinstance(rec.get("items"), list)
+        ):
             iso.append(rec["items"])
         if rec.get("k") == "program" and program_res is None:
             program_res = _result(rec, cfg.max_message_chars)
@@ -104,13 +116,20 @@ def run_calls(
     if program_res is None:
         program_res = replace(end)
     applied, missing = raw.layers([x for items in iso for x in items])
-    return CallsReport(program_res, outputs, end, raw.stdout, raw.stderr, raw.duration_s, applied, missing,
-                       seen, direct)
+    return CallsReport(
+        program_res, outputs, end, raw.stdout, raw.stderr, raw.duration_s, applied, missing, seen, direct
+    )
 
 
 def run_record(
-    program: str, setup: str, tests: Sequence[str], entry_point: str, *, seed: int = 0,
-    config: SandboxConfig | None = None, **overrides: object,
+    program: str,
+    setup: str,
+    tests: Sequence[str],
+    entry_point: str,
+    *,
+    seed: int = 0,
+    config: SandboxConfig | None = None,
+    **overrides: object,
 ) -> tuple[SandboxResult, list[dict]]:
     """Run *trusted* ``tests`` against *trusted* ``program`` with the entry point wrapped in a
     recorder (after ``random.seed(seed)`` per test), in a sandbox.
@@ -123,16 +142,25 @@ def run_record(
         SandboxError: the sandbox failed, or it did not report every test.
     """
     cfg = (config or SandboxConfig()).replace(**overrides)
-    fields = {"mode": "record", "program": program, "setup": setup, "tests": list(tests),
-              "entry_point": entry_point, "seed": seed}
+    fields = {
+        "mode": "record",
+        "program": program,
+        "setup": setup,
+        "tests": list(tests),
+        "entry_point": entry_point,
+        "seed": seed,
+    }
     raw = launch(fields, cfg)
     recs = [r for r in map(_json_line, raw.res["records"]) if isinstance(r, dict)]
-    program_res = next((_result(r, cfg.max_message_chars) for r in recs if r.get("k") == "program"),
-                       _end_result(raw, cfg))
+    program_res = next(
+        (_result(r, cfg.max_message_chars) for r in recs if r.get("k") == "program"), _end_result(raw, cfg)
+    )
     tests_out = [r for r in recs if r.get("k") == "test"]
     if program_res.passed and len(tests_out) != len(tests):
-        raise SandboxError(f"recording {entry_point}: {len(tests_out)} of {len(tests)} tests reported "
-                           f"({_end_result(raw, cfg).message}); stderr: {raw.stderr[-500:]}")
+        raise SandboxError(
+            f"recording {entry_point}: {len(tests_out)} of {len(tests)} tests reported "
+            f"({_end_result(raw, cfg).message}); stderr: {raw.stderr[-500:]}"
+        )
     return program_res, tests_out
 
 

@@ -30,7 +30,8 @@ import traceback
 import types
 
 _spec = importlib.util.spec_from_file_location(
-    "sandbox_plain", os.path.join(os.path.dirname(os.path.abspath(__file__)), "plain.py"))
+    "sandbox_plain", os.path.join(os.path.dirname(os.path.abspath(__file__)), "plain.py")
+)
 plain = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(plain)
 
@@ -58,8 +59,12 @@ def run(job: dict, wfd: int) -> None:
     timeout (``job["test_timeout_s"]``); ``SystemExit`` is an error, never a pass.
     """
     _block_sockets()
-    write, dumps, mono, setitimer, exc_only = os.write, json.dumps, time.monotonic, signal.setitimer, (
-        traceback.format_exception_only
+    write, dumps, mono, setitimer, exc_only = (
+        os.write,
+        json.dumps,
+        time.monotonic,
+        signal.setitimer,
+        (traceback.format_exception_only),
     )
     _exec, _compile, _isinstance, _str, _type, _len = exec, compile, isinstance, str, type, len
     nonce, limit, step_timeout = job.pop("nonce"), job["max_message_chars"], job["test_timeout_s"]
@@ -154,8 +159,13 @@ def dispatch(job: dict, wfd: int) -> None:
 
 def _loader(ns: dict, step_timeout: float, limit: int):
     """``load(source, filename)``: exec into ``ns`` with a timeout; ``None`` or an error record."""
-    _exec, _compile, setitimer, _type, exc_only = exec, compile, signal.setitimer, type, (
-        traceback.format_exception_only)
+    _exec, _compile, setitimer, _type, exc_only = (
+        exec,
+        compile,
+        signal.setitimer,
+        type,
+        (traceback.format_exception_only),
+    )
 
     def on_alarm(signum, frame):
         raise _StepTimeout()
@@ -211,6 +221,7 @@ def run_calls(job: dict, wfd: int) -> None:
     fn, probe, seen = ns.get(entry), job.get("probe"), []
     helper = ns.get(probe) if probe and err is None else None
     if _callable(helper):  # record the helper's outputs in the calls the entry point makes (plain data)
+
         def traced(*args, **kwargs):
             out = helper(*args, **kwargs)
             if len(seen) < 8:
@@ -260,7 +271,9 @@ def run_record(job: dict, wfd: int) -> None:
     ns: dict = {"__name__": "__sandbox__"}
     load = _loader(ns, timeout, limit)
     err = load(job["program"], "<program>") or load(job.get("setup", ""), "<setup>")
-    os.write(wfd, (json.dumps({"k": "program", **(err or {"s": "passed", "e": None, "m": ""})}) + "\n").encode())
+    os.write(
+        wfd, (json.dumps({"k": "program", **(err or {"s": "passed", "e": None, "m": ""})}) + "\n").encode()
+    )
     for i, source in enumerate(job["tests"]) if err is None else ():
         calls: list = []
         fn = ns[entry]

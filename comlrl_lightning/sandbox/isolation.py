@@ -124,8 +124,13 @@ def cgroup_spec() -> dict:
 
 
 def _masks(root: str) -> list[str]:
-    pats = ("lib/python3*/site-packages", "lib/python3*/dist-packages", "lib/python3/dist-packages",
-            "local/lib/python3*/site-packages", "local/lib/python3*/dist-packages")
+    pats = (
+        "lib/python3*/site-packages",
+        "lib/python3*/dist-packages",
+        "lib/python3/dist-packages",
+        "local/lib/python3*/site-packages",
+        "local/lib/python3*/dist-packages",
+    )
     return sorted({p for pat in pats for p in glob.glob(os.path.join(root, pat)) if os.path.isdir(p)})
 
 
@@ -149,11 +154,34 @@ def _bwrap_spec(scratch_mb: int) -> dict | None:
     bwrap_pkg = os.path.dirname(os.path.dirname(bwrap))
     stage = [[exe, "python"], [libdir, "pylib"], [HERE, "harness"], [os.path.dirname(bwrap_pkg), "bwrap"]]
     argv = [os.path.join("{view}", "bwrap", os.path.relpath(bwrap, os.path.dirname(bwrap_pkg)))]
-    argv += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-             "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-             "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONHASHSEED", "{hash_seed}",
-             "--ro-bind", "/usr", "/usr"]
+    argv += [
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--setenv",
+        "PYTHONHASHSEED",
+        "{hash_seed}",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             argv += ["--symlink", os.readlink(top), top]
@@ -165,10 +193,28 @@ def _bwrap_spec(scratch_mb: int) -> dict | None:
         argv += ["--ro-bind", "{view}/python", exe]
     for mask in _masks("/usr") + _masks(os.path.dirname(libdir)):  # after the binds they cover
         argv += ["--tmpfs", mask]
-    argv += ["--ro-bind", "{view}/harness/harness.py", "/sandbox/harness.py",
-             "--ro-bind", "{view}/harness/plain.py", "/sandbox/plain.py",
-             "--dev", "/dev", "--proc", "/proc", "--size", str(scratch_mb << 20), "--tmpfs", "/tmp",
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp"]
+    argv += [
+        "--ro-bind",
+        "{view}/harness/harness.py",
+        "/sandbox/harness.py",
+        "--ro-bind",
+        "{view}/harness/plain.py",
+        "/sandbox/plain.py",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--size",
+        str(scratch_mb << 20),
+        "--tmpfs",
+        "/tmp",
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        "/tmp",
+    ]
     layers = [f"{ns}-namespace" for ns in NAMESPACES] + ["read-only-view", "private-dev", "scratch-tmpfs"]
     seccomp = seccomp_filter()
     if seccomp:
@@ -179,13 +225,22 @@ def _bwrap_spec(scratch_mb: int) -> dict | None:
 
 
 ALL_LAYERS = tuple(f"{ns}-namespace" for ns in NAMESPACES) + (
-    "read-only-view", "private-dev", "scratch-tmpfs", "seccomp", "cgroup", "session-keyring", "dropped-uid")
+    "read-only-view",
+    "private-dev",
+    "scratch-tmpfs",
+    "seccomp",
+    "cgroup",
+    "session-keyring",
+    "dropped-uid",
+)
 """Every layer a fully isolated run reports; :func:`missing_layers` names the absent ones."""
 
 
 def missing_layers(applied: list[str]) -> list[str]:
     """Which of :data:`ALL_LAYERS` are not among ``applied`` (``uid=N`` counts as ``dropped-uid``)."""
-    have = set(applied) | ({"dropped-uid"} if any(a.startswith("uid=") and a != "uid=0" for a in applied) else set())
+    have = set(applied) | (
+        {"dropped-uid"} if any(a.startswith("uid=") and a != "uid=0" for a in applied) else set()
+    )
     if any(a.startswith("private-tmpfs:") for a in applied):  # the fallback's private mounts
         have.add("mount-namespace")
     return [layer for layer in ALL_LAYERS if layer not in have]

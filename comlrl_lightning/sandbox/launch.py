@@ -91,8 +91,9 @@ def _bwrap_usable(cfg: SandboxConfig) -> bool:
                     _launch_once(probe, cfg, True)
                     _backend["bwrap"] = True
                 except SandboxError as err:
-                    log.warning("sandbox: bubblewrap unusable here (%s); using the fallback launcher",
-                                str(err)[:300])
+                    log.warning(
+                        "sandbox: bubblewrap unusable here (%s); using the fallback launcher", str(err)[:300]
+                    )
             if cfg.backend == "bwrap" and not _backend["bwrap"]:
                 raise SandboxError("SandboxConfig.backend='bwrap' but bubblewrap cannot run here")
         return _backend["bwrap"]
@@ -108,12 +109,21 @@ def _launch_once(fields: dict, cfg: SandboxConfig, use_bwrap: bool) -> RawRun:
         uid, unique = _pick_uid(cfg)
         seed = str(cfg.hash_seed if cfg.hash_seed is not None else secrets.randbelow(2**32))
         job = {
-            "nonce": secrets.token_hex(16), **fields, "workdir": workdir,
-            "timeout_s": cfg.timeout_s, "test_timeout_s": cfg.test_timeout_s,
+            "nonce": secrets.token_hex(16),
+            **fields,
+            "workdir": workdir,
+            "timeout_s": cfg.timeout_s,
+            "test_timeout_s": cfg.test_timeout_s,
             "cpu_time_s": int(cfg.cpu_time_s or int(cfg.timeout_s + 0.999) + 1),
-            "memory_mb": cfg.memory_mb, "file_size_mb": cfg.file_size_mb, "disk_mb": cfg.disk_mb,
-            "max_processes": cfg.max_processes, "namespaces": cfg.namespaces,
-            "uid": uid, "gid": uid, "unique_uid": unique, "max_message_chars": cfg.max_message_chars,
+            "memory_mb": cfg.memory_mb,
+            "file_size_mb": cfg.file_size_mb,
+            "disk_mb": cfg.disk_mb,
+            "max_processes": cfg.max_processes,
+            "namespaces": cfg.namespaces,
+            "uid": uid,
+            "gid": uid,
+            "unique_uid": unique,
+            "max_message_chars": cfg.max_message_chars,
             "cgroup_name": f"comlrl-sbx-{secrets.token_hex(8)}",
         }
         if use_bwrap:
@@ -123,8 +133,13 @@ def _launch_once(fields: dict, cfg: SandboxConfig, use_bwrap: bool) -> RawRun:
         job_path = os.path.join(base, "job.json")
         with open(os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump(job, f)
-        cgroups = [os.path.join(d, job["cgroup_name"]) for _, d in job.get("bwrap", {}).get("cgroup", {}).get("dirs", [])]
-        killed_by_parent, launcher_rc = _launch(job_path, base, workdir, cfg, uid if unique else None, cgroups)
+        cgroups = [
+            os.path.join(d, job["cgroup_name"])
+            for _, d in job.get("bwrap", {}).get("cgroup", {}).get("dirs", [])
+        ]
+        killed_by_parent, launcher_rc = _launch(
+            job_path, base, workdir, cfg, uid if unique else None, cgroups
+        )
         lim = cfg.max_output_chars
         stdout, stderr = _tail(os.path.join(base, "stdout"), lim), _tail(os.path.join(base, "stderr"), lim)
         try:
@@ -134,19 +149,39 @@ def _launch_once(fields: dict, cfg: SandboxConfig, use_bwrap: bool) -> RawRun:
             res = None
         if res is not None and res.get("infra_error"):
             raise SandboxError(f"sandbox launcher failed: {res['infra_error']}")
-        if res is None and launcher_rc >= 0 and not killed_by_parent:  # it always writes a result unless killed
-            raise SandboxError(f"sandbox launcher exited with code {launcher_rc} without a result: "
-                               f"{stderr[-1500:]}")
-        res = res or {"records": [], "isolation": [], "missing": [], "timed_out": killed_by_parent,  # launcher killed
-                      "status": None, "init_ready": True, "worker_ready": True, "overflow": False,
-                      "launcher_died": not killed_by_parent}
+        if (
+            res is None and launcher_rc >= 0 and not killed_by_parent
+        ):  # it always writes a result unless killed
+            raise SandboxError(
+                f"sandbox launcher exited with code {launcher_rc} without a result: {stderr[-1500:]}"
+            )
+        res = res or {
+            "records": [],
+            "isolation": [],
+            "missing": [],
+            "timed_out": killed_by_parent,  # launcher killed
+            "status": None,
+            "init_ready": True,
+            "worker_ready": True,
+            "overflow": False,
+            "launcher_died": not killed_by_parent,
+        }
         setup_failed = not res["init_ready"] or (not res["worker_ready"] and res["status"] is not None)
         if setup_failed and not res["timed_out"]:
             # setup failed before any untrusted code ran (the ready pipe is closed before it does)
             raise SandboxError(f"sandbox setup failed ({res.get('isolation')}); stderr: {stderr[-1500:]}")
         applied = list(res.get("isolation", []))
-        return RawRun(res, stdout, stderr, killed_by_parent, time.monotonic() - t0, uid, applied,
-                      list(res.get("missing", [])), use_bwrap)
+        return RawRun(
+            res,
+            stdout,
+            stderr,
+            killed_by_parent,
+            time.monotonic() - t0,
+            uid,
+            applied,
+            list(res.get("missing", [])),
+            use_bwrap,
+        )
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -183,8 +218,14 @@ def _launch(
     with open(os.path.join(base, "stdout"), "wb") as out, open(os.path.join(base, "stderr"), "wb") as err:
         try:
             proc = subprocess.Popen(
-                [sys.executable, *flags, _RUNNER, job_path], stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                env=env, cwd=workdir, start_new_session=True, close_fds=True,
+                [sys.executable, *flags, _RUNNER, job_path],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                cwd=workdir,
+                start_new_session=True,
+                close_fds=True,
             )
         except OSError as exc:
             raise SandboxError(f"could not start the sandbox launcher: {exc}") from exc
@@ -208,9 +249,18 @@ def _kill_stuck(proc: subprocess.Popen, base: str, unique_uid: int | None, cgrou
     except OSError:
         pass
     proc.wait()
-    if unique_uid is not None or cgroups:  # in a fresh process: forking the (threaded) training process is unsafe
+    if (
+        unique_uid is not None or cgroups
+    ):  # in a fresh process: forking the (threaded) training process is unsafe
         quiet = subprocess.DEVNULL
-        cmd = [sys.executable, "-s", "-S", _RUNNER, "--cleanup", json.dumps({"uid": unique_uid, "cgroups": cgroups})]
+        cmd = [
+            sys.executable,
+            "-s",
+            "-S",
+            _RUNNER,
+            "--cleanup",
+            json.dumps({"uid": unique_uid, "cgroups": cgroups}),
+        ]
         subprocess.run(cmd, env={}, timeout=30, stdin=quiet, stdout=quiet, stderr=quiet, check=False)
 
 
@@ -228,5 +278,3 @@ def signame(num: int) -> str:
         return signal.Signals(num).name
     except ValueError:
         return f"signal {num}"
-
-

@@ -24,7 +24,8 @@ import traceback
 
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(
-        f"sandbox_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+        f"sandbox_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -32,9 +33,20 @@ def _load(name: str):
 
 osl = _load("oslayer")
 harness = _load("harness")
-CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUSER = osl.CLONE_NEWNS, osl.CLONE_NEWPID, osl.CLONE_NEWNET, osl.CLONE_NEWUSER
+CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUSER = (
+    osl.CLONE_NEWNS,
+    osl.CLONE_NEWPID,
+    osl.CLONE_NEWNET,
+    osl.CLONE_NEWUSER,
+)
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = (
-    osl.MS_NOSUID, osl.MS_NODEV, osl.MS_NOEXEC, osl.MS_BIND, osl.MS_REC, osl.MS_PRIVATE)
+    osl.MS_NOSUID,
+    osl.MS_NODEV,
+    osl.MS_NOEXEC,
+    osl.MS_BIND,
+    osl.MS_REC,
+    osl.MS_PRIVATE,
+)
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 
 
@@ -213,8 +225,9 @@ def _worker(job: dict, wfd: int, sfd: int) -> None:
             iso.append(f"no-{name}")
     stdlib, alias = job.get("stdlib_alias") or (os.path.dirname(os.__file__), None)
     if alias:  # the dropped uid cannot traverse the real path: import from the bind mount
+
         def move(paths: list[str]) -> list[str]:
-            return [alias + p[len(stdlib):] if p.startswith(stdlib) else p for p in paths]
+            return [alias + p[len(stdlib) :] if p.startswith(stdlib) else p for p in paths]
 
         sys.path[:] = move(sys.path)
         for mod in list(sys.modules.values()):  # packages already imported (encodings...)

@@ -13,7 +13,16 @@ import signal
 import time
 
 CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUSER = 0x00020000, 0x20000000, 0x40000000, 0x10000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+    1,
+    2,
+    4,
+    8,
+    32,
+    4096,
+    16384,
+    1 << 18,
+)
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 MAX_RECORD_BYTES = 1 << 20
 _LIBC = None
@@ -132,7 +141,6 @@ def kill_children(rounds: int = 500) -> None:
         time.sleep(0.002)
 
 
-
 def collect(rfd: int, pid: int, deadline: float) -> tuple[bytes, bool, bool]:
     """Read records until the init exits or the deadline passes. Returns (data, timed_out, overflow)."""
     try:
@@ -177,7 +185,6 @@ def exited(pid: int) -> bool:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True
-
 
 
 # ------------------------------------------------------------------------------------------ cgroups
@@ -266,8 +273,13 @@ def new_session_keyring() -> bool:
     """Join a fresh anonymous session keyring (nothing of the launcher's keyring is reachable)."""
     nr = _SYS_KEYCTL.get(os.uname().machine)
     try:
-        return nr is not None and libc().syscall(ctypes.c_long(nr), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING),
-                                                 ctypes.c_void_p(None)) >= 0
+        return (
+            nr is not None
+            and libc().syscall(
+                ctypes.c_long(nr), ctypes.c_long(KEYCTL_JOIN_SESSION_KEYRING), ctypes.c_void_p(None)
+            )
+            >= 0
+        )
     except (OSError, AttributeError):
         return False
 

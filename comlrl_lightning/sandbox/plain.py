@@ -51,8 +51,11 @@ def _enc(v: object, depth: int, budget: list[int], limits: dict[str, int]) -> ob
     if t is tuple:
         return {"t": [_enc(x, depth + 1, budget, limits) for x in v]}
     if t is dict:
-        return {"d": [[_enc(k, depth + 1, budget, limits), _enc(x, depth + 1, budget, limits)]
-                      for k, x in v.items()]}
+        return {
+            "d": [
+                [_enc(k, depth + 1, budget, limits), _enc(x, depth + 1, budget, limits)] for k, x in v.items()
+            ]
+        }
     raise PlainDataError(f"type {t.__name__} is not plain data (None/bool/int/float/str/list/tuple/dict)")
 
 

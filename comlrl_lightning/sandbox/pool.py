@@ -46,8 +46,10 @@ class SandboxPool:
             return []
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="sandbox")
-        futures = [self._executor.submit(api.run_tests, j.program, j.tests, setup=j.setup, config=self.config)
-                   for j in jobs]
+        futures = [
+            self._executor.submit(api.run_tests, j.program, j.tests, setup=j.setup, config=self.config)
+            for j in jobs
+        ]
         return [f.result() for f in futures]
 
     def map(
@@ -61,8 +63,10 @@ class SandboxPool:
         tests = list(tests) if tests is not None else [()] * len(programs)
         setups = list(setups) if setups is not None else [""] * len(programs)
         if not len(programs) == len(tests) == len(setups):
-            raise ValueError(f"SandboxPool.map: {len(programs)} programs, {len(tests)} test lists, "
-                             f"{len(setups)} setups; the lengths must match")
+            raise ValueError(
+                f"SandboxPool.map: {len(programs)} programs, {len(tests)} test lists, "
+                f"{len(setups)} setups; the lengths must match"
+            )
         return self.run(TestJob(p, t, s) for p, t, s in zip(programs, tests, setups))
 
     def close(self) -> None:

@@ -36,7 +36,8 @@ import traceback
 
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(
-        f"sandbox_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py"))
+        f"sandbox_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -49,7 +50,14 @@ PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
 def main(job_path: str) -> int:
     """Launcher entry point: run the job in ``job_path`` and write ``result.json`` next to it."""
     ctl = os.path.dirname(job_path)
-    out = {"records": [], "isolation": [], "missing": [], "timed_out": False, "overflow": False, "status": None}
+    out = {
+        "records": [],
+        "isolation": [],
+        "missing": [],
+        "timed_out": False,
+        "overflow": False,
+        "status": None,
+    }
     t0 = time.monotonic()
     try:
         with open(job_path) as f:
@@ -76,8 +84,9 @@ def _run_bwrap(job: dict, ctl: str, out: dict, t0: float) -> None:
     view = os.path.join(ctl, "view")
     osl.stage(spec["stage"], view)
     argv = [a.replace("{view}", view) for a in spec["argv"]]
-    cgroups = osl.cgroup_create(spec.get("cgroup", {}), job["cgroup_name"],
-                                job["memory_mb"] << 20, job["max_processes"])
+    cgroups = osl.cgroup_create(
+        spec.get("cgroup", {}), job["cgroup_name"], job["memory_mb"] << 20, job["max_processes"]
+    )
     if spec.get("cgroup", {}).get("dirs"):
         (iso if cgroups else missing).append("cgroup")
     payload = {k: v for k, v in job.items() if k != "bwrap"}
@@ -151,7 +160,7 @@ def _feed_and_collect(job_w: int, payload: bytes, rfd: int, pid: int, deadline: 
             os.close(rfd)
             view = memoryview(payload)
             while view:
-                view = view[os.write(job_w, view):]
+                view = view[os.write(job_w, view) :]
         finally:
             os._exit(0)
     os.close(job_w)
@@ -167,7 +176,10 @@ def _rlimits(job: dict) -> None:
         "RLIMIT_AS": (job["memory_mb"] * mb,) * 2,
         "RLIMIT_CPU": (job["cpu_time_s"], job["cpu_time_s"] + 1),
         "RLIMIT_FSIZE": (job["file_size_mb"] * mb,) * 2,
-        "RLIMIT_NPROC": (job["max_processes"] + (len(osl.live_pids(os.getuid())) if job.get("uid") is None else 0),) * 2,
+        "RLIMIT_NPROC": (
+            job["max_processes"] + (len(osl.live_pids(os.getuid())) if job.get("uid") is None else 0),
+        )
+        * 2,
         "RLIMIT_CORE": (0, 0),
         "RLIMIT_NOFILE": (256, 256),
     }

@@ -53,8 +53,15 @@ class AgentSpec:
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens", "max_prompt_length", "generation_backend",
-                   "stop_after_code_block")
+GENERATION_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "max_prompt_length",
+    "generation_backend",
+    "stop_after_code_block",
+)
 
 
 def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
@@ -65,7 +72,9 @@ def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
     """
     where = f"agents[{index}]"
     if not isinstance(spec.model, str) or not spec.model:
-        raise ValueError(f"{where}.model: give a hub id, a local path or 'builtin:<name>', got {spec.model!r}")
+        raise ValueError(
+            f"{where}.model: give a hub id, a local path or 'builtin:<name>', got {spec.model!r}"
+        )
     if spec.dtype not in _DTYPES:
         raise ValueError(f"{where}.dtype: got {spec.dtype!r}, allowed: {sorted(_DTYPES)}")
     bad = sorted(set(spec.generation) - set(GENERATION_KEYS))
@@ -99,7 +108,11 @@ def _unavailable(source: str | None) -> str | None:
         return None
     path = os.path.expanduser(source)
     if source.startswith(("/", "./", "../", "~")) or os.path.isabs(path):
-        return None if os.path.isdir(path) else f"no local folder {os.path.abspath(path)!r} (give a hub id or an existing folder)"
+        return (
+            None
+            if os.path.isdir(path)
+            else f"no local folder {os.path.abspath(path)!r} (give a hub id or an existing folder)"
+        )
     if os.path.isdir(path):
         return None
     from huggingface_hub import constants, try_to_load_from_cache
@@ -123,7 +136,9 @@ def byte_tokenizer() -> Any:
     return ByT5Tokenizer()
 
 
-def _tiny(config_cls: Any, model_cls: Any, tokenizer: Any, defaults: dict[str, Any], overrides: dict[str, Any]) -> nn.Module:
+def _tiny(
+    config_cls: Any, model_cls: Any, tokenizer: Any, defaults: dict[str, Any], overrides: dict[str, Any]
+) -> nn.Module:
     config = config_cls(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.eos_token_id,
@@ -138,7 +153,13 @@ def build_tiny_gpt2(tokenizer: Any, **overrides: Any) -> nn.Module:
     """A randomly initialised GPT-2 sized for CPU tests (2 layers, width 64: ~0.14M parameters)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    return _tiny(GPT2Config, GPT2LMHeadModel, tokenizer, dict(n_positions=512, n_embd=64, n_layer=2, n_head=2), overrides)
+    return _tiny(
+        GPT2Config,
+        GPT2LMHeadModel,
+        tokenizer,
+        dict(n_positions=512, n_embd=64, n_layer=2, n_head=2),
+        overrides,
+    )
 
 
 TINY_CHAT_TEMPLATE = (
@@ -190,7 +211,10 @@ def load_tokenizer(spec: AgentSpec) -> Any:
 
         try:
             tok = AutoTokenizer.from_pretrained(_resolve_source(source))
-        except (OSError, ValueError) as err:  # transformers: OSError for missing files, ValueError for no config
+        except (
+            OSError,
+            ValueError,
+        ) as err:  # transformers: OSError for missing files, ValueError for no config
             raise _load_failed(spec, source, err) from err
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -206,15 +230,22 @@ def load_agent(spec: AgentSpec) -> tuple[nn.Module, Any]:
     """
     tok = load_tokenizer(spec)
     dtype = _DTYPES[spec.dtype]
-    tiny = _TINY.get(spec.model.removeprefix(BUILTIN_PREFIX)) if spec.model.startswith(BUILTIN_PREFIX) else None
+    tiny = (
+        _TINY.get(spec.model.removeprefix(BUILTIN_PREFIX)) if spec.model.startswith(BUILTIN_PREFIX) else None
+    )
     if tiny is not None:
         model = tiny[1](tok, **spec.model_kwargs).to(dtype)
     else:
         from transformers import AutoModelForCausalLM
 
         try:
-            model = AutoModelForCausalLM.from_pretrained(_resolve_source(spec.model), dtype=dtype, **spec.model_kwargs)
-        except (OSError, ValueError) as err:  # transformers: OSError for missing files, ValueError for no config
+            model = AutoModelForCausalLM.from_pretrained(
+                _resolve_source(spec.model), dtype=dtype, **spec.model_kwargs
+            )
+        except (
+            OSError,
+            ValueError,
+        ) as err:  # transformers: OSError for missing files, ValueError for no config
             raise _load_failed(spec, spec.model, err) from err
     if getattr(model.generation_config, "pad_token_id", None) is None:
         model.generation_config.pad_token_id = tok.pad_token_id
@@ -222,7 +253,14 @@ def load_agent(spec: AgentSpec) -> tuple[nn.Module, Any]:
     return model, tok
 
 
-_DROPOUT_CONFIG_KEYS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout")
+_DROPOUT_CONFIG_KEYS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "dropout",
+)
 
 
 def disable_dropout(model: nn.Module) -> nn.Module:

@@ -83,7 +83,9 @@ class CriticConfig:
 
 def _as_agent_spec(spec: CriticSpec) -> AgentSpec:
     assert spec.model is not None
-    return AgentSpec(model=spec.model, tokenizer=spec.tokenizer, dtype=spec.dtype, model_kwargs=dict(spec.model_kwargs))
+    return AgentSpec(
+        model=spec.model, tokenizer=spec.tokenizer, dtype=spec.dtype, model_kwargs=dict(spec.model_kwargs)
+    )
 
 
 def validate_critic_spec(spec: CriticSpec, index: int) -> None:
@@ -94,7 +96,9 @@ def validate_critic_spec(spec: CriticSpec, index: int) -> None:
     """
     where = f"critics[{index}]"
     if spec.value_head_hidden_dim is not None and spec.value_head_hidden_dim < 1:
-        raise ValueError(f"{where}.value_head_hidden_dim: got {spec.value_head_hidden_dim}, must be >= 1 or None")
+        raise ValueError(
+            f"{where}.value_head_hidden_dim: got {spec.value_head_hidden_dim}, must be >= 1 or None"
+        )
     if spec.learning_rate is not None and spec.learning_rate <= 0:
         raise ValueError(f"{where}.learning_rate: got {spec.learning_rate}, must be > 0 or None")
     if spec.model is None:
@@ -116,7 +120,9 @@ def load_critic(spec: CriticSpec) -> tuple[ValueModel, Any]:
         ValueError: ``spec.model`` is None (a head on the actor's trunk is built by the module).
     """
     if spec.model is None:
-        raise ValueError("load_critic: spec.model is None; a head on the actor's trunk has no model of its own")
+        raise ValueError(
+            "load_critic: spec.model is None; a head on the actor's trunk has no model of its own"
+        )
     backbone, tok = load_agent(_as_agent_spec(spec))
     return ValueModel(backbone, spec.value_head_hidden_dim).to(backbone.dtype), tok
 
@@ -150,15 +156,24 @@ def encode_critic_inputs(
     if critic_type == "v":
         return ids, mask, read_positions(mask, None, "v")
     if completions is None or len(completions) != len(prompts):
-        raise ValueError(f"encode_critic_inputs: critic_type='q' needs one completion per prompt ({len(prompts)})")
-    enc = tokenizer(list(completions), padding=True, padding_side="right", add_special_tokens=False, return_tensors="pt")
+        raise ValueError(
+            f"encode_critic_inputs: critic_type='q' needs one completion per prompt ({len(prompts)})"
+        )
+    enc = tokenizer(
+        list(completions), padding=True, padding_side="right", add_special_tokens=False, return_tensors="pt"
+    )
     c_ids, c_mask = enc["input_ids"], enc["attention_mask"]
     if c_ids.shape[1] == 0:  # every completion empty: read at the last prompt token
-        c_ids, c_mask = torch.full((len(prompts), 1), tokenizer.pad_token_id), torch.zeros(len(prompts), 1, dtype=torch.long)
+        c_ids, c_mask = (
+            torch.full((len(prompts), 1), tokenizer.pad_token_id),
+            torch.zeros(len(prompts), 1, dtype=torch.long),
+        )
     return torch.cat([ids, c_ids], 1), torch.cat([mask, c_mask], 1), read_positions(mask, c_mask, "q")
 
 
-def central_observation(observations: Sequence[str], joint_action: Sequence[str] | None = None) -> tuple[str, str | None]:
+def central_observation(
+    observations: Sequence[str], joint_action: Sequence[str] | None = None
+) -> tuple[str, str | None]:
     """MAAC's centralised critic input: every agent's observation, and the joint action for Q.
 
     CoMLRL's layout: ``"[Agent i] <observation i>"`` blocks joined by blank lines; the joint action
@@ -177,5 +192,7 @@ def central_observation(observations: Sequence[str], joint_action: Sequence[str]
         return obs, None
     if len(joint_action) != len(observations):
         raise ValueError(f"central_observation: {len(joint_action)} actions for {len(observations)} agents")
-    action = "\n\n[Joint Action]\n" + "\n\n".join(f"[Agent {i} action]\n{c}" for i, c in enumerate(joint_action))
+    action = "\n\n[Joint Action]\n" + "\n\n".join(
+        f"[Agent {i} action]\n{c}" for i, c in enumerate(joint_action)
+    )
     return obs, action

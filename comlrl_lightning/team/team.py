@@ -70,8 +70,14 @@ class Team:
         self.sampling = []
         for i, s in enumerate(self.specs):
             try:  # the module's knobs passed already, so a failure is this agent's override: name it
-                self.sampling.append(SamplingConfig(**{**vars(sampling),
-                                                       **{k: v for k, v in s.generation.items() if k in GENERATION_KEYS}}))
+                self.sampling.append(
+                    SamplingConfig(
+                        **{
+                            **vars(sampling),
+                            **{k: v for k, v in s.generation.items() if k in GENERATION_KEYS},
+                        }
+                    )
+                )
             except ValueError as err:
                 raise ValueError(f"agents[{i}].generation.{err}") from None  # fmt: skip
         self.agents = nn.ModuleList()
@@ -100,7 +106,9 @@ class Team:
         self.agents.extend(models)
         for i, (model, sampling) in enumerate(zip(models, self.sampling)):
             try:  # refuse now, not at the first generate: max_new_tokens must leave room for a prompt
-                fit_to_context(torch.zeros(1, 0), torch.zeros(1, 0), context_length(model), sampling.max_new_tokens)
+                fit_to_context(
+                    torch.zeros(1, 0), torch.zeros(1, 0), context_length(model), sampling.max_new_tokens
+                )
             except ValueError as err:
                 raise ValueError(f"agents[{i}] ({self.specs[i].model}): {err}") from None
         if with_reference:
@@ -120,12 +128,18 @@ class Team:
         return render_prompt(self.tokenizers[agent], node.prompts[agent], node.completions[agent],
                              self.specs[agent].chat_template)  # fmt: skip
 
-    def generate(self, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool = False) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool = False
+    ) -> list[Generation]:
         """One batched ``generate`` per agent; ``prompts[i]`` are agent i's ``B`` prompt texts. Returns
         per agent a Generation of ``B·K`` rows (see :func:`comlrl_lightning.core.generation.generate`)."""
-        return self.map(partial(self._generate, prompts=prompts, num_generations=num_generations, greedy=greedy))
+        return self.map(
+            partial(self._generate, prompts=prompts, num_generations=num_generations, greedy=greedy)
+        )
 
-    def _generate(self, agent: int, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool) -> Generation:
+    def _generate(
+        self, agent: int, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool
+    ) -> Generation:
         tok = self.tokenizers[agent]
         chat = self.specs[agent].chat_template and has_chat_template(tok)
         return generate(self.agents[agent], tok, prompts[agent], num_generations, self.sampling[agent], chat,

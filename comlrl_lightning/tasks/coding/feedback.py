@@ -88,7 +88,11 @@ class CodingFeedbackTransition:
         return "\n".join(lines)
 
     def __call__(
-        self, episode: Episode, turn: int, prompts: Sequence[Sequence[str]], completions: Sequence[Sequence[str]]
+        self,
+        episode: Episode,
+        turn: int,
+        prompts: Sequence[Sequence[str]],
+        completions: Sequence[Sequence[str]],
     ) -> Sequence[str] | None:
         n = len(completions)
         reward = self._reward(n)

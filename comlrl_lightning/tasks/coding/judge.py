@@ -34,8 +34,9 @@ import sys
 import threading
 from collections.abc import Sequence
 
-_PLAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                      "sandbox", "plain.py")
+_PLAIN = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "sandbox", "plain.py"
+)
 _spec = importlib.util.spec_from_file_location("judge_plain", _PLAIN)
 plain = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(plain)
@@ -53,8 +54,14 @@ class _JudgeTimeout(BaseException):
     pass
 
 
-def replay(setup: str, tests: Sequence[str], outputs: dict[str, object], seed: int, timeout_s: float,
-           entry_point: str = "candidate") -> list[list[str | None]]:
+def replay(
+    setup: str,
+    tests: Sequence[str],
+    outputs: dict[str, object],
+    seed: int,
+    timeout_s: float,
+    entry_point: str = "candidate",
+) -> list[list[str | None]]:
     """Run each test with ``candidate`` (and ``entry_point``, as in HumanEval's own harness) looking ``plain.dumps([args, kwargs])`` up in ``outputs``
     (``{"o": encoded value}`` or ``{"x": exception type}``). Returns ``[status, error type]`` per
     test: ``passed``, ``failed`` (an assertion), ``error`` (the candidate raised, a mismatch, an
@@ -115,8 +122,16 @@ def _serve() -> None:
     for line in sys.stdin:
         try:
             req = json.loads(line)
-            res = {"results": replay(req["setup"], req["tests"], req["outputs"], req["seed"], req["timeout_s"],
-                                     req["entry_point"])}
+            res = {
+                "results": replay(
+                    req["setup"],
+                    req["tests"],
+                    req["outputs"],
+                    req["seed"],
+                    req["timeout_s"],
+                    req["entry_point"],
+                )
+            }
         except BaseException as err:  # noqa: BLE001 - a broken request is answered, not fatal
             res = {"error": f"{type(err).__name__}: {err}"[:500]}
         out.write(json.dumps(res) + "\n")
@@ -140,15 +155,32 @@ class Judge:
         self._idle: list[subprocess.Popen] = []
         self._lock = threading.Lock()
 
-    def judge(self, setup: str, tests: Sequence[str], outputs: dict[str, object], seed: int = 0,
-              entry_point: str = "candidate") -> list[list[str | None]]:
+    def judge(
+        self,
+        setup: str,
+        tests: Sequence[str],
+        outputs: dict[str, object],
+        seed: int = 0,
+        entry_point: str = "candidate",
+    ) -> list[list[str | None]]:
         """``[status, error type]`` per test (see :func:`replay`).
 
         Raises:
             JudgeError: the judge crashed or rejected the request.
         """
-        req = json.dumps({"setup": setup, "tests": list(tests), "outputs": outputs, "seed": seed,
-                          "timeout_s": self.timeout_s, "entry_point": entry_point}) + "\n"
+        req = (
+            json.dumps(
+                {
+                    "setup": setup,
+                    "tests": list(tests),
+                    "outputs": outputs,
+                    "seed": seed,
+                    "timeout_s": self.timeout_s,
+                    "entry_point": entry_point,
+                }
+            )
+            + "\n"
+        )
         proc = self._take()
         timer = threading.Timer(self.timeout_s * (len(tests) + 1) + 5, proc.kill)
         timer.start()
@@ -178,9 +210,16 @@ class Judge:
                 if proc.poll() is None:
                     return proc
         env = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8"}
-        return subprocess.Popen([sys.executable, "-s", "-S", "-P", os.path.abspath(__file__), "--serve"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                text=True, env=env, start_new_session=True, close_fds=True)
+        return subprocess.Popen(
+            [sys.executable, "-s", "-S", "-P", os.path.abspath(__file__), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
 
     def close(self) -> None:
         """Stop the judge processes."""

@@ -40,10 +40,13 @@ def split_check(test_code: str) -> tuple[str, list[str]]:
     setup = [ast.get_source_segment(test_code, n) or ast.unparse(n) for n in tree.body if n is not check]
     param = check.args.args[0].arg if check.args.args else "candidate"
     body = [s for s in check.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    nested = any(isinstance(n, ast.Assert) for s in body if not isinstance(s, ast.Assert) for n in ast.walk(s))
+    nested = any(
+        isinstance(n, ast.Assert) for s in body if not isinstance(s, ast.Assert) for n in ast.walk(s)
+    )
     if nested:
         return "\n\n".join(setup + [ast.get_source_segment(test_code, check) or ast.unparse(check)]), [
-            "check(candidate)"]
+            "check(candidate)"
+        ]
     tests, prefix = [], [] if param == "candidate" else [f"{param} = candidate"]
     for stmt in body:
         src = ast.get_source_segment(test_code, stmt) or ast.unparse(stmt)
@@ -111,13 +114,18 @@ def _record(row: dict[str, Any], seed: int, config: SandboxConfig) -> Recording:
     program = row["prompt"] + row["canonical_solution"]
     result, recs = run_record(program, test_setup, tests, entry, seed=seed, config=config)
     if not result.passed:
-        raise SandboxError(f"recording {row.get('task_id', entry)}: the canonical solution does not load: "
-                           f"{result.error_type}: {result.message}")
+        raise SandboxError(
+            f"recording {row.get('task_id', entry)}: the canonical solution does not load: "
+            f"{result.error_type}: {result.message}"
+        )
     preamble = prompt_preamble(row["prompt"], entry)
     setup = "\n\n".join(p for p in (preamble, test_setup) if p.strip())
     return Recording(
-        entry_point=entry, setup=setup, tests=tuple(tests),
+        entry_point=entry,
+        setup=setup,
+        tests=tuple(tests),
         calls=tuple(tuple(k for k, _ in r["calls"]) for r in recs),
         expected=tuple(tuple(o for _, o in r["calls"]) for r in recs),
-        statuses=tuple(r["s"] for r in recs), seed=seed,
+        statuses=tuple(r["s"] for r in recs),
+        seed=seed,
     )

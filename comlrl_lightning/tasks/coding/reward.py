@@ -61,6 +61,8 @@ from comlrl_lightning.tasks.coding.prompts import HelperPrompt, MainPrompt, Sing
 from comlrl_lightning.tasks.coding.verdict import evaluate
 
 AUX = "aux"
+
+
 def _default_config() -> SandboxConfig:
     return SandboxConfig(timeout_s=4.0, test_timeout_s=1.0)
 
@@ -118,19 +120,33 @@ class _CodeRewardBase:
         return self._judge
 
     def _evaluate(self, plans: list[_Plan], rows: list[dict[str, Any]]) -> list[TestReport | None]:
-        keys = [None if p.program is None else (str(r.get("task_id", r["entry_point"])), p.program, p.main)
-                for p, r in zip(plans, rows)]
-        todo = sorted({i for i, k in enumerate(keys) if k is not None and k not in self._reports},
-                      key=lambda i: keys.index(keys[i]))
+        keys = [
+            None if p.program is None else (str(r.get("task_id", r["entry_point"])), p.program, p.main)
+            for p, r in zip(plans, rows)
+        ]
+        todo = sorted(
+            {i for i, k in enumerate(keys) if k is not None and k not in self._reports},
+            key=lambda i: keys.index(keys[i]),
+        )
         todo = [i for i in todo if keys.index(keys[i]) == i]  # each distinct program once
         if todo:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.max_workers or SandboxPool().max_workers,
-                                                    thread_name_prefix="reward")
-            futures = [self._executor.submit(evaluate, rows[i], plans[i].program, self.judge, self.config,
-                                             main=plans[i].main, protected=plans[i].protected,
-                                             probe=AUX if plans[i].calls_aux else "")
-                       for i in todo]
+                self._executor = ThreadPoolExecutor(
+                    self.max_workers or SandboxPool().max_workers, thread_name_prefix="reward"
+                )
+            futures = [
+                self._executor.submit(
+                    evaluate,
+                    rows[i],
+                    plans[i].program,
+                    self.judge,
+                    self.config,
+                    main=plans[i].main,
+                    protected=plans[i].protected,
+                    probe=AUX if plans[i].calls_aux else "",
+                )
+                for i in todo
+            ]
             for i, fut in zip(todo, futures):
                 self._reports[keys[i]] = fut.result()
             while len(self._reports) > self.CACHE_SIZE:
@@ -140,15 +156,27 @@ class _CodeRewardBase:
     def _score(self, plans: list[_Plan], rows: list[dict[str, Any]]) -> RewardResult:
         reports = self._evaluate(plans, rows)
         levels = [self._finish(p, rep) for p, rep in zip(plans, reports)]
-        attribute = [i for i, (p, rep) in enumerate(zip(plans, reports))
-                     if p.calls_aux and rep is not None and rep.num_passed > 0]
+        attribute = [
+            i
+            for i, (p, rep) in enumerate(zip(plans, reports))
+            if p.calls_aux and rep is not None and rep.num_passed > 0
+        ]
         if attribute:  # which passing tests fail without the helper: fresh runs, indistinguishable jobs
-            variants = [[dataclasses.replace(plans[i], program=guarded(_with_stub, plans[i], body)[0] or plans[i].program) for i in attribute]
-                        for body in STUB_BODIES]
+            variants = [
+                [
+                    dataclasses.replace(
+                        plans[i], program=guarded(_with_stub, plans[i], body)[0] or plans[i].program
+                    )
+                    for i in attribute
+                ]
+                for body in STUB_BODIES
+            ]
             stubbed = [self._evaluate(v, [rows[i] for i in attribute]) for v in variants]
             for k, i in enumerate(attribute):
-                needed = [t.passed and not any(runs[k].tests[j].passed for runs in stubbed)
-                          for j, t in enumerate(reports[i].tests)]
+                needed = [
+                    t.passed and not any(runs[k].tests[j].passed for runs in stubbed)
+                    for j, t in enumerate(reports[i].tests)
+                ]
                 if any(needed) and getattr(reports[i], "helper_varies", False):  # aux input-dependent
                     levels[i]["coop_calls_aux"] = 0.5
                     mirrors = getattr(reports[i], "helper_mirrors", False)
@@ -156,9 +184,14 @@ class _CodeRewardBase:
         metrics = {k: [c[k] for c in levels] for k in self.LEVELS}
         metrics[PASS_AT_1] = [float(r is not None and r.all_passed) for r in reports]
         for name, idx in (("tests_visible_passed", True), ("tests_hidden_passed", False)):
-            metrics[name] = [0.0 if r is None else float(sum(
-                t.passed for j, t in enumerate(r.tests) if (j in visible_tests(r.num_tests)) == idx))
-                for r in reports]
+            metrics[name] = [
+                0.0
+                if r is None
+                else float(
+                    sum(t.passed for j, t in enumerate(r.tests) if (j in visible_tests(r.num_tests)) == idx)
+                )
+                for r in reports
+            ]
         for reason in ERROR_REASONS:
             metrics[f"error_{reason}"] = [float(p.error == reason) for p in plans]
         metrics["main_redefined_protected"] = [float(p.redefined) for p in plans]
@@ -195,8 +228,11 @@ def _with_stub(plan: _Plan, body: str) -> str:
     if tree is None or fn is None:  # no helper `aux` to stub: the run is the real one (no bonus)
         return plan.program
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == AUX and (
-                node.lineno, node.col_offset) == (fn.lineno, fn.col_offset):
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.name == AUX
+            and (node.lineno, node.col_offset) == (fn.lineno, fn.col_offset)
+        ):
             node.body = ast.parse(body).body
     return "\n\n".join(p for p in (plan.preamble, ast.unparse(tree)) if p.strip()) + "\n"
 
@@ -285,8 +321,9 @@ class CooperativeCodeReward(_CodeRewardBase):
         if self.rename_helper:
             aux = helper_as_aux(aux)
         fn = find_function(aux, AUX)
-        has_return = fn is not None and any(isinstance(n, ast.Return) and n.value is not None
-                                            for n in ast.walk(fn))
+        has_return = fn is not None and any(
+            isinstance(n, ast.Return) and n.value is not None for n in ast.walk(fn)
+        )
         if fn is None and parse_code(aux) is None:  # unparseable helper: textual check
             has_return = bool(re.search(r"^def\s+aux\s*\([^\n]*\n(.*\n)*?\s+return\b", aux + "\n", re.M))
         st.components["aux_defined"] = 0.4 if has_return else 0.0
@@ -294,7 +331,9 @@ class CooperativeCodeReward(_CodeRewardBase):
             return self._filled(st)
         st.components["main_defined"] = 0.6
         preamble = prompt_preamble(row["prompt"], entry)
-        protected = set().union(*[_bound_names(n) for n in (parse_code(preamble) or ast.Module([], [])).body], {AUX})
+        protected = set().union(
+            *[_bound_names(n) for n in (parse_code(preamble) or ast.Module([], [])).body], {AUX}
+        )
         protected.discard(entry)
         main, st.redefined = without_definitions_of(main, protected)
         program = "\n\n".join(p for p in (preamble, aux) if p.strip()) + "\n"
@@ -305,10 +344,13 @@ class CooperativeCodeReward(_CodeRewardBase):
         st.preamble, st.helper = preamble, aux
         main_fn = find_function(main, entry)
         if main_fn is not None:
-            st.calls_aux = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == AUX
-                               for n in ast.walk(main_fn))
-            body = [s for s in main_fn.body
-                    if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            st.calls_aux = any(
+                isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == AUX
+                for n in ast.walk(main_fn)
+            )
+            body = [
+                s for s in main_fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+            ]
             ret = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) else None
             st.trivial = isinstance(ret, ast.Call) and isinstance(ret.func, ast.Name) and ret.func.id == AUX
         st.components["tests"] = 0.0
@@ -396,6 +438,21 @@ def all_tests_pass(program: str, row: dict[str, Any], config: SandboxConfig | No
     return report.all_passed
 
 
-__all__ = ["AUX", "CooperativeCodeReward", "SingleAgentCodeReward", "HelperPrompt", "MainPrompt", "SinglePrompt",
-           "load_humaneval_rows", "train_val_split", "split_tests", "extract_tests", "humaneval_path",
-           "all_tests_pass", "helper_as_aux", "single_agent_program", "visible_tests", "TestJob"]
+__all__ = [
+    "AUX",
+    "CooperativeCodeReward",
+    "SingleAgentCodeReward",
+    "HelperPrompt",
+    "MainPrompt",
+    "SinglePrompt",
+    "load_humaneval_rows",
+    "train_val_split",
+    "split_tests",
+    "extract_tests",
+    "humaneval_path",
+    "all_tests_pass",
+    "helper_as_aux",
+    "single_agent_program",
+    "visible_tests",
+    "TestJob",
+]

@@ -55,13 +55,18 @@ def evaluate(
     """
     rec = recording_for(row)
     keys = rec.keys
-    calls = run_calls(program, rec.entry_point, keys, main=main, protected=protected, probe=probe, config=config)
+    calls = run_calls(
+        program, rec.entry_point, keys, main=main, protected=protected, probe=probe, config=config
+    )
     report = _judged(rec, keys, calls, judge, config.max_message_chars)
     if probe:
         seen = {x for a in calls.helper_seen if a for x in a}
         report.helper_varies = len(seen) > 1
-        both = [(o["o"], d["o"]) for o, d in zip(calls.outputs, calls.helper_direct)
-                if o is not None and d is not None and "o" in o and "o" in d]
+        both = [
+            (o["o"], d["o"])
+            for o, d in zip(calls.outputs, calls.helper_direct)
+            if o is not None and d is not None and "o" in o and "o" in d
+        ]
         report.helper_mirrors = bool(both) and all(_same(a, b) for a, b in both)
     return report
 
@@ -73,8 +78,13 @@ def _same(a: object, b: object) -> bool:
 
 
 def _judged(rec: Recording, keys: list[str], calls: CallsReport, judge: Judge, lim: int) -> JudgedReport:
-    kw = {"stdout": calls.stdout, "stderr": calls.stderr, "duration_s": calls.duration_s,
-          "isolation": calls.isolation, "missing": calls.missing}
+    kw = {
+        "stdout": calls.stdout,
+        "stderr": calls.stderr,
+        "duration_s": calls.duration_s,
+        "isolation": calls.isolation,
+        "missing": calls.missing,
+    }
     program = calls.program
     if not program.passed:
         note = f"program failed to load: {program.error_type}: {program.message}"[:lim]
@@ -90,7 +100,9 @@ def _judged(rec: Recording, keys: list[str], calls: CallsReport, judge: Judge, l
             end = calls.end
             tests.append(SandboxResult(end.status, end.error_type, end.message[:lim]))
         elif status == "failed":
-            tests.append(SandboxResult("failed", "AssertionError", describe_assert(source, rec.entry_point)[:lim]))
+            tests.append(
+                SandboxResult("failed", "AssertionError", describe_assert(source, rec.entry_point)[:lim])
+            )
         elif status == "passed":
             tests.append(SandboxResult("passed"))
         else:
