@@ -14,11 +14,11 @@ from comlrl_lightning.tasks.coding.reward import (
     CooperativeCodeReward,
     HelperPrompt,
     MainPrompt,
-    SingleAgentCodeReward,
     SinglePrompt,
     load_humaneval_rows,
     train_val_split,
 )
+from comlrl_lightning.tasks.coding.single_agent import SingleAgentCodeReward
 
 
 class HumanEvalDataModule(DecPOMDPDataModule):

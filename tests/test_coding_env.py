@@ -14,9 +14,7 @@ from comlrl_lightning.tasks.coding.reward import (
     CooperativeCodeReward,
     HelperPrompt,
     MainPrompt,
-    SingleAgentCodeReward,
     SinglePrompt,
-    all_tests_pass,
     clean_completion,
     extract_tests,
     load_humaneval_rows,
@@ -24,6 +22,7 @@ from comlrl_lightning.tasks.coding.reward import (
     split_tests,
     train_val_split,
 )
+from comlrl_lightning.tasks.coding.single_agent import SingleAgentCodeReward, all_tests_pass
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from comlrl_lightning.cli import main
 from comlrl_lightning.datamodules import HumanEvalDataModule
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
-from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward, SingleAgentCodeReward
+from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward
+from comlrl_lightning.tasks.coding.single_agent import SingleAgentCodeReward
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TEAM = "[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]"

@@ -24,12 +24,11 @@ from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
 from comlrl_lightning.sandbox.api import SandboxConfig
 from comlrl_lightning.tasks.coding.code_text import clean_completion, compiles
-from comlrl_lightning.tasks.coding.reward import (
+from comlrl_lightning.tasks.coding.reward import load_humaneval_rows, train_val_split
+from comlrl_lightning.tasks.coding.single_agent import (  # fmt: skip
     SingleAgentCodeReward,
-    load_humaneval_rows,
     single_agent_program,
-    train_val_split,
-)  # fmt: skip
+)
 
 
 class HumanEvalEpisodes(EpisodeSource):

@@ -17,12 +17,8 @@ from collections.abc import Sequence
 
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.sandbox.api import TestReport
-from comlrl_lightning.tasks.coding.reward import (
-    AUX,
-    CooperativeCodeReward,
-    SingleAgentCodeReward,
-    visible_tests,
-)
+from comlrl_lightning.tasks.coding.reward import AUX, CooperativeCodeReward, visible_tests
+from comlrl_lightning.tasks.coding.single_agent import SingleAgentCodeReward
 
 
 def _kind(name: str | None, status: str) -> str:
