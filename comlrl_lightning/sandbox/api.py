@@ -49,7 +49,6 @@ __all__ = [
     "TestJob",
     "TestReport",
     "run_calls",
-    "run_code",
     "run_record",
     "run_tests",
 ]
@@ -248,11 +247,6 @@ def run_tests(
     nonce = os.urandom(16).hex()
     raw = launch({"mode": "tests", "program": program, "tests": tests, "setup": setup, "nonce": nonce}, cfg)
     return _tests_report(raw, cfg, nonce, len(tests))
-
-
-def run_code(program: str, *, config: SandboxConfig | None = None, **overrides: object) -> SandboxResult:
-    """Run ``program`` alone in the sandbox; its result (``passed`` if it ran without exception)."""
-    return run_tests(program, (), config=config, **overrides).program
 
 
 def _end_result(raw: RawRun, cfg: SandboxConfig) -> SandboxResult:
