@@ -84,6 +84,27 @@ class _Rename(ast.NodeTransformer):
         return ast.copy_location(ast.Name(self.new, node.ctx), node) if node.id == self.old else node
 
 
+def parse_check(test_code: str, caller: str) -> tuple[ast.FunctionDef, list[str], str, list[ast.stmt]]:
+    """The last ``def check`` of HumanEval test code: ``(check, setup sources of the other top-level
+    statements, check's parameter name, check's body without docstrings)``.
+
+    Raises:
+        ValueError: the code does not parse or has no ``def check(candidate)`` (named after ``caller``).
+    """
+    try:
+        tree = ast.parse(test_code)
+    except SyntaxError as err:
+        raise ValueError(f"{caller}: test code does not parse: {err}") from err
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    if not checks:
+        raise ValueError(f"{caller}: test code has no `def check(candidate): ...`")
+    check = checks[-1]
+    setup = [ast.get_source_segment(test_code, n) or ast.unparse(n) for n in tree.body if n is not check]
+    param = check.args.args[0].arg if check.args.args else "candidate"
+    body = [s for s in check.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    return check, setup, param, body
+
+
 def split_tests(test_code: str, entry_point: str) -> tuple[str, list[str]]:
     """HumanEval ``test`` code -> (setup, tests).
 
@@ -96,17 +117,7 @@ def split_tests(test_code: str, entry_point: str) -> tuple[str, list[str]]:
     Raises:
         ValueError: the code does not parse or has no ``def check(candidate)``.
     """
-    try:
-        tree = ast.parse(test_code)
-    except SyntaxError as err:
-        raise ValueError(f"split_tests: test code does not parse: {err}") from err
-    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
-    if not checks:
-        raise ValueError("split_tests: test code has no `def check(candidate): ...`")
-    check = checks[-1]
-    setup = [ast.get_source_segment(test_code, n) or ast.unparse(n) for n in tree.body if n is not check]
-    param = check.args.args[0].arg if check.args.args else "candidate"
-    body = [s for s in check.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    check, setup, param, body = parse_check(test_code, "split_tests")
     compound = [s for s in body if not isinstance(s, ast.Assert)]
     nested = any(isinstance(n, ast.Assert) for s in compound for n in ast.walk(s))
     if nested:

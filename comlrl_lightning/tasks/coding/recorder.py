@@ -16,6 +16,7 @@ from typing import Any
 
 from comlrl_lightning.sandbox.api import SandboxConfig, SandboxError, run_record
 from comlrl_lightning.tasks.coding.code_text import prompt_preamble
+from comlrl_lightning.tasks.coding.data import parse_check
 
 
 def split_check(test_code: str) -> tuple[str, list[str]]:
@@ -29,17 +30,7 @@ def split_check(test_code: str) -> tuple[str, list[str]]:
     Raises:
         ValueError: the code does not parse or has no ``def check(candidate)``.
     """
-    try:
-        tree = ast.parse(test_code)
-    except SyntaxError as err:
-        raise ValueError(f"split_check: test code does not parse: {err}") from err
-    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
-    if not checks:
-        raise ValueError("split_check: test code has no `def check(candidate): ...`")
-    check = checks[-1]
-    setup = [ast.get_source_segment(test_code, n) or ast.unparse(n) for n in tree.body if n is not check]
-    param = check.args.args[0].arg if check.args.args else "candidate"
-    body = [s for s in check.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    check, setup, param, body = parse_check(test_code, "split_check")
     nested = any(
         isinstance(n, ast.Assert) for s in body if not isinstance(s, ast.Assert) for n in ast.walk(s)
     )
