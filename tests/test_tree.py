@@ -105,7 +105,9 @@ def test_stop_reward_ends_a_branch():
     rec, levels = run("aligned", threshold=4.0)
     assert levels[1].rewards.shape == (1, 2)  # only joint action k=0 (reward 1) continues
     assert levels[0].child.tolist() == [[0, -1]]
-    assert levels[0].returns.tolist() == [[1 + 0.5 * 11, 4.0]]
+    # the solved branch (reward 4 >= 4) is absorbing: 4 this turn and 0.5·4 for the one left
+    assert levels[0].returns.tolist() == [[1 + 0.5 * 11, 4.0 * 1.5]]
+    assert levels[0].solved.tolist() == [[False, True]]
 
 
 def test_comlrl_termination_threshold_stops_a_node_whose_mean_reward_exceeds_it():

@@ -275,8 +275,13 @@ class ActorCritic(CoMLRLModule):
         turns = rollout_tree(self.env, episodes, self.team, k, cfg.num_turns, "aligned" if evaluation else cfg.joint_mode,
                              greedy=evaluation and not self.val_sampling, stop_reward=cfg.stop_reward,
                              termination_threshold=cfg.termination_threshold, step=self.global_step)  # fmt: skip
-        compute_returns(turns, cfg.discount)
+        compute_returns(turns, cfg.discount, solved_return=cfg.solved_return)
         return turns
+
+    def solved_mask(self, turn: Turn) -> torch.Tensor | None:
+        """``turn.solved`` where ``rollout.solved_return="absorbing"`` (TD target of a solved joint
+        action: its absorbing return), else None (CoMLRL: ``T = r``)."""
+        return turn.solved if self.rollout_config.solved_return == "absorbing" else None
 
     @torch.no_grad()
     def estimate(self, turns: list[Turn]) -> list[CriticBatch]:

@@ -8,7 +8,7 @@ import torch
 from comlrl_lightning.algorithms.actor_critic import ActorCritic, CriticBatch
 from comlrl_lightning.core.advantages import agent_sample_returns, joint_action_indices
 from comlrl_lightning.core.records import Turn
-from comlrl_lightning.core.td import critic_baseline, td_advantages, td_targets
+from comlrl_lightning.core.td import absorbing_rewards, critic_baseline, td_advantages, td_targets
 from comlrl_lightning.core.value_head import read_positions, trunk_of, values_at
 
 
@@ -52,6 +52,7 @@ class IAC(ActorCritic):
                 g = len(t.nodes)
                 nxt = values[s + 1].view(-1, k) if s + 1 < len(turns) else None
                 rewards = t.rewards[..., i] if t.rewards.dim() == 3 else t.rewards
+                rewards = absorbing_rewards(rewards, self.solved_mask(t), t.turns_left, cfg.discount)
                 joint_t = td_targets(rewards, t.child, nxt, cfg.discount)  # [G, J]
                 sample_t = agent_sample_returns(joint_t, joint_index, i, k)  # [G, K]
                 base = critic_baseline(values[s].view(g, k), self.critic_config.critic_type)

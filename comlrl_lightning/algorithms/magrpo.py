@@ -155,7 +155,7 @@ class MAGRPO(CoMLRLModule):
                              greedy=evaluation and not self.val_sampling, stop_reward=cfg.stop_reward,
                              termination_threshold=cfg.termination_threshold, step=self.global_step,
                              credit=credit)  # fmt: skip
-        compute_returns(turns, cfg.discount, credit)
+        compute_returns(turns, cfg.discount, credit, cfg.solved_return)
         costs = None
         if self.uses_reference_model and self.loss.kl_mode == "reward" and not evaluation:
             costs = self._kl_costs(turns)

@@ -26,6 +26,7 @@ LossType = Literal["sequence_sum", "grpo", "dr_grpo", "dapo", "bnpo", "sequence_
 Credit = Literal["shared", "counterfactual", "cross_rewards"]
 ImportanceSamplingLevel = Literal["token", "sequence"]
 KLMode = Literal["loss", "reward"]
+SolvedReturn = Literal["absorbing", "reward"]
 OnNonfinite = Literal["skip", "stop"]
 ParallelTraining = Literal["none", "mp"]
 GenerationBackend = Literal["auto", "dynamic", "static_compile", "continuous_batching"]
@@ -64,6 +65,13 @@ class RolloutConfig:
     """CoMLRL's ``early_termination_threshold``: a node whose mean reward over its joint actions is
     ``>`` this expands no children (CoMLRL's default −0.2 stops every branch after turn 1 when rewards
     are non-negative). None: never."""
+    solved_return: SolvedReturn = "absorbing"
+    """Return of a joint action whose branch ended *solved* before the last turn (``stop_reward``,
+    ``termination_threshold``, or a transition returning ``SOLVED``): ``absorbing`` (default) treats
+    the solved state as absorbing, paying the same reward each remaining turn,
+    ``R_t = r_t · Σ_{s=0}^{T−1−t} discount^s`` (also the IAC/MAAC TD target), so solving early is never
+    ranked below solving later with the same reward (:mod:`comlrl_lightning.core.td`); ``reward``:
+    ``R_t = r_t``, CoMLRL's (a branch solved at turn 0 can then rank below one that continues)."""
     max_generations_per_episode: int = 4096
     """Budget guard: a config whose full tree makes more completions per episode raises at construction."""
     credit: Credit = "shared"
@@ -86,6 +94,7 @@ class RolloutConfig:
         if self.joint_mode == "crossed":
             self.joint_mode = "cross"
         _require("discount", self.discount, 0.0 <= self.discount <= 1.0, "in [0, 1]")
+        _choice("solved_return", self.solved_return, ("absorbing", "reward"))
         _choice("credit", self.credit, ("shared", "counterfactual", "cross_rewards"))
         if self.credit != "shared" and self.joint_mode != "aligned":
             raise ValueError(f"credit: got {self.credit!r} with joint_mode={self.joint_mode!r}; credit modes score "

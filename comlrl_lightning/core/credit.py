@@ -30,6 +30,11 @@ return of its own. Its continuation is the mean return of the node's expanded ch
   ``r_k + γ·R_child(k)``; the swapped ones get ``r + γ·C̄``. The actual's future is kept, so long-term
   credit survives; the bias is in the baseline, which treats every swapped action's future as the
   node average (difference rewards with an average-future approximation).
+
+A scored row whose joint action is solved (reward ``>= stop_reward``, or a node ended by
+``termination_threshold``, or an aligned joint action the transition called ``SOLVED``) returns the
+absorbing ``r · Σ_{s=0}^{T−1−t} γ^s`` in every mode (:mod:`comlrl_lightning.core.td`), so a swap that
+would have solved the task is credited as solving it.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from comlrl_lightning.core.advantages import (
     joint_action_indices,
     scale_by_std,
 )
+from comlrl_lightning.core.td import absorbing_rewards
 
 CREDIT_MODES = ("shared", "counterfactual", "cross_rewards")
 
@@ -133,6 +139,8 @@ def combination_returns(
     has_child: torch.Tensor,
     discount: float,
     own_future: bool,
+    solved: torch.Tensor | None = None,
+    turns_left: int = 0,
 ) -> torch.Tensor:
     """Returns of every scored joint action of ``G`` nodes (see the module docstring, "Multi-turn").
 
@@ -144,10 +152,14 @@ def combination_returns(
         discount: γ.
         own_future: the aligned rows keep ``r_k + γ·value(child_k)`` (``shared``, ``counterfactual``);
             False: every row gets ``r + γ·C̄`` (``cross_rewards``).
+        solved: ``[G, M]`` bool: rows whose joint action is (or would be) solved; they return the
+            absorbing ``r · Σ_{s=0}^{turns_left} γ^s`` whatever the mode
+            (:func:`~comlrl_lightning.core.td.absorbing_rewards`). None: no row.
+        turns_left: turns after this one.
 
     Returns:
         ``[G, M]`` float. ``C̄`` is the mean of ``child_values`` over the node's expanded children;
-        a node without children has ``C̄ = 0`` (every return is its reward).
+        a node without children has ``C̄ = 0`` (every unsolved return is its reward).
     """
     k = child_values.shape[1]
     future = torch.where(has_child, child_values.float(), torch.zeros_like(child_values, dtype=torch.float))
@@ -155,11 +167,18 @@ def combination_returns(
     out = rewards.float() + discount * c_bar[:, None]
     if own_future:
         out[:, :k] = rewards[:, :k].float() + discount * future
+    if solved is not None and turns_left > 0:
+        out = torch.where(solved, absorbing_rewards(rewards, solved, turns_left, discount), out)
     return out
 
 
 def tree_credit_returns(
-    rewards: Sequence[torch.Tensor], child: Sequence[torch.Tensor], discount: float, credit: str
+    rewards: Sequence[torch.Tensor],
+    child: Sequence[torch.Tensor],
+    discount: float,
+    credit: str,
+    solved: Sequence[torch.Tensor | None] | None = None,
+    turns_left: Sequence[int] | None = None,
 ) -> list[torch.Tensor]:
     """Returns of every scored joint action of an aligned-expansion tree, bottom-up.
 
@@ -169,6 +188,9 @@ def tree_credit_returns(
             node, −1 where the branch ended.
         discount: γ.
         credit: one of :data:`CREDIT_MODES` (``shared`` has ``M = K`` and gives MAGRPO's returns).
+        solved: per turn ``[G_t, M]`` bool, rows that ended solved (absorbing returns, see
+            :func:`combination_returns`); None: none.
+        turns_left: per turn, the turns after it (needed with ``solved``).
 
     Returns:
         Per turn ``[G_t, M]``. A child node's value is the mean return of its K aligned joint actions.
@@ -186,9 +208,9 @@ def tree_credit_returns(
         if below is not None:
             node_values = below[:, : child[t].shape[1]].mean(-1)  # [G_{t+1}]
             values[has_child] = node_values[child[t][has_child]]
-        out[t] = below = combination_returns(
-            rewards[t], values, has_child, discount, credit != "cross_rewards"
-        )
+        out[t] = below = combination_returns(rewards[t], values, has_child, discount, credit != "cross_rewards",
+                                             None if solved is None else solved[t],
+                                             0 if turns_left is None else turns_left[t])  # fmt: skip
     return out
 
 

@@ -49,6 +49,12 @@ class Turn:
         components: reward-function (or metric) name -> ``[G, J]`` raw values.
         child: ``[G, J]`` index of the child node in the next turn, −1 where the branch ended.
         pass_at_1: ``[G, J]`` 1.0 where the joint action solved the task (None: no reward reports it).
+        solved: ``[G, J]`` bool, True where the joint action ended its branch solved before the last
+            turn (``stop_reward``, ``termination_threshold`` or a transition's ``SOLVED``): its return
+            is an absorbing solved state's (:func:`~comlrl_lightning.core.td.absorbing_rewards`).
+            None: no branch did.
+        turns_left: turns after this one up to ``num_turns`` (what a solved state is paid for).
+        scored_solved: ``[G, M]`` bool, the same for every scored joint action under a credit mode.
         scored_rewards: ``[G, M]`` under a credit mode: rewards of every joint action the mode scores
             (rows of ``credit.credit_index``; the first ``J = K`` are ``rewards``). None otherwise.
         scored_returns: ``[G, M]`` their returns (``credit.tree_credit_returns``). None otherwise.
@@ -65,6 +71,9 @@ class Turn:
     components: dict[str, torch.Tensor]
     child: torch.Tensor
     pass_at_1: torch.Tensor | None = None
+    solved: torch.Tensor | None = None
+    turns_left: int = 0
+    scored_solved: torch.Tensor | None = None
     scored_rewards: torch.Tensor | None = None
     scored_returns: torch.Tensor | None = None
     returns: torch.Tensor | None = None

@@ -8,7 +8,12 @@ of a child node. Returns are computed bottom-up:
 
     R_t(j) = r_t(j) + discount · mean_{j'} R_{t+1}(j')      (children j' of joint action j)
 
-A leaf's return is its reward. Advantages are grouped per node and agent (the K siblings).
+A leaf's return is its reward. A joint action whose branch ended *solved* before the last turn
+(``stop_reward``, ``termination_threshold``, or a transition returning ``SOLVED``) returns the value
+of an absorbing solved state, ``r_t · Σ_{s=0}^{T−1−t} discount^s`` (``solved_return="absorbing"``,
+the default; :mod:`comlrl_lightning.core.td`), so solving early is never ranked below solving later
+with the same reward; ``solved_return="reward"`` keeps CoMLRL's ``R_t = r_t``. Advantages are
+grouped per node and agent (the K siblings).
 """
 
 from __future__ import annotations
@@ -22,7 +27,12 @@ from comlrl_lightning.core.advantages import agent_sample_returns, group_advanta
 from comlrl_lightning.core.credit import CreditIndex, credit_index, step_advantages, tree_credit_returns
 from comlrl_lightning.core.generation import Generation
 from comlrl_lightning.core.records import Node, Turn
-from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.core.td import absorbing_rewards
+from comlrl_lightning.envs.base import SOLVED, DecPOMDP, Episode
+
+
+SOLVED_RETURNS = ("absorbing", "reward")
+"""``rollout.solved_return`` choices (see :func:`compute_returns`)."""
 
 
 class Actors(Protocol):
@@ -95,19 +105,23 @@ def rollout_tree(
         j_played = j if shared else num_generations  # the aligned rows come first
         rewards = scored[:, :j_played]
         child = torch.full((g, j_played), -1, dtype=torch.long)
+        solved = torch.zeros(scored.shape[:2], dtype=torch.bool)  # [G, J] or, scored, [G, M]
         next_nodes: list[Node] = []
         if turn + 1 < num_turns:
+            if stop_reward is not None:  # per-agent rewards: solved when every agent reached it
+                solved |= (scored if scored.dim() == 2 else scored.amin(-1)) >= stop_reward
+            if termination_threshold is not None:
+                solved |= (rewards.flatten(1).mean(1) > termination_threshold)[:, None]
             for a, node in enumerate(nodes):
-                if termination_threshold is not None and float(rewards[a].mean()) > termination_threshold:
-                    continue
                 for b in range(j_played):
-                    # per-agent rewards: the branch ends when every agent reached stop_reward
-                    if stop_reward is not None and rewards[a, b].min() >= stop_reward:
+                    if solved[a, b]:
                         continue
                     acts = joint_actions[a * j + b]
                     comps = [node.completions[i] + [acts[i]] for i in range(n)]
                     nxt = env.transition(node.episode, turn, node.prompts, comps)
-                    if nxt is None:
+                    if nxt is SOLVED:
+                        solved[a, b] = True
+                    if nxt is None or nxt is SOLVED:
                         continue
                     child[a, b] = len(next_nodes)
                     next_nodes.append(
@@ -116,6 +130,8 @@ def rollout_tree(
         pass_at_1 = None if out.pass_at_1 is None else out.pass_at_1.view(g, j)[:, :j_played]
         components = {k: v.view(g, j, *v.shape[1:])[:, :j_played] for k, v in out.components.items()}
         turns.append(Turn(turn, nodes, texts, gens, rewards, components, child, pass_at_1,
+                          solved=solved[:, :j_played], turns_left=num_turns - 1 - turn,
+                          scored_solved=None if shared else solved,
                           scored_rewards=None if shared else scored))  # fmt: skip
         if not next_nodes:
             break
@@ -123,19 +139,30 @@ def rollout_tree(
     return turns
 
 
-def compute_returns(turns: list[Turn], discount: float, credit: str = "shared") -> None:
+def compute_returns(
+    turns: list[Turn], discount: float, credit: str = "shared", solved_return: str = "absorbing"
+) -> None:
     """Fill ``turn.returns`` bottom-up: ``R = r + discount · mean(child returns)`` (leaf: ``R = r``);
     per agent when the rewards are ``[G, J, N]``; under a credit mode also ``turn.scored_returns``
-    (:func:`~comlrl_lightning.core.credit.tree_credit_returns`)."""
+    (:func:`~comlrl_lightning.core.credit.tree_credit_returns`).
+
+    ``solved_return``: ``"absorbing"``: a joint action that ended its branch solved
+    (``turn.solved``) returns ``r · Σ_{s=0}^{turns_left} discount^s``
+    (:func:`~comlrl_lightning.core.td.absorbing_rewards`); ``"reward"``: ``R = r`` (CoMLRL).
+    """
+    if solved_return not in SOLVED_RETURNS:
+        raise ValueError(f"solved_return: got {solved_return!r}, allowed: {list(SOLVED_RETURNS)}")
+    absorbing = solved_return == "absorbing"
     if credit != "shared":
-        scored = tree_credit_returns(
-            [t.scored_rewards for t in turns], [t.child for t in turns], discount, credit
-        )
+        scored = tree_credit_returns([t.scored_rewards for t in turns], [t.child for t in turns], discount, credit,
+                                     solved=[t.scored_solved for t in turns] if absorbing else None,
+                                     turns_left=[t.turns_left for t in turns])  # fmt: skip
         for t, r in zip(turns, scored):
             t.scored_returns = r
     below: torch.Tensor | None = None
     for t in reversed(turns):
-        returns = t.rewards.clone()
+        solved = t.solved if absorbing else None
+        returns = absorbing_rewards(t.rewards, solved, t.turns_left, discount).to(t.rewards.dtype)
         if below is not None:
             has_child = t.child >= 0
             child_mean = below.mean(1)  # [G_next] (or [G_next, N]): mean over the child's joint actions

@@ -16,6 +16,16 @@ Advantage ``A = T − b`` with ``b`` the critic's value (:func:`td_advantages`).
 the mean of ``Q`` over the node's ``K`` sibling samples (an estimate of ``V(h)``) and equals CoMLRL's
 ``T − Q(h, a)`` only when ``K = 1`` (:func:`critic_baseline`).
 
+A joint action whose branch ended *solved* before the last turn (``stop_reward``,
+``termination_threshold`` or a transition that returns ``SOLVED``) enters an absorbing solved state:
+the team keeps its answer and is paid the same reward every remaining turn,
+
+    R_t = r_t · Σ_{s=0}^{T−1−t} discount^s                (:func:`absorbing_rewards`)
+
+which is also its TD target (the absorbing state's value needs no critic). So solving early never
+ranks below solving later with the same reward, nor below any continuation whose per-turn rewards
+stay at or below ``r_t``. ``rollout.solved_return="reward"`` keeps CoMLRL's ``R_t = r_t``.
+
 Shapes: ``G`` nodes of a turn, ``J`` joint actions per node, ``K`` samples per agent per node,
 ``M`` value entries per node (``K`` for one agent's critic, ``J`` for a centralised Q-critic).
 """
@@ -23,6 +33,33 @@ Shapes: ``G`` nodes of a turn, ``J`` joint actions per node, ``K`` samples per a
 from __future__ import annotations
 
 import torch
+
+
+def absorbing_factor(turns_left: int, discount: float) -> float:
+    """``Σ_{s=0}^{turns_left} discount^s``: the return of an absorbing state paying 1 per turn, this
+    turn and ``turns_left`` more (``turns_left + 1`` when ``discount == 1``)."""
+    return float(sum(discount**s for s in range(turns_left + 1)))
+
+
+def absorbing_rewards(
+    rewards: torch.Tensor, solved: torch.Tensor | None, turns_left: int, discount: float
+) -> torch.Tensor:
+    """Rewards with every solved joint action's replaced by its absorbing return (module docstring).
+
+    Args:
+        rewards: ``[G, J]`` (or ``[G, J, N]`` per agent, or ``[G, M]`` scored) immediate rewards.
+        solved: bool, ``rewards``' first two dims: True where the branch ended solved; None: none did.
+        turns_left: turns after this one up to ``num_turns``.
+        discount: γ.
+
+    Returns:
+        float32, ``rewards``' shape: ``r · absorbing_factor(turns_left, discount)`` where solved, else ``r``.
+    """
+    out = rewards.float().clone()
+    if solved is None or turns_left <= 0 or not bool(solved.any()):
+        return out
+    out[solved] *= absorbing_factor(turns_left, discount)
+    return out
 
 
 def td_targets(

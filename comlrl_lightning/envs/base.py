@@ -74,6 +74,29 @@ class PromptTemplate:
         return f"PromptTemplate({self.template!r})"
 
 
+class _Solved:
+    """The type of :data:`SOLVED` (one instance)."""
+
+    _instance: _Solved | None = None
+
+    def __new__(cls) -> _Solved:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "SOLVED"
+
+    def __reduce__(self) -> str:  # pickles (and copies) as the one instance
+        return "SOLVED"
+
+
+SOLVED = _Solved()
+"""What a :class:`Transition` returns to end an episode because the team solved it: the branch enters
+an absorbing solved state, whose return counts its reward for every remaining turn (see
+:mod:`comlrl_lightning.core.td`). ``None`` ends an episode with nothing after it."""
+
+
 @runtime_checkable
 class Transition(Protocol):
     """Writes each agent's next prompt after a turn (multi-turn Dec-POMDP).
@@ -81,7 +104,10 @@ class Transition(Protocol):
     Called as ``transition(episode, turn, prompts, completions)`` after turn ``turn`` (0-based), where
     ``prompts[i]`` lists agent ``i``'s prompts for turns ``0..turn`` and ``completions[i]`` its
     completions for the same turns; the joint action just taken is ``[c[-1] for c in completions]``.
-    Returns one prompt per agent for turn ``turn + 1``, or ``None`` to end the episode.
+    Returns one prompt per agent for turn ``turn + 1``; ``None`` to end the episode (no reward after
+    it); or :data:`SOLVED` to end it because the team solved it (an absorbing solved state).
+    The return annotation is ``Any`` so that a transition named in YAML may annotate its return as it
+    likes (jsonargparse compares annotations when it checks a class against this protocol).
     """
 
     def __call__(
@@ -90,7 +116,7 @@ class Transition(Protocol):
         turn: int,
         prompts: Sequence[Sequence[str]],
         completions: Sequence[Sequence[str]],
-    ) -> Sequence[str] | None: ...
+    ) -> Any: ...
 
 
 class DecPOMDP:
@@ -151,12 +177,13 @@ class DecPOMDP:
         turn: int,
         prompts: Sequence[Sequence[str]],
         completions: Sequence[Sequence[str]],
-    ) -> Sequence[str] | None:
-        """Next prompts per agent after ``turn``, or ``None`` when the episode ends (see Transition)."""
+    ) -> Sequence[str] | _Solved | None:
+        """Next prompts per agent after ``turn``; ``None`` or :data:`SOLVED` when the episode ends (see
+        Transition)."""
         if self.transition_fn is None:
             return None
         nxt = self.transition_fn(episode, turn, prompts, completions)
-        if nxt is not None and len(nxt) != self.num_agents:
+        if nxt is not None and nxt is not SOLVED and len(nxt) != self.num_agents:
             raise ValueError(
                 f"transition {type(self.transition_fn).__name__} returned {len(nxt)} prompts for "
                 f"{self.num_agents} agents at turn {turn}"

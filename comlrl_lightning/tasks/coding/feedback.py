@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from comlrl_lightning.envs.base import Episode
+from comlrl_lightning.envs.base import SOLVED, Episode, _Solved
 from comlrl_lightning.sandbox.api import TestReport
 from comlrl_lightning.tasks.coding.reward import AUX, CooperativeCodeReward, visible_tests
 from comlrl_lightning.tasks.coding.single_agent import SingleAgentCodeReward
@@ -43,8 +43,9 @@ class CodingFeedbackTransition:
 
     The joint action's program is judged once (the reward's cached report is reused). Each
     agent's next prompt says how many visible tests passed and quotes the first visible failures
-    (failure category and, for a failed assertion, the assert), then asks it to revise its own part. The episode ends early when
-    every test (visible and hidden) passed.
+    (failure category and, for a failed assertion, the assert), then asks it to revise its own part. The episode ends early, as
+    :data:`~comlrl_lightning.envs.base.SOLVED` (an absorbing solved state), when every test (visible
+    and hidden) passed.
 
     Args:
         reward: the episode's coding reward (its cache and program construction are used); a
@@ -89,13 +90,13 @@ class CodingFeedbackTransition:
         turn: int,
         prompts: Sequence[Sequence[str]],
         completions: Sequence[Sequence[str]],
-    ) -> Sequence[str] | None:
+    ) -> Sequence[str] | _Solved:
         n = len(completions)
         reward = self._reward(n)
         joint = [c[-1] for c in completions]
         report = reward.report_for(joint, episode.data)
         if report is not None and report.all_passed:
-            return None
+            return SOLVED
         fb = self.feedback(report)
         entry = episode.data["entry_point"]
         out = []
