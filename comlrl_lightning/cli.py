@@ -22,7 +22,8 @@ from comlrl_lightning.core import metrics as M
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.infra.memory import release_freed_memory
 
-_SUMMARY_KEYS = (M.VAL_PASS_AT_1, M.VAL_REWARD, M.REWARD)
+_SUMMARY_KEYS = ("val/pass@*", "val/final/pass@*", M.VAL_REWARD, M.REWARD)
+"""The scalars printed after ``fit`` (first and last value); a trailing ``*`` matches any ending."""
 DEFAULT_SAVE_DIR = "runs"
 """Where loggers without a ``save_dir`` write when ``trainer.default_root_dir`` is not given."""
 SAVE_DIR_MARK = "<trainer.default_root_dir, else runs>"
@@ -109,8 +110,14 @@ def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, lis
     acc.Reload()
     tags = set(acc.Tags().get("scalars", []))
     out = {}
-    for key in keys:
-        if key in tags:
+    for pattern in keys:
+        prefix = pattern[:-1] if pattern.endswith("*") else None
+        matches = (
+            sorted((t for t in tags if t.startswith(prefix)), key=lambda t: (len(t), t))
+            if prefix
+            else [pattern]
+        )
+        for key in [m for m in matches if m in tags]:
             values = [e.value for e in acc.Scalars(key) if math.isfinite(e.value)]
             if values:
                 out[key] = values

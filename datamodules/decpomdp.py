@@ -193,10 +193,10 @@ class DecPOMDPDataModule(pl.LightningDataModule):
         # RNG and break exact resume.
         return torch.Generator().manual_seed(self.seed)
 
-    # Exact resume: remember how many batches of the current epoch were trained. Exact for checkpoints
-    # written while training (ModelCheckpoint(every_n_train_steps=...), save_last). A checkpoint taken
-    # by `trainer.save_checkpoint` after `fit` stopped on max_steps mid-epoch is not: Lightning's
-    # loops have already counted that epoch as ended, so a resume starts the next epoch's shuffle.
+    # Exact resume: remember how many batches of the current epoch were trained (a finished epoch:
+    # 0, the next one starts). Lightning's batch counter gives it at a batch end, an epoch end and
+    # after fit; CoMLRLModule.on_load_checkpoint rewrites the last two's loop state so that Lightning
+    # resumes them at the same position (comlrl_lightning/infra/resume.py, Lightning #19617).
     def state_dict(self) -> dict[str, Any]:
         trainer = self.trainer
         if trainer is None:

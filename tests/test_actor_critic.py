@@ -223,8 +223,10 @@ def test_actor_critic_coding_configs_run_on_the_tiny_model(tmp_path, capsys, con
     assert list(tmp_path.rglob("agents/*/critic_0/value_head.pt"))  # AgentCheckpoint wrote the critic
 
 
-def test_a_non_finite_value_loss_stops_before_any_critic_step(trainer_factory, monkeypatch):
-    m = make(critics=SEPARATE)
+def test_a_non_finite_value_loss_skips_or_stops_before_any_critic_step(trainer_factory, monkeypatch):
+    from comlrl_lightning.core.config import LossConfig
+
+    m = make(critics=SEPARATE, loss=LossConfig(on_nonfinite="stop"))
     real = IAC.critic_values
 
     def poisoned(self, critic, turn):
@@ -232,8 +234,16 @@ def test_a_non_finite_value_loss_stops_before_any_critic_step(trainer_factory, m
         return v * float("nan") if torch.is_grad_enabled() else v  # the update's forward, not the rollout's
 
     monkeypatch.setattr(IAC, "critic_values", poisoned)
-    with pytest.raises(FloatingPointError, match="critic 0: non-finite value loss at step 2"):
+    with pytest.raises(
+        FloatingPointError, match="critic 0: non-finite value loss at epoch 0, batch 0, global_step=2"
+    ):
         trainer_factory(max_steps=IAC.max_steps_for(1, 2, num_critics=2)).fit(m, data())
+    assert all(torch.isfinite(p).all() for p in m.critics.parameters())
+    m = make(critics=SEPARATE)  # on_nonfinite="skip": both critics' steps are skipped and counted
+    with pytest.warns(UserWarning, match=r"critic 1: non-finite loss \(nan\)"):
+        trainer_factory(max_steps=IAC.max_steps_for(1, 2, num_critics=2)).fit(m, data())
+    # skipped steps are not counted in global_step: max_steps=4 now takes two batches of 2 agent steps
+    assert m.critic_skipped_steps == [2, 2] and m.skipped_steps == [0, 0]
     assert all(torch.isfinite(p).all() for p in m.critics.parameters())
 
 

@@ -8,7 +8,7 @@ from experiments import experiment
 
 from comlrl_lightning.cli import main
 from comlrl_lightning.datamodules import HumanEvalDataModule
-from comlrl_lightning.envs.base import Episode
+from comlrl_lightning.envs.base import SOLVED, Episode
 from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
 from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward
 from comlrl_lightning.tasks.coding.single_agent import SingleAgentCodeReward
@@ -61,7 +61,7 @@ def test_feedback_quotes_the_failing_assertion_and_ends_solved_episodes(dm):
         "Revise the helper function `aux`" in prompts[0]
         and "Revise the function `truncate_number`" in prompts[1]
     )
-    assert dm.env.transition(ep, 0, [["p0"], ["p1"]], [[aux], [right]]) is None
+    assert dm.env.transition(ep, 0, [["p0"], ["p1"]], [[aux], [right]]) is SOLVED
 
 
 def test_two_turn_coding_config_runs_from_the_cli_on_the_tiny_model(tmp_path):

@@ -65,3 +65,81 @@ def test_a_checkpoint_of_nan_weights_is_refused():
         FloatingPointError, match=r"agent 1: parameter .* holds NaN/inf.*refusing to write a checkpoint"
     ):
         model.on_save_checkpoint({})
+
+
+def test_skipped_steps_survive_a_checkpoint_and_resume(monkeypatch, trainer_factory, tmp_path):
+    poison_agent_1_once(monkeypatch)
+    first = tiny()
+    trainer = trainer_factory(max_steps=1, default_root_dir=tmp_path)
+    with pytest.warns(UserWarning, match="agent 1: non-finite"):
+        trainer.fit(first, LengthRatioDataModule(batch_size=2, num_train=8))
+    trainer.save_checkpoint(tmp_path / "after_skip.ckpt")
+    resumed = tiny()
+    trainer = trainer_factory(max_steps=3, default_root_dir=tmp_path)  # one more batch: agent 1 steps now
+    trainer.fit(
+        resumed, LengthRatioDataModule(batch_size=2, num_train=8), ckpt_path=tmp_path / "after_skip.ckpt"
+    )
+    assert resumed.skipped_steps == [0, 1]  # went on from the saved count, not from 0
+    assert trainer.callback_metrics["agent_1/skipped_steps"] == 1.0
+
+
+# ---------------------------------------------------------------- separate critics (IAC)
+def iac(**loss):
+    from comlrl_lightning import IAC, ActorCriticRolloutConfig, CriticConfig, CriticSpec, SamplingConfig
+
+    return IAC(agents="builtin:tiny-gpt2", num_agents=2, critics=CriticSpec(model="builtin:tiny-gpt2"),
+               critic=CriticConfig(critic_learning_rate=1e-2), rollout=ActorCriticRolloutConfig(num_generations=2),
+               sampling=SamplingConfig(max_new_tokens=8), learning_rate=1e-3, loss=LossConfig(**loss))  # fmt: skip
+
+
+def poison_critic_0_once(monkeypatch):
+    """Critic 0's gradients become inf after its first value backward (its loss stays finite)."""
+    from comlrl_lightning import IAC
+
+    real, calls = IAC._value_backward, []
+
+    def value_backward(self, critic, turns, data):
+        loss = real(self, critic, turns, data)
+        if critic == 0 and not calls:
+            calls.append(critic)
+            next(p for p in self.critics[0].parameters() if p.grad is not None).grad.fill_(float("inf"))
+        return loss
+
+    monkeypatch.setattr(IAC, "_value_backward", value_backward)
+
+
+def test_a_separate_critics_inf_gradient_skips_its_step_only(monkeypatch, trainer_factory):
+    from comlrl_lightning import IAC
+
+    poison_critic_0_once(monkeypatch)
+    model = iac()
+    trainer = trainer_factory(max_steps=IAC.max_steps_for(1, 2, num_critics=2) - 1)  # critic 0 is not counted
+    with pytest.warns(
+        UserWarning, match=r"critic 0: non-finite loss .* or gradient norm \(inf\) at epoch 0, batch 0"
+    ):
+        trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=8))
+    assert model.critic_skipped_steps == [1, 0] and model.skipped_steps == [0, 0]
+    assert trainer.callback_metrics["critic/agent_0/skipped_steps"] == 1.0
+    assert all(torch.isfinite(p).all() for p in model.critics.parameters())
+
+
+def test_a_separate_critics_non_finite_value_stops_naming_the_critic(monkeypatch, trainer_factory):
+    from comlrl_lightning import IAC
+
+    poison_critic_0_once(monkeypatch)
+    with pytest.raises(
+        FloatingPointError, match=r"critic 0: non-finite .* at epoch 0, batch 0.*on_nonfinite='stop'"
+    ):
+        trainer_factory(max_steps=IAC.max_steps_for(1, 2, num_critics=2)).fit(
+            iac(on_nonfinite="stop"), LengthRatioDataModule(batch_size=2, num_train=8)
+        )
+
+
+def test_a_checkpoint_of_a_critic_with_nan_weights_is_refused():
+    model = iac()
+    model.configure_model()
+    model.on_save_checkpoint({})
+    with torch.no_grad():
+        next(model.critics[1].parameters()).view(-1)[0] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"critic 1: parameter .* holds NaN/inf.*refusing to write"):
+        model.on_save_checkpoint({})

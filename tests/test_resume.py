@@ -34,7 +34,7 @@ class Record(pl.Callback):
         self.batches.append((trainer.current_epoch, batch_idx, [e.index for e in batch]))
 
 
-def run(trainer_factory, batches, ckpt_path=None, callbacks=(), **kwargs):
+def run(trainer_factory, batches, ckpt_path=None, callbacks=(), data_kw=None, **kwargs):
     pl.seed_everything(0)
     model = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, num_generations=2, max_new_tokens=12,
                    learning_rate=1e-3)  # fmt: skip
@@ -42,29 +42,65 @@ def run(trainer_factory, batches, ckpt_path=None, callbacks=(), **kwargs):
     record = next(c for c in callbacks if isinstance(c, Record))
     trainer = trainer_factory(max_steps=MAGRPO.max_steps_for(batches, 2), callbacks=callbacks, **kwargs)
     try:
-        data = LengthRatioDataModule(batch_size=2, num_train=8, shuffle=True)
+        data = LengthRatioDataModule(batch_size=2, num_train=8, shuffle=True, **(data_kw or {}))
         trainer.fit(model, data, ckpt_path=ckpt_path)
     except Preempted:
         pass
-    return model, record.batches
+    return model, record.batches, trainer
 
 
 @pytest.mark.parametrize("n1,n2", [(3, 6), (4, 7)], ids=["mid-epoch", "epoch-boundary"])
 def test_interrupted_then_resumed_run_equals_uninterrupted(trainer_factory, tmp_path, n1, n2):
     # run A: a periodic checkpoint after batch n1, then a crash while training batch n1 + 1
     saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=MAGRPO.max_steps_for(n1, 2), save_top_k=-1)
-    _, seen_a = run(trainer_factory, n2, callbacks=[Record(crash_at=n1), saver], enable_checkpointing=True,
-                    plugins=[AtomicCheckpointIO()])  # fmt: skip
+    _, seen_a, _ = run(trainer_factory, n2, callbacks=[Record(crash_at=n1), saver], enable_checkpointing=True,
+                       plugins=[AtomicCheckpointIO()])  # fmt: skip
     (ckpt,) = os.listdir(tmp_path)
     assert len(seen_a) == n1 and not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     # run B: a fresh process state resumes from it; run C: uninterrupted
-    resumed, seen_b = run(trainer_factory, n2, ckpt_path=str(tmp_path / ckpt))
-    straight, seen_c = run(trainer_factory, n2)
+    resumed, seen_b, _ = run(trainer_factory, n2, ckpt_path=str(tmp_path / ckpt))
+    straight, seen_c, _ = run(trainer_factory, n2)
     assert seen_a + seen_b == seen_c  # the same episodes, in the same (shuffled, per-epoch) order
     assert seen_c[0][2] != [0, 1] and seen_c[BATCHES_PER_EPOCH][2] != seen_c[0][2]  # shuffled, reshuffled
     for i in range(2):
         for (name, a), b in zip(resumed.agents[i].named_parameters(), straight.agents[i].parameters()):
             assert torch.equal(a, b), f"agent {i} {name}"
+
+
+def assert_same_run(seen_a, seen_b, seen_c, resumed, straight):
+    assert [b[:2] for b in seen_a + seen_b] == [b[:2] for b in seen_c]  # (epoch, batch_idx)
+    assert seen_a + seen_b == seen_c  # and the same episodes
+    for i in range(2):
+        for (name, a), b in zip(resumed.agents[i].named_parameters(), straight.agents[i].parameters()):
+            assert torch.equal(a, b), f"agent {i} {name}"
+
+
+# Lightning #19617: with max_steps set, these resumed on the wrong batches (an extra batch "in" the
+# finished epoch, or the next epoch's shuffle at the old batch index) until infra/resume.py
+@pytest.mark.parametrize("val", [False, True], ids=["no-validation", "with-validation"])
+def test_epoch_end_checkpoints_resume_exactly(trainer_factory, tmp_path, val):
+    data_kw, extra = ({"num_val": 2}, {"limit_val_batches": 1.0}) if val else ({}, {})
+    saver = ModelCheckpoint(
+        dirpath=tmp_path, every_n_epochs=1, save_top_k=-1, save_last=True
+    )  # each epoch's end
+    _, seen_a, _ = run(trainer_factory, 6, callbacks=[Record(), saver], enable_checkpointing=True,
+                       data_kw=data_kw, **extra)  # fmt: skip
+    straight, seen_c, _ = run(trainer_factory, 7, data_kw=data_kw, **extra)
+    # epoch 0's end (4 batches), and the end of fit's partial epoch 1 (2 more: max_steps stopped it)
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["epoch=0-step=8.ckpt", "epoch=1-step=12.ckpt", "last.ckpt"]
+    for name, done in zip(names, (4, 6, 6)):
+        resumed, seen_b, _ = run(trainer_factory, 7, ckpt_path=str(tmp_path / name), data_kw=data_kw, **extra)
+        assert_same_run(seen_a[:done], seen_b, seen_c, resumed, straight)
+
+
+@pytest.mark.parametrize("stop", [BATCHES_PER_EPOCH, BATCHES_PER_EPOCH - 1], ids=["epoch-end", "mid-epoch"])
+def test_a_checkpoint_saved_after_fit_resumes_exactly(trainer_factory, tmp_path, stop):
+    _, seen_a, trainer = run(trainer_factory, stop)  # fit stops on max_steps
+    trainer.save_checkpoint(tmp_path / "after_fit.ckpt")
+    resumed, seen_b, _ = run(trainer_factory, 7, ckpt_path=str(tmp_path / "after_fit.ckpt"))
+    straight, seen_c, _ = run(trainer_factory, 7)
+    assert_same_run(seen_a, seen_b, seen_c, resumed, straight)
 
 
 def test_checkpoint_rng_states_load_with_weights_only(trainer_factory, tmp_path):

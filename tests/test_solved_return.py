@@ -27,14 +27,19 @@ class Scripted:
     """Two agents; turn 0: joint action k pays ``turn0[k]``; every later turn pays ``later``."""
 
     def __init__(self, turn0=(0.2, 1.0), later=1.0, solved_by_transition=False, per_agent=False):
-        self.turn0, self.later, self.by_transition, self.per_agent = turn0, later, solved_by_transition, per_agent
+        self.turn0, self.later, self.by_transition, self.per_agent = (
+            turn0,
+            later,
+            solved_by_transition,
+            per_agent,
+        )
 
     def render(self, agent, node):
         return node.prompts[agent][-1]
 
     def generate(self, prompts, num_generations, greedy=False):
         gens = []
-        for i, agent_prompts in enumerate(prompts):
+        for agent_prompts in prompts:
             texts = [f"{p}>{k}" for p in agent_prompts for k in range(num_generations)]
             z, o = torch.zeros(len(texts), 1, dtype=torch.long), torch.ones(len(texts), 1, dtype=torch.long)
             gens.append(Generation(z, o, z, o, texts, torch.zeros(len(texts), dtype=torch.bool)))
@@ -76,7 +81,11 @@ def test_solved_return_reward_keeps_comlrls_own_reward_only():
 
 
 def test_the_absorbing_value_is_discounted_over_every_remaining_turn():
-    assert absorbing_factor(0, 0.5) == 1.0 and absorbing_factor(2, 0.5) == 1.75 and absorbing_factor(2, 1.0) == 3.0
+    assert (
+        absorbing_factor(0, 0.5) == 1.0
+        and absorbing_factor(2, 0.5) == 1.75
+        and absorbing_factor(2, 1.0) == 3.0
+    )
     turns = tree(Scripted(later=1.0), num_turns=3, discount=0.5, stop_reward=1.0)
     assert turns[0].turns_left == 2 and turns[1].turns_left == 1
     solved_at_0 = 1.0 * (1 + 0.5 + 0.25)

@@ -150,6 +150,9 @@ class ActorCritic(CoMLRLModule):
         self.save_config(groups, ignore=["critics"])
         self.hparams["critics"] = [asdict(s) for s in self.critic_specs]
         self.critics = nn.ModuleList()
+        self.critic_skipped_steps: list[int] = [0] * len(self.critic_specs)
+        """Per critic, separate-critic optimizer steps skipped for non-finite values (a head on a trunk
+        steps with its agent: counted in ``skipped_steps``)."""
         self.critic_tokenizers: list[Any] = []
         self.reward_models = nn.ModuleList()
 
@@ -273,10 +276,16 @@ class ActorCritic(CoMLRLModule):
         cfg = self.rollout_config
         k = 1 if evaluation else cfg.num_generations
         turns = rollout_tree(self.env, episodes, self.team, k, cfg.num_turns, "aligned" if evaluation else cfg.joint_mode,
-                             greedy=evaluation and not self.val_sampling, stop_reward=cfg.stop_reward,
+                             greedy=evaluation and self.greedy_validation, stop_reward=cfg.stop_reward,
                              termination_threshold=cfg.termination_threshold, step=self.global_step)  # fmt: skip
         compute_returns(turns, cfg.discount, solved_return=cfg.solved_return)
         return turns
+
+    def trained_modules(self) -> list[tuple[str, nn.Module]]:
+        return super().trained_modules() + [(f"critic {c}", m) for c, m in enumerate(self.critics)]
+
+    def skip_counts(self) -> dict[str, list[int]]:
+        return {**super().skip_counts(), "critics": self.critic_skipped_steps}
 
     def solved_mask(self, turn: Turn) -> torch.Tensor | None:
         """``turn.solved`` where ``rollout.solved_return="absorbing"`` (TD target of a solved joint
@@ -324,7 +333,8 @@ class ActorCritic(CoMLRLModule):
                     self._backward, batches=batches, turns=turns, critic_batches=critic_batches, first=it == 0
                 )
                 for i, (s, v) in zip(agents, self.team.map(backward, agents)):
-                    self.step_agent(i, self.loss.max_grad_norm, s.loss, self.loss.on_nonfinite)
+                    loss = s.loss if v is None else s.loss + v  # a head's value loss shares the agent's step
+                    self.step_agent(i, self.loss.max_grad_norm, loss, self.loss.on_nonfinite)
                     stats[i] = s
                     if v is not None:
                         value_losses[i] = v
@@ -347,9 +357,12 @@ class ActorCritic(CoMLRLModule):
 
     def _value_backward(self, critic: int, turns: list[Turn], data: CriticBatch) -> float:
         """Backward of ``value_loss_coef · (V − T)²`` (clipped) over every turn; returns the loss.
+        A non-finite turn loss is not backpropagated: the loss returned is then NaN/inf, and the
+        step it belongs to is skipped (``on_nonfinite="skip"``).
 
         Raises:
-            FloatingPointError: a non-finite value loss (nothing is stepped; CoMLRL raises too).
+            FloatingPointError: a non-finite value loss with ``on_nonfinite="stop"`` (nothing is
+                stepped; CoMLRL raises too).
         """
         cfg, total = self.critic_config, sum(v.numel() for v in data.values)
         loss_sum = 0.0
@@ -359,20 +372,26 @@ class ActorCritic(CoMLRLModule):
                 values.numel() / total
             )
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"critic {critic}: non-finite value loss at step {self.global_step}, "
-                                         f"turn {t.turn}; not stepping into non-finite weights")  # fmt: skip
+                if self.loss.on_nonfinite == "stop":
+                    raise FloatingPointError(f"critic {critic}: non-finite value loss at {self._batch_position()}, "
+                                             f"turn {t.turn}; stopping (LossConfig.on_nonfinite='stop')")  # fmt: skip
+                return float(loss.detach())
             self.locked_backward(loss)
             loss_sum += float(loss.detach())
         return loss_sum
 
     def update_critics(self, turns: list[Turn], critic_batches: list[CriticBatch]) -> dict[int, float]:
-        """One step per separate critic (zero_grad, value backward, clip at ``critic_max_grad_norm``, step)."""
+        """One step per separate critic (zero_grad, value backward, check for non-finite values as the
+        agents' (:meth:`finite_or_skip`), clip at ``critic_max_grad_norm``, step)."""
         opts, _ = self.agent_optimizers()
         losses = {}
         for k, c in enumerate(self.separate_critics):
             opt = opts[self.num_agents + k]
             opt.zero_grad()
             losses[c] = self._value_backward(c, turns, critic_batches[c])
+            if not self.finite_or_skip(opt, f"critic {c}", losses[c], self.loss.on_nonfinite,
+                                       self.critic_skipped_steps, c, M.critic(c, "skipped_steps")):  # fmt: skip
+                continue
             if self.critic_config.critic_max_grad_norm is not None:
                 self.clip_gradients(opt, gradient_clip_val=self.critic_config.critic_max_grad_norm,
                                     gradient_clip_algorithm="norm")  # fmt: skip

@@ -23,8 +23,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import OnNonfinite, PlacementConfig, SamplingConfig
+from comlrl_lightning.core.evaluation import pass_at_ks, path_solved, repeat_episodes
 from comlrl_lightning.core.records import Turn
 from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.infra.resume import canonical_loop_state
 from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
 from comlrl_lightning.infra.strategy import (
     AgentParallelStrategy,
@@ -231,9 +233,9 @@ class CoMLRLModule(pl.LightningModule):
         """Clip, ``optimizer.step()`` (counted by Lightning) and scheduler step; main thread only, so
         ``global_step`` grows by one per agent step in agent order.
 
-        First the agent's ``loss`` and gradients are checked: if any is NaN/inf, ``on_nonfinite``
-        (:attr:`LossConfig.on_nonfinite`) either skips the step (gradients dropped, counted in
-        :attr:`skipped_steps` and logged as ``agent_<i>/skipped_steps``) or raises.
+        First the agent's ``loss`` and gradients are checked (:meth:`finite_or_skip`): if any is
+        NaN/inf, ``on_nonfinite`` (:attr:`LossConfig.on_nonfinite`) either skips the step (gradients
+        dropped, counted in :attr:`skipped_steps` and logged as ``agent_<i>/skipped_steps``) or raises.
 
         Returns:
             Whether the optimizer stepped.
@@ -242,22 +244,8 @@ class CoMLRLModule(pl.LightningModule):
             FloatingPointError: non-finite loss or gradients with ``on_nonfinite="stop"``.
         """
         opts, schs = self.agent_optimizers()
-        grads = [p.grad for group in opts[agent].param_groups for p in group["params"] if p.grad is not None]
-        grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0  # NaN/inf iff any entry is
-        finite = math.isfinite(grad_norm) and (loss is None or math.isfinite(loss))
-        if not finite:
-            what = f"agent {agent}: non-finite loss ({loss}) or gradient norm ({grad_norm}) at {self._batch_position()}"
-            if on_nonfinite == "stop":
-                raise FloatingPointError(
-                    f"{what}; stopping (LossConfig.on_nonfinite='stop'; 'skip' skips the step)"
-                )
-            self.skipped_steps[agent] += 1
-            rank_zero_warn(f"{what}; its optimizer step is skipped (LossConfig.on_nonfinite='skip'; "
-                           f"{self.skipped_steps[agent]} skipped so far)")  # fmt: skip
-            opts[agent].zero_grad(set_to_none=True)
-        if self._trainer is not None:
-            self.log(M.agent(agent, "skipped_steps"), float(self.skipped_steps[agent]))
-        if not finite:
+        if not self.finite_or_skip(opts[agent], f"agent {agent}", loss, on_nonfinite, self.skipped_steps, agent,
+                                   M.agent(agent, "skipped_steps")):  # fmt: skip
             return False
         if max_grad_norm is not None:
             self.clip_gradients(opts[agent], gradient_clip_val=max_grad_norm, gradient_clip_algorithm="norm")
@@ -268,6 +256,41 @@ class CoMLRLModule(pl.LightningModule):
         if schs[agent] is not None:
             schs[agent].step()
         return True
+
+    def finite_or_skip(self, optimizer: torch.optim.Optimizer, who: str, loss: float | None,
+                       on_nonfinite: OnNonfinite, counts: list[int], slot: int, metric: str) -> bool:  # fmt: skip
+        """Whether ``loss`` and the gradients of ``optimizer``'s parameters are all finite; if not,
+        skip (drop the gradients, ``counts[slot] += 1``, warn) or raise. Logs ``counts[slot]`` as ``metric``.
+
+        Args:
+            optimizer: the optimizer about to step.
+            who: how messages name its owner (``"agent 1"``, ``"critic 0"``).
+            loss: the loss that made the gradients (None: not checked).
+            on_nonfinite: :attr:`LossConfig.on_nonfinite`.
+            counts, slot: the skip counter to increase (saved in checkpoints).
+            metric: the logged name of ``counts[slot]``.
+
+        Raises:
+            FloatingPointError: non-finite values with ``on_nonfinite="stop"``, naming ``who`` and the batch.
+        """
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0  # NaN/inf iff any entry is
+        finite = math.isfinite(grad_norm) and (loss is None or math.isfinite(loss))
+        if not finite:
+            what = (
+                f"{who}: non-finite loss ({loss}) or gradient norm ({grad_norm}) at {self._batch_position()}"
+            )
+            if on_nonfinite == "stop":
+                raise FloatingPointError(
+                    f"{what}; stopping (LossConfig.on_nonfinite='stop'; 'skip' skips the step)"
+                )
+            counts[slot] += 1
+            rank_zero_warn(f"{what}; its optimizer step is skipped (LossConfig.on_nonfinite='skip'; "
+                           f"{counts[slot]} skipped so far)")  # fmt: skip
+            optimizer.zero_grad(set_to_none=True)
+        if self._trainer is not None:
+            self.log(metric, float(counts[slot]))
+        return finite
 
     def locked_backward(self, loss: torch.Tensor) -> None:
         """``manual_backward`` under :data:`~comlrl_lightning.team.team.BACKWARD_LOCK` (agent threads)."""
@@ -333,26 +356,41 @@ class CoMLRLModule(pl.LightningModule):
         """The algorithm's rollout: turns with returns (and, in training, advantages) filled in."""
         raise NotImplementedError
 
+    @property
+    def num_generations_eval(self) -> int:
+        """Validation paths per problem (``rollout.num_generations_eval``; 1 for an algorithm without it)."""
+        cfg = getattr(self, "rollout_config", None)
+        return 1 if cfg is None else cfg.num_generations_eval
+
+    @property
+    def greedy_validation(self) -> bool:
+        """Validation decodes greedily: one path per problem and no ``val_sampling``."""
+        return not self.val_sampling and self.num_generations_eval == 1
+
     def validation_step(self, batch: list[Episode], batch_idx: int) -> dict[str, Any]:
-        """One completion per agent per turn (greedy unless ``val_sampling``); logs ``val/reward``,
-        ``val/return``, ``val/rewards/<name>/mean``, ``val/pass@1`` when a reward reports
-        :data:`~comlrl_lightning.envs.rewards.PASS_AT_1` (turn 0), and ``val/turn_<t>/reward`` when
-        the episodes ran more than one turn."""
-        turns = self.rollout(batch, evaluation=True)
+        """``num_generations_eval`` paths per problem, one completion per agent per turn (greedy when
+        there is one path, unless ``val_sampling``). Logs ``val/reward``, ``val/return``,
+        ``val/rewards/<name>/mean`` (means over every path), ``val/pass@k`` for each
+        ``rollout.eval_pass_at_k`` when a reward reports :data:`~comlrl_lightning.envs.rewards.PASS_AT_1`
+        (turn 0, unbiased estimator over the problem's paths: :mod:`comlrl_lightning.core.evaluation`),
+        and with several turns ``val/final/pass@k`` (the last joint action of each path) and
+        ``val/turn_<t>/reward``."""
+        n_eval = self.num_generations_eval
+        turns = self.rollout(repeat_episodes(batch, n_eval), evaluation=True)
         n, dev = len(batch), self.device
         first = turns[0]
         self.log(M.VAL_REWARD, first.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
         self.log(M.VAL_RETURN, first.returns.mean().to(dev), batch_size=n, sync_dist=True)
         for name, v in first.components.items():
             self.log(M.reward_fn(name, "val/"), v.nanmean().to(dev), batch_size=n, sync_dist=True)
-        if first.pass_at_1 is not None:  # one sample per problem: the fraction solved is pass@1
-            self.log(
-                M.VAL_PASS_AT_1,
-                first.pass_at_1.nanmean().to(dev),
-                prog_bar=True,
-                batch_size=n,
-                sync_dist=True,
-            )
+        ks = self.rollout_config.eval_pass_at_k if hasattr(self, "rollout_config") else [1]
+        for final in (False, True) if self.num_turns > 1 else (False,):
+            solved = path_solved(turns, final)
+            if solved is None:
+                break
+            for k, per_problem in pass_at_ks(solved, n_eval, ks).items():
+                self.log(M.val_pass_at(k, final), per_problem.float().mean().to(dev), prog_bar=k == 1 and not final,
+                         batch_size=n, sync_dist=True)  # fmt: skip
         if self.num_turns > 1:
             for t in turns:
                 self.log(M.turn(t.turn, "reward", "val/"), t.rewards.mean().to(dev), batch_size=t.rewards.numel(),
@@ -376,18 +414,39 @@ class CoMLRLModule(pl.LightningModule):
             FloatingPointError: an agent's parameter holds NaN/inf (named with the agent); a checkpoint
                 of such weights could only poison the run resumed from it.
         """
-        for i, model in enumerate(self.agents):
+        for who, model in self.trained_modules():
             for name, p in model.named_parameters():
                 if not torch.isfinite(p).all():
-                    raise FloatingPointError(f"agent {i}: parameter {name!r} holds NaN/inf at {self._batch_position()}; "
+                    raise FloatingPointError(f"{who}: parameter {name!r} holds NaN/inf at {self._batch_position()}; "
                                              "refusing to write a checkpoint with non-finite weights")  # fmt: skip
         checkpoint["rng_states"] = collect_rng_states()
+        checkpoint["skipped_steps"] = self.skip_counts()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the saved RNG states until :meth:`on_train_start` applies them: code that runs between
         checkpoint loading and the first batch (``configure_optimizers``, callbacks' ``on_fit_start``,
-        starting the train DataLoader) may still draw from the global RNG."""
+        starting the train DataLoader) may still draw from the global RNG. Restore the skip counters,
+        and rewrite the loop state of a checkpoint written at an epoch end or after ``fit`` into
+        the batch-end form Lightning resumes exactly from
+        (:func:`~comlrl_lightning.infra.resume.canonical_loop_state`, Lightning #19617)."""
         self._resume_rng_states = checkpoint.get("rng_states")
+        canonical_loop_state(checkpoint)  # epoch-end / after-fit checkpoints resume exactly (infra/resume.py)
+        for name, saved in checkpoint.get("skipped_steps", {}).items():
+            counts = self.skip_counts()[name]
+            if len(saved) != len(counts):
+                raise ValueError(f"checkpoint: skipped_steps[{name!r}] has {len(saved)} entries, this module "
+                                 f"has {len(counts)} {name}")  # fmt: skip
+            counts[:] = saved
+
+    def trained_modules(self) -> list[tuple[str, torch.nn.Module]]:
+        """``(name, module)`` of everything an optimizer steps, as messages name it (``"agent 0"``, ...):
+        what :meth:`on_save_checkpoint` checks for non-finite weights."""
+        return [(f"agent {i}", m) for i, m in enumerate(self.agents)]
+
+    def skip_counts(self) -> dict[str, list[int]]:
+        """The counters of skipped non-finite steps, by owner kind (saved in checkpoints, so a resumed
+        run's ``agent_<i>/skipped_steps`` goes on from the saved count)."""
+        return {"agents": self.skipped_steps}
 
     def on_train_start(self) -> None:
         """Re-place the team and its optimizer state (Lightning loads optimizer state onto the root

@@ -62,7 +62,9 @@ class MAAC(ActorCritic):
             nxt = values[s + 1].view(-1, j) if s + 1 < len(turns) else None
             base = critic_baseline(values[s].view(g, j), self.critic_config.critic_type)
             per_agent = [t.rewards[..., i] if t.rewards.dim() == 3 else t.rewards for i in range(n)]
-            per_agent = [absorbing_rewards(r, self.solved_mask(t), t.turns_left, cfg.discount) for r in per_agent]
+            per_agent = [
+                absorbing_rewards(r, self.solved_mask(t), t.turns_left, cfg.discount) for r in per_agent
+            ]
             joint_t = [td_targets(r, t.child, nxt, cfg.discount) for r in per_agent]  # per agent [G, J]
             t.agent_returns, t.advantages = [], []
             for i in range(n):

@@ -152,7 +152,7 @@ class MAGRPO(CoMLRLModule):
         joint_mode = "aligned" if evaluation else cfg.joint_mode
         credit = "shared" if evaluation else cfg.credit
         turns = rollout_tree(self.env, episodes, self.team, k, cfg.num_turns, joint_mode,
-                             greedy=evaluation and not self.val_sampling, stop_reward=cfg.stop_reward,
+                             greedy=evaluation and self.greedy_validation, stop_reward=cfg.stop_reward,
                              termination_threshold=cfg.termination_threshold, step=self.global_step,
                              credit=credit)  # fmt: skip
         compute_returns(turns, cfg.discount, credit, cfg.solved_return)

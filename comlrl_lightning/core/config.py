@@ -65,6 +65,16 @@ class RolloutConfig:
     """CoMLRL's ``early_termination_threshold``: a node whose mean reward over its joint actions is
     ``>`` this expands no children (CoMLRL's default −0.2 stops every branch after turn 1 when rewards
     are non-negative). None: never."""
+    num_generations_eval: int = 1
+    """Validation samples ``n`` per problem (TRL name). 1: one path per problem, greedy unless the
+    module's ``val_sampling``; n > 1: n independent sampled paths per problem (one completion per
+    agent per turn each), and ``val/pass@k`` for every k in :attr:`eval_pass_at_k` is the unbiased
+    estimator (:mod:`comlrl_lightning.core.evaluation`). Costs n× the validation generation."""
+    eval_num_samples: int | None = None
+    """CoMLRL's name for :attr:`num_generations_eval`; when given it sets it (both given must agree)."""
+    eval_pass_at_k: list[int] | None = None
+    """The k of the logged ``val/pass@k``, each in [1, num_generations_eval]. None: ``[1, n]``
+    (``[1]`` when n = 1)."""
     solved_return: SolvedReturn = "absorbing"
     """Return of a joint action whose branch ended *solved* before the last turn (``stop_reward``,
     ``termination_threshold``, or a transition returning ``SOLVED``): ``absorbing`` (default) treats
@@ -95,6 +105,19 @@ class RolloutConfig:
             self.joint_mode = "cross"
         _require("discount", self.discount, 0.0 <= self.discount <= 1.0, "in [0, 1]")
         _choice("solved_return", self.solved_return, ("absorbing", "reward"))
+        if self.eval_num_samples is not None:
+            if self.num_generations_eval not in (self.eval_num_samples, 1):
+                raise ValueError(f"eval_num_samples: got {self.eval_num_samples}, but num_generations_eval="
+                                 f"{self.num_generations_eval}; give one of the two (they are the same knob)")  # fmt: skip
+            self.num_generations_eval, self.eval_num_samples = self.eval_num_samples, None
+        n = self.num_generations_eval
+        _require("num_generations_eval", n, isinstance(n, int) and n >= 1, "an integer >= 1")
+        if self.eval_pass_at_k is None:
+            self.eval_pass_at_k = sorted({1, n})
+        bad = [k for k in self.eval_pass_at_k if not isinstance(k, int) or not 1 <= k <= n]
+        if bad or not self.eval_pass_at_k:
+            raise ValueError(f"eval_pass_at_k: got {self.eval_pass_at_k}; each k must be an integer in [1, "
+                             f"num_generations_eval={n}] (pass@k is undefined for k > n samples)")  # fmt: skip
         _choice("credit", self.credit, ("shared", "counterfactual", "cross_rewards"))
         if self.credit != "shared" and self.joint_mode != "aligned":
             raise ValueError(f"credit: got {self.credit!r} with joint_mode={self.joint_mode!r}; credit modes score "

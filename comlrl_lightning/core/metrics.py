@@ -28,7 +28,15 @@ CRITIC_EXPLAINED_VARIANCE = "critic/explained_variance"
 VAL_REWARD = "val/reward"
 VAL_RETURN = "val/return"
 VAL_PASS_AT_1 = "val/pass@1"
-"""Fraction of validation problems the team's one greedy sample solves (a reward's ``PASS_AT_1``)."""
+"""Validation pass@1 of the team's first answer (a reward's ``PASS_AT_1``): the fraction of problems
+its one greedy sample solves, or with ``num_generations_eval = n > 1`` the unbiased estimate from n
+samples (see :func:`val_pass_at`)."""
+
+
+def val_pass_at(k: int, final: bool = False) -> str:
+    """``val/pass@<k>`` (turn 0, the team's first answer) or ``val/final/pass@<k>`` (the last joint
+    action of each path, multi-turn): unbiased pass@k, mean over problems (core/evaluation.py)."""
+    return f"val/{'final/' if final else ''}pass@{k}"
 
 
 def agent(i: int, name: str) -> str:

@@ -30,7 +30,6 @@ from comlrl_lightning.core.records import Node, Turn
 from comlrl_lightning.core.td import absorbing_rewards
 from comlrl_lightning.envs.base import SOLVED, DecPOMDP, Episode
 
-
 SOLVED_RETURNS = ("absorbing", "reward")
 """``rollout.solved_return`` choices (see :func:`compute_returns`)."""
 

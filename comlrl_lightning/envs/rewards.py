@@ -46,7 +46,7 @@ class RewardFunction(Protocol):
 
 PASS_AT_1 = "all_passed"
 """The metric key a reward reports per joint action when the joint action solved the task (1.0/0.0);
-validation logs its mean as ``val/pass@1`` (one greedy sample per problem)."""
+validation estimates ``val/pass@k`` from it (core/evaluation.py; one greedy sample per problem: pass@1)."""
 
 
 @dataclass

