@@ -121,6 +121,64 @@ def summarise(record: dict) -> dict:
     }
 
 
+def measure(extra: list[str], max_steps: int = 6, config: str | None = None) -> dict:
+    """One child run of the main job (``summarise``'d), validation off so that only training is timed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "record.json")
+        cli_args = ["fit", "--config", config or os.path.join(ROOT, "configs", "humaneval_smollm2.yaml"),
+                    f"--trainer.max_steps={max_steps}", f"--trainer.default_root_dir={tmp}",
+                    "--validate_before_fit=false", "--trainer.limit_val_batches=0", *extra]  # fmt: skip
+        load0 = os.getloadavg()
+        subprocess.run([sys.executable, __file__, "--child", result, "--", *cli_args], check=True, cwd=tmp,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        with open(result) as f:
+            out = summarise(json.load(f))
+    out["loadavg_start_end"] = [round(load0[0], 2), round(os.getloadavg()[0], 2)]
+    return out
+
+
+STOP_KNOB = "--model.init_args.sampling.stop_after_code_block"
+
+
+def section(quick: bool = False) -> dict:
+    """``benchmarks/run.py --only main_job``: the main job without and with ``stop_after_code_block``,
+    back to back (A B A B; 3 batches each, 1 with ``--quick``), same seed and batches."""
+    steps, reps = (2, 1) if quick else (6, 2)
+    runs: dict[str, list[dict]] = {"off": [], "on": []}
+    for _ in range(reps):
+        for name, flag in (("off", "false"), ("on", "true")):
+            runs[name].append(measure([f"{STOP_KNOB}={flag}"], max_steps=steps))
+    return {"runs": runs, "max_steps": steps}
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / max(len(xs), 1)
+
+
+def render(res: dict) -> str:
+    """The markdown of the ``main_job`` section."""
+    rows, batch = [], {}
+    for name in ("off", "on"):
+        runs = res["runs"][name]
+        batch[name] = _mean([b for r in runs for b in r["train_batch_s"]])
+        peak = max(r["peak_over_imports_mb"] for r in runs)
+        state = sum(runs[0]["state_mb"].values())
+        rows.append(f"| {name} | {batch[name]:.1f} | {' / '.join(f'{b:.0f}' for r in runs for b in r['train_batch_s'])} | "
+                    f"{runs[0]['clipped_ratio']:.3f} | {runs[0]['mean_length']:.1f} | {peak} ({peak / state:.2f}× "
+                    f"{state} MiB) | {' / '.join(str(r['loadavg_start_end']) for r in runs)} |")  # fmt: skip
+    return f"""`benchmarks/main_job.py` via `run.py --only main_job`: `configs/humaneval_smollm2.yaml` as `make run`
+trains it (2 SmolLM2-135M agents, 2 problems × K=2 per batch, 96 new tokens), validation off,
+`max_steps={res["max_steps"]}` (3 batches) per run, runs alternating off / on, same seed (so the same
+problems and, up to the stop, the same samples).
+
+| `stop_after_code_block` | mean batch s | each batch s | clipped ratio | mean completion tokens | peak RSS over imports, MB (× weights+grads+AdamW) | load average start, end |
+|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+Batch time with the stop ÷ without: **{batch["on"] / batch["off"]:.2f}** (the load column includes the run itself, 2 threads).
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "humaneval_smollm2.yaml"))

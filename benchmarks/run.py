@@ -8,7 +8,8 @@ Sections (``--only`` names): ``vs_comlrl`` (CoMLRL MAGRPOTrainer + the floor, N=
 GRPOTrainer + the floor, N=1), ``memory`` (peak RSS and parameter bytes, separate vs shared weights,
 in child processes), ``scaling`` (N = 1, 2, 4 and K = 2, 4, 8, with the floor), ``smollm2`` (one
 SmolLM2-135M row with the floor), ``credit`` (credit-assignment modes on a three-agent task, several
-seeds; ``benchmarks/credit.py``). ``--only X --write`` replaces section X in ``results.json`` and
+seeds; ``benchmarks/credit.py``), ``main_job`` (the main job's training batches without and with
+``stop_after_code_block``, back to back; ``benchmarks/main_job.py``, ~10 min). ``--only X --write`` replaces section X in ``results.json`` and
 regenerates RESULTS.md from every recorded section. Within a section every system trains on the same batch in turn
 (A B A B ...), from the same initial weights, in this one process; numbers are medians after two
 warm-up steps, ratios come from the same run.
@@ -48,7 +49,7 @@ from bench_lib import (  # noqa: E402
 
 from comlrl_lightning.core.generation import has_chat_template, render_prompt  # noqa: E402
 
-SECTIONS = ("vs_comlrl", "vs_trl", "memory", "scaling", "smollm2", "credit")
+SECTIONS = ("vs_comlrl", "vs_trl", "memory", "scaling", "smollm2", "credit", "main_job")
 
 
 def _r(x: float, nd: int = 3) -> str:
@@ -255,7 +256,8 @@ def smollm2(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
 
 COMLRL_PNG, CREDIT_PNG = "vs_comlrl_reward.png", "credit_reward.png"
 RUNNERS = {"vs_comlrl": vs_comlrl, "vs_trl": vs_trl, "memory": memory, "scaling": scaling, "smollm2": smollm2,
-           "credit": lambda quick, base=None: __import__("credit").section(quick, os.path.join(HERE, CREDIT_PNG))}  # fmt: skip
+           "credit": lambda quick, base=None: __import__("credit").section(quick, os.path.join(HERE, CREDIT_PNG)),
+           "main_job": lambda quick, base=None: __import__("main_job").section(quick)}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- report
@@ -415,9 +417,9 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
 
     mc = res["machine"]
     vers = ", ".join(f"{k} {v}" for k, v in mc["versions"].items())
-    credit_part = ""
+    extra_sections = ""
     if "credit" in res:
-        credit_part = f"""## Credit assignment (issue 15)
+        extra_sections = f"""## Credit assignment (issue 15)
 
 {credit.render(res["credit"])}
 
@@ -425,6 +427,8 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
 
 {credit.NOTES}
 """
+    if "main_job" in res:
+        extra_sections += f"\n## The main job: stopping at the code block (issue 12)\n\n{__import__('main_job').render(res['main_job'])}\n"
     comlrl_plot = (
         f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n"
         if "reward_curves" in res.get("vs_comlrl", {})
@@ -444,7 +448,7 @@ Machine: {mc["cores"]} cores ({mc["cpu"]}), torch threads {mc["torch_threads"]},
 
 Raw numbers: `benchmarks/results.json`.
 {comlrl_plot}
-{credit_part}
+{extra_sections}
 {NOTES}
 {gpu_section()}"""
     with open(path, "w") as fh:

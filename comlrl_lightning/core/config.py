@@ -112,16 +112,21 @@ class RolloutConfig:
             self.num_generations_eval, self.eval_num_samples = self.eval_num_samples, None
         n = self.num_generations_eval
         _require("num_generations_eval", n, isinstance(n, int) and n >= 1, "an integer >= 1")
-        if self.eval_pass_at_k is None:
-            self.eval_pass_at_k = sorted({1, n})
-        bad = [k for k in self.eval_pass_at_k if not isinstance(k, int) or not 1 <= k <= n]
-        if bad or not self.eval_pass_at_k:
+        ks = self.eval_ks()
+        if not ks or any(not isinstance(k, int) or not 1 <= k <= n for k in ks):
             raise ValueError(f"eval_pass_at_k: got {self.eval_pass_at_k}; each k must be an integer in [1, "
                              f"num_generations_eval={n}] (pass@k is undefined for k > n samples)")  # fmt: skip
         _choice("credit", self.credit, ("shared", "counterfactual", "cross_rewards"))
         if self.credit != "shared" and self.joint_mode != "aligned":
             raise ValueError(f"credit: got {self.credit!r} with joint_mode={self.joint_mode!r}; credit modes score "
                              "extra combinations of an aligned rollout: use joint_mode='aligned'")  # fmt: skip
+
+    def eval_ks(self) -> list[int]:
+        """The k of the logged ``val/pass@k``: :attr:`eval_pass_at_k`, or ``[1, num_generations_eval]``
+        (a method, not a filled-in field, so that a CLI override of ``num_generations_eval`` moves it)."""
+        if self.eval_pass_at_k is not None:
+            return list(self.eval_pass_at_k)
+        return sorted({1, self.num_generations_eval})
 
     def reward_calls_per_episode(self, num_agents: int) -> int:
         """Upper bound on joint actions scored per episode by a full tree: ``J·Σ_{t<T} J^t`` for
