@@ -171,7 +171,7 @@ trains it (2 SmolLM2-135M agents, 2 problems × K=2 per batch, 96 new tokens), v
 `max_steps={res["max_steps"]}` (3 batches) per run, runs alternating off / on, same seed (so the same
 problems and, up to the stop, the same samples).
 
-| `stop_after_code_block` | mean batch s | each batch s | clipped ratio | mean completion tokens | peak RSS over imports, MB (× weights+grads+AdamW) | load average start, end |
+| `stop_after_code_block` | mean batch s | each batch s | clipped ratio | mean completion tokens | peak RSS over imports, MiB (× weights+grads+AdamW) | load average start, end |
 |---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 

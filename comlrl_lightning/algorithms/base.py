@@ -23,7 +23,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import OnNonfinite, PlacementConfig, SamplingConfig
-from comlrl_lightning.core.evaluation import pass_at_ks, path_solved, repeat_episodes
+from comlrl_lightning.core.evaluation import repeat_episodes, validation_metrics
 from comlrl_lightning.core.records import Turn
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.infra.resume import canonical_loop_state
@@ -377,24 +377,11 @@ class CoMLRLModule(pl.LightningModule):
         ``val/turn_<t>/reward``."""
         n_eval = self.num_generations_eval
         turns = self.rollout(repeat_episodes(batch, n_eval), evaluation=True)
-        n, dev = len(batch), self.device
-        first = turns[0]
-        self.log(M.VAL_REWARD, first.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
-        self.log(M.VAL_RETURN, first.returns.mean().to(dev), batch_size=n, sync_dist=True)
-        for name, v in first.components.items():
-            self.log(M.reward_fn(name, "val/"), v.nanmean().to(dev), batch_size=n, sync_dist=True)
         ks = self.rollout_config.eval_ks() if hasattr(self, "rollout_config") else [1]
-        for final in (False, True) if self.num_turns > 1 else (False,):
-            solved = path_solved(turns, final)
-            if solved is None:
-                break
-            for k, per_problem in pass_at_ks(solved, n_eval, ks).items():
-                self.log(M.val_pass_at(k, final), per_problem.float().mean().to(dev), prog_bar=k == 1 and not final,
-                         batch_size=n, sync_dist=True)  # fmt: skip
-        if self.num_turns > 1:
-            for t in turns:
-                self.log(M.turn(t.turn, "reward", "val/"), t.rewards.mean().to(dev), batch_size=t.rewards.numel(),
-                         sync_dist=True)  # fmt: skip
+        for m in validation_metrics(turns, len(batch), n_eval, ks, self.num_turns > 1):
+            self.log(
+                m.name, m.value.to(self.device), prog_bar=m.prog_bar, batch_size=m.weight, sync_dist=True
+            )
         return {"turns": turns}
 
     @property

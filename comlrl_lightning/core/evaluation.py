@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
+from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.records import Turn
 from comlrl_lightning.envs.base import Episode
 
@@ -97,3 +99,38 @@ def pass_at_ks(solved: torch.Tensor, num_samples: int, ks: Sequence[int]) -> dic
     """
     correct = torch.nan_to_num(solved.float(), nan=0.0).view(-1, num_samples).sum(1).round().long()
     return {k: pass_at_k(num_samples, correct, k) for k in ks}
+
+
+class Metric(NamedTuple):
+    """One validation scalar: its name, value (``[]``), weight in the epoch mean and whether the
+    progress bar shows it."""
+
+    name: str
+    value: torch.Tensor
+    weight: int
+    prog_bar: bool = False
+
+
+def validation_metrics(
+    turns: list[Turn], num_problems: int, num_samples: int, ks: Sequence[int], multi_turn: bool
+) -> list[Metric]:
+    """The scalars of one validation batch of ``num_problems`` problems × ``num_samples`` paths.
+
+    ``val/reward``, ``val/return`` and ``val/rewards/<name>/mean`` are turn-0 means over every path;
+    ``val/pass@k`` (turn 0) for each ``k`` in ``ks`` when a reward reports
+    :data:`~comlrl_lightning.envs.rewards.PASS_AT_1`, plus with ``multi_turn`` ``val/final/pass@k``
+    (each path's last joint action) and ``val/turn_<t>/reward``. Per-problem values are weighted by
+    ``num_problems``, so the epoch mean is the mean over problems.
+    """
+    first, n = turns[0], num_problems
+    out = [Metric(M.VAL_REWARD, first.rewards.mean(), n, True), Metric(M.VAL_RETURN, first.returns.mean(), n)]
+    out += [Metric(M.reward_fn(name, "val/"), v.nanmean(), n) for name, v in first.components.items()]
+    for final in (False, True) if multi_turn else (False,):
+        solved = path_solved(turns, final)
+        if solved is None:
+            break
+        for k, per_problem in pass_at_ks(solved, num_samples, ks).items():
+            out.append(Metric(M.val_pass_at(k, final), per_problem.float().mean(), n, k == 1 and not final))
+    if multi_turn:
+        out += [Metric(M.turn(t.turn, "reward", "val/"), t.rewards.mean(), t.rewards.numel()) for t in turns]
+    return out
