@@ -166,10 +166,11 @@ def render(res: dict) -> str:
         rows.append(f"| {name} | {batch[name]:.1f} | {' / '.join(f'{b:.0f}' for r in runs for b in r['train_batch_s'])} | "
                     f"{runs[0]['clipped_ratio']:.3f} | {runs[0]['mean_length']:.1f} | {peak} ({peak / state:.2f}× "
                     f"{state} MiB) | {' / '.join(str(r['loadavg_start_end']) for r in runs)} |")  # fmt: skip
+    batches = res["max_steps"] // 2  # 2 agents: 2 optimizer steps per batch
     return f"""`benchmarks/main_job.py` via `run.py --only main_job`: `configs/humaneval_smollm2.yaml` as `make run`
-trains it (2 SmolLM2-135M agents, 2 problems × K=2 per batch, 96 new tokens), validation off,
-`max_steps={res["max_steps"]}` (3 batches) per run, runs alternating off / on, same seed (so the same
-problems and, up to the stop, the same samples).
+trains it (its agents, batch size, K and `max_new_tokens`), validation off, `max_steps={res["max_steps"]}`
+({batches} batches) per run, runs alternating off / on, same seed (so the same problems and, up to the
+stop, the same samples).
 
 | `stop_after_code_block` | mean batch s | each batch s | clipped ratio | mean completion tokens | peak RSS over imports, MiB (× weights+grads+AdamW) | load average start, end |
 |---|---|---|---|---|---|---|

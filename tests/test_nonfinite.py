@@ -143,3 +143,10 @@ def test_a_checkpoint_of_a_critic_with_nan_weights_is_refused():
         next(model.critics[1].parameters()).view(-1)[0] = float("nan")
     with pytest.raises(FloatingPointError, match=r"critic 1: parameter .* holds NaN/inf.*refusing to write"):
         model.on_save_checkpoint({})
+
+
+def test_skip_counts_of_another_module_kind_are_warned_about_not_fatal():
+    model = tiny()
+    with pytest.warns(UserWarning, match=r"skipped_steps\['critics'\] has 2 entries, this module has 0"):
+        model.on_load_checkpoint({"skipped_steps": {"agents": [0, 3], "critics": [1, 1]}})
+    assert model.skipped_steps == [0, 3]

@@ -103,6 +103,49 @@ def test_a_checkpoint_saved_after_fit_resumes_exactly(trainer_factory, tmp_path,
     assert_same_run(seen_a, seen_b, seen_c, resumed, straight)
 
 
+class Counted(Record):
+    """Also counts on_train_epoch_start calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch_starts = 0
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.epoch_starts += 1
+
+
+def fit_and_save(trainer_factory, path, ckpt_path=None, **limits):
+    pl.seed_everything(0)
+    model = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, num_generations=2, max_new_tokens=12,
+                   learning_rate=1e-3)  # fmt: skip
+    record, limits = Counted(), {"max_steps": -1, **limits}
+    trainer = trainer_factory(callbacks=[record], **limits)
+    trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=8, shuffle=True), ckpt_path=ckpt_path)
+    if path is not None:
+        trainer.save_checkpoint(path)
+    progress = trainer.fit_loop.epoch_progress.current
+    return model, record, (progress.ready, progress.started, progress.processed, progress.completed)
+
+
+def test_a_resumed_run_saves_checkpoints_that_resume_exactly_again(trainer_factory, tmp_path):
+    steps = MAGRPO.max_steps_for
+    _, a, _ = fit_and_save(trainer_factory, tmp_path / "a.ckpt", max_steps=steps(4, 2))  # an epoch's end
+    _, b, _ = fit_and_save(trainer_factory, tmp_path / "b.ckpt", tmp_path / "a.ckpt", max_steps=steps(6, 2))
+    resumed, c, end = fit_and_save(trainer_factory, None, tmp_path / "b.ckpt", max_steps=steps(9, 2))
+    straight, s, straight_end = fit_and_save(trainer_factory, None, max_steps=steps(9, 2))
+    assert_same_run(a.batches + b.batches, c.batches, s.batches, resumed, straight)
+    assert a.epoch_starts + b.epoch_starts + c.epoch_starts == s.epoch_starts == 3  # every epoch started once
+    assert end == straight_end  # the epoch counters stayed in step through two resumes
+
+
+def test_an_epoch_based_run_resumes_exactly_from_its_final_checkpoint(trainer_factory, tmp_path):
+    _, a, _ = fit_and_save(trainer_factory, tmp_path / "a.ckpt", max_epochs=1)  # no max_steps
+    resumed, b, end = fit_and_save(trainer_factory, None, tmp_path / "a.ckpt", max_epochs=2)
+    straight, s, straight_end = fit_and_save(trainer_factory, None, max_epochs=2)
+    assert_same_run(a.batches, b.batches, s.batches, resumed, straight)
+    assert a.epoch_starts + b.epoch_starts == s.epoch_starts == 2 and end == straight_end
+
+
 def test_checkpoint_rng_states_load_with_weights_only(trainer_factory, tmp_path):
     saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
     run(trainer_factory, 1, callbacks=[saver], enable_checkpointing=True)

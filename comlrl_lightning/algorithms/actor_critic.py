@@ -272,7 +272,8 @@ class ActorCritic(CoMLRLModule):
 
     def rollout(self, episodes: Sequence[Episode], evaluation: bool = False) -> list[Turn]:
         """Tree rollout of ``episodes`` with returns filled in (advantages come from :meth:`estimate`).
-        ``evaluation``: one completion per agent per turn, greedy unless ``val_sampling``."""
+        ``evaluation``: one completion per agent per turn (one path per episode), greedy when
+        :attr:`greedy_validation`."""
         cfg = self.rollout_config
         k = 1 if evaluation else cfg.num_generations
         turns = rollout_tree(self.env, episodes, self.team, k, cfg.num_turns, "aligned" if evaluation else cfg.joint_mode,
@@ -357,12 +358,10 @@ class ActorCritic(CoMLRLModule):
 
     def _value_backward(self, critic: int, turns: list[Turn], data: CriticBatch) -> float:
         """Backward of ``value_loss_coef · (V − T)²`` (clipped) over every turn; returns the loss.
-        A non-finite turn loss is not backpropagated: the loss returned is then NaN/inf, and the
-        step it belongs to is skipped (``on_nonfinite="skip"``).
 
-        Raises:
-            FloatingPointError: a non-finite value loss with ``on_nonfinite="stop"`` (nothing is
-                stepped; CoMLRL raises too).
+        A non-finite loss is backpropagated like a finite one (every rank makes the same backward
+        calls, so DDP's gradient all-reduce stays in step); the step it belongs to then finds
+        non-finite values and skips or stops (:meth:`finite_or_skip`, ``LossConfig.on_nonfinite``).
         """
         cfg, total = self.critic_config, sum(v.numel() for v in data.values)
         loss_sum = 0.0
@@ -371,11 +370,6 @@ class ActorCritic(CoMLRLModule):
             loss = value_loss(values, target, old, cfg.value_clip_range, cfg.value_loss_coef) * (
                 values.numel() / total
             )
-            if not torch.isfinite(loss):
-                if self.loss.on_nonfinite == "stop":
-                    raise FloatingPointError(f"critic {critic}: non-finite value loss at {self._batch_position()}, "
-                                             f"turn {t.turn}; stopping (LossConfig.on_nonfinite='stop')")  # fmt: skip
-                return float(loss.detach())
             self.locked_backward(loss)
             loss_sum += float(loss.detach())
         return loss_sum

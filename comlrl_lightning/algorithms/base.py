@@ -276,6 +276,8 @@ class CoMLRLModule(pl.LightningModule):
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0  # NaN/inf iff any entry is
         finite = math.isfinite(grad_norm) and (loss is None or math.isfinite(loss))
+        if self._trainer is not None:  # one decision for every rank (a rank-local loss can differ)
+            finite = bool(self.trainer.strategy.reduce_boolean_decision(finite, all=True))
         if not finite:
             what = (
                 f"{who}: non-finite loss ({loss}) or gradient norm ({grad_norm}) at {self._batch_position()}"
@@ -419,10 +421,11 @@ class CoMLRLModule(pl.LightningModule):
         self._resume_rng_states = checkpoint.get("rng_states")
         canonical_loop_state(checkpoint)  # epoch-end / after-fit checkpoints resume exactly (infra/resume.py)
         for name, saved in checkpoint.get("skipped_steps", {}).items():
-            counts = self.skip_counts()[name]
-            if len(saved) != len(counts):
-                raise ValueError(f"checkpoint: skipped_steps[{name!r}] has {len(saved)} entries, this module "
-                                 f"has {len(counts)} {name}")  # fmt: skip
+            counts = self.skip_counts().get(name)
+            if counts is None or len(saved) != len(counts):  # e.g. an IAC checkpoint in MAGRPO (strict=False)
+                rank_zero_warn(f"checkpoint: skipped_steps[{name!r}] has {len(saved)} entries, this module has "
+                               f"{0 if counts is None else len(counts)}; those counters start at 0")  # fmt: skip
+                continue
             counts[:] = saved
 
     def trained_modules(self) -> list[tuple[str, torch.nn.Module]]:

@@ -146,7 +146,8 @@ class MAGRPO(CoMLRLModule):
 
     def rollout(self, episodes: Sequence[Episode], evaluation: bool = False) -> list[Turn]:
         """Tree rollout of ``episodes`` with returns and advantages filled in. ``evaluation``: one
-        completion per agent per turn (one path), greedy unless ``val_sampling``."""
+        completion per agent per turn (one path per episode: ``validation_step`` repeats each episode
+        ``num_generations_eval`` times), greedy when :attr:`greedy_validation`."""
         cfg, adv = self.rollout_config, self.advantage
         k = 1 if evaluation else cfg.num_generations
         joint_mode = "aligned" if evaluation else cfg.joint_mode

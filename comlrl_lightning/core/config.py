@@ -80,7 +80,10 @@ class RolloutConfig:
     ``termination_threshold``, or a transition returning ``SOLVED``): ``absorbing`` (default) treats
     the solved state as absorbing, paying the same reward each remaining turn,
     ``R_t = r_t · Σ_{s=0}^{T−1−t} discount^s`` (also the IAC/MAAC TD target), so solving early is never
-    ranked below solving later with the same reward (:mod:`comlrl_lightning.core.td`); ``reward``:
+    ranked below solving later with the same reward (:mod:`comlrl_lightning.core.td`).
+    ``termination_threshold`` ends (and so absorbs) every joint action of its node, so their returns
+    are scaled by that factor alike (their ranking within the node is kept; with
+    ``scale_rewards="none"`` their advantages grow by it); ``reward``:
     ``R_t = r_t``, CoMLRL's (a branch solved at turn 0 can then rank below one that continues)."""
     max_generations_per_episode: int = 4096
     """Budget guard: a config whose full tree makes more completions per episode raises at construction."""

