@@ -14,18 +14,25 @@ def tiny(**loss):
                   learning_rate=1e-2, loss=LossConfig(**loss))  # fmt: skip
 
 
+def poison_once(monkeypatch, cls, method, owner, index, value):
+    """After the first ``cls.method(self, index, ...)`` call, one gradient of ``self.<owner>[index]``
+    becomes ``value`` (the loss that call returns is left as it was)."""
+    real, calls = getattr(cls, method), []
+
+    def wrapped(self, which, *args, **kwargs):
+        out = real(self, which, *args, **kwargs)
+        if which == index and not calls:
+            calls.append(which)
+            module = getattr(self, owner)[index]
+            next(p for p in module.parameters() if p.grad is not None).grad.fill_(value)
+        return out
+
+    monkeypatch.setattr(cls, method, wrapped)
+
+
 def poison_agent_1_once(monkeypatch):
     """Agent 1's gradients become NaN in its first backward only."""
-    real, calls = MAGRPO._backward, []
-
-    def backward(self, agent, batches):
-        stats = real(self, agent, batches)
-        if agent == 1 and not calls:
-            calls.append(agent)
-            next(p for p in self.agents[1].parameters() if p.grad is not None).grad.fill_(float("nan"))
-        return stats
-
-    monkeypatch.setattr(MAGRPO, "_backward", backward)
+    poison_once(monkeypatch, MAGRPO, "_backward", "agents", 1, float("nan"))
 
 
 def test_a_nan_gradient_skips_that_agents_step_only_and_is_counted(monkeypatch, trainer_factory):
@@ -96,16 +103,7 @@ def poison_critic_0_once(monkeypatch):
     """Critic 0's gradients become inf after its first value backward (its loss stays finite)."""
     from comlrl_lightning import IAC
 
-    real, calls = IAC._value_backward, []
-
-    def value_backward(self, critic, turns, data):
-        loss = real(self, critic, turns, data)
-        if critic == 0 and not calls:
-            calls.append(critic)
-            next(p for p in self.critics[0].parameters() if p.grad is not None).grad.fill_(float("inf"))
-        return loss
-
-    monkeypatch.setattr(IAC, "_value_backward", value_backward)
+    poison_once(monkeypatch, IAC, "_value_backward", "critics", 0, float("inf"))
 
 
 def test_a_separate_critics_inf_gradient_skips_its_step_only(monkeypatch, trainer_factory):
