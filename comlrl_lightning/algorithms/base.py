@@ -365,6 +365,12 @@ class CoMLRLModule(pl.LightningModule):
         return 1 if cfg is None else cfg.num_generations_eval
 
     @property
+    def eval_ks(self) -> list[int]:
+        """The k of the logged ``val/pass@k`` (``rollout.eval_ks()``; [1] for an algorithm without it)."""
+        cfg = getattr(self, "rollout_config", None)
+        return [1] if cfg is None else cfg.eval_ks()
+
+    @property
     def greedy_validation(self) -> bool:
         """Validation decodes greedily: one path per problem and no ``val_sampling``."""
         return not self.val_sampling and self.num_generations_eval == 1
@@ -379,8 +385,7 @@ class CoMLRLModule(pl.LightningModule):
         ``val/turn_<t>/reward``."""
         n_eval = self.num_generations_eval
         turns = self.rollout(repeat_episodes(batch, n_eval), evaluation=True)
-        ks = self.rollout_config.eval_ks() if hasattr(self, "rollout_config") else [1]
-        for m in validation_metrics(turns, len(batch), n_eval, ks, self.num_turns > 1):
+        for m in validation_metrics(turns, len(batch), n_eval, self.eval_ks, self.num_turns > 1):
             self.log(
                 m.name, m.value.to(self.device), prog_bar=m.prog_bar, batch_size=m.weight, sync_dist=True
             )

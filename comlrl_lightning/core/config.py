@@ -107,7 +107,7 @@ class RolloutConfig:
         if self.joint_mode == "crossed":
             self.joint_mode = "cross"
         _require("discount", self.discount, 0.0 <= self.discount <= 1.0, "in [0, 1]")
-        _choice("solved_return", self.solved_return, ("absorbing", "reward"))
+        _choice("solved_return", self.solved_return, SolvedReturn.__args__)
         if self.eval_num_samples is not None:
             if self.num_generations_eval not in (self.eval_num_samples, 1):
                 raise ValueError(f"eval_num_samples: got {self.eval_num_samples}, but num_generations_eval="

@@ -24,14 +24,12 @@ from typing import Protocol
 import torch
 
 from comlrl_lightning.core.advantages import agent_sample_returns, group_advantages, joint_action_indices
+from comlrl_lightning.core.config import SolvedReturn
 from comlrl_lightning.core.credit import CreditIndex, credit_index, step_advantages, tree_credit_returns
 from comlrl_lightning.core.generation import Generation
 from comlrl_lightning.core.records import Node, Turn
 from comlrl_lightning.core.td import absorbing_rewards
 from comlrl_lightning.envs.base import SOLVED, DecPOMDP, Episode
-
-SOLVED_RETURNS = ("absorbing", "reward")
-"""``rollout.solved_return`` choices (see :func:`compute_returns`)."""
 
 
 class Actors(Protocol):
@@ -149,8 +147,8 @@ def compute_returns(
     (``turn.solved``) returns ``r · Σ_{s=0}^{turns_left} discount^s``
     (:func:`~comlrl_lightning.core.td.absorbing_rewards`); ``"reward"``: ``R = r`` (CoMLRL).
     """
-    if solved_return not in SOLVED_RETURNS:
-        raise ValueError(f"solved_return: got {solved_return!r}, allowed: {list(SOLVED_RETURNS)}")
+    if solved_return not in SolvedReturn.__args__:
+        raise ValueError(f"solved_return: got {solved_return!r}, allowed: {list(SolvedReturn.__args__)}")
     absorbing = solved_return == "absorbing"
     if credit != "shared":
         scored = tree_credit_returns([t.scored_rewards for t in turns], [t.child for t in turns], discount, credit,
