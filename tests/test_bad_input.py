@@ -153,7 +153,8 @@ def test_a_load_failure_names_the_model(monkeypatch, tmp_path):
 
 # ------------------------------------------------------------------ context
 def test_prompts_longer_than_the_context_keep_their_end_with_a_warning():
-    from comlrl_lightning.core.generation import SamplingConfig, generate
+    from comlrl_lightning.core.config import SamplingConfig
+    from comlrl_lightning.core.generation import generate
     from comlrl_lightning.team.agents import load_agent
 
     model, tok = load_agent(AgentSpec("builtin:tiny-gpt2"))  # n_positions = 512, one token per byte

@@ -110,15 +110,24 @@ def test_hparams_hold_plain_dicts_that_rebuild_the_same_module():
     assert again.rollout_config == model.rollout_config and again.loss == model.loss
 
 
-def test_aliases_keep_their_baseline_when_another_advantage_field_is_set():
-    from comlrl_lightning import MAREINFORCE, AdvantageConfig
+def test_aliases_fill_in_their_baseline_and_refuse_a_different_explicit_one():
+    from comlrl_lightning import MARLOO, MAREINFORCE, AdvantageConfig
 
     model = MAREINFORCE(agents="builtin:tiny-gpt2", advantage=AdvantageConfig(scale_rewards="none"))
     assert model.advantage.advantage_mode == "raw" and model.advantage.scale_rewards == "none"
+    with pytest.raises(
+        ValueError, match=r"advantage_mode: got 'max', but MAREINFORCE is MAGRPO with advantage_mode='raw'"
+    ):
+        MAREINFORCE(agents="builtin:tiny-gpt2", advantage=AdvantageConfig(advantage_mode="max"))
+    # an explicit 'mean' was silently replaced by the alias's rloo before
+    with pytest.raises(ValueError, match=r"got 'mean', but MARLOO .*'rloo'"):
+        MARLOO(agents="builtin:tiny-gpt2", advantage={"advantage_mode": "mean"})
+    # the alias's own value, and its saved hparams, are accepted back
+    loo = MARLOO(agents="builtin:tiny-gpt2", advantage={"advantage_mode": "rloo"})
+    assert MARLOO(**dict(loo.hparams)).advantage.advantage_mode == "rloo"
+    assert MAGRPO(agents="builtin:tiny-gpt2").advantage.advantage_mode == "mean"
     assert (
-        MAREINFORCE(
-            agents="builtin:tiny-gpt2", advantage=AdvantageConfig(advantage_mode="max")
-        ).advantage.advantage_mode
+        MAGRPO(agents="builtin:tiny-gpt2", advantage={"advantage_mode": "max"}).advantage.advantage_mode
         == "max"
     )
 

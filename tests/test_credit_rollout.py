@@ -5,11 +5,19 @@ import torch
 from comlrl_lightning import MAGRPO
 from comlrl_lightning.core.config import AdvantageConfig, LossConfig, RolloutConfig
 from comlrl_lightning.core.generation import Generation
-from comlrl_lightning.core.rollout import compute_advantages, compute_returns, rollout_tree
+from comlrl_lightning.core.rollout import (
+    RolloutPlan,
+    compute_advantages,
+    compute_returns,
+    independent_action,
+    rollout_tree,
+)
 from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 
 K = 2
+
+MEAN_UNSCALED = AdvantageConfig(advantage_mode="mean", scale_rewards="none", advantage_eps=1e-4)
 
 
 def path(text):
@@ -22,6 +30,8 @@ class Recorder:
 
     def __init__(self, k=K):
         self.k, self.generate_calls, self.reward_calls = k, [], []
+
+    act = independent_action
 
     def render(self, agent, node):
         return node.prompts[agent][-1]
@@ -54,11 +64,10 @@ class Recorder:
 def run(credit, num_turns=2, num_agents=2, k=K, episodes=1):
     rec = Recorder(k)
     env = DecPOMDP(["E"] * num_agents, rec.reward, rec.transition)
-    turns = rollout_tree(
-        env, [Episode(i) for i in range(episodes)], rec, k, num_turns, "aligned", credit=credit
-    )
+    plan = RolloutPlan(k, num_turns, "aligned", credit=credit)
+    turns = rollout_tree(env, [Episode(i) for i in range(episodes)], rec, plan)
     compute_returns(turns, 0.5, credit)
-    compute_advantages(turns, num_agents, k, "aligned", "mean", "none", 1e-4, credit)
+    compute_advantages(turns, plan, MEAN_UNSCALED, num_agents)
     return rec, turns
 
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from comlrl_lightning.core.config import AdvantageConfig
 from comlrl_lightning.core.records import Turn as Level
-from comlrl_lightning.core.rollout import compute_advantages, compute_returns
+from comlrl_lightning.core.rollout import RolloutPlan, compute_advantages, compute_returns
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.reward_model import RewardModelReward, reward_models_of
 from comlrl_lightning.envs.rewards import RewardError, WeightedReward
@@ -18,6 +19,8 @@ from comlrl_lightning.team.critics import CriticSpec, load_critic
 CPU, META = torch.device("cpu"), torch.device("meta")
 JOINT = [["ab", "abcd"], ["a", "a"], ["abc", "ab"]]
 EPS = [Episode(0, {"prompt": "p0"}), Episode(0, {"prompt": "p0"}), Episode(1, {"prompt": "p1"})]
+
+MEAN_UNSCALED = AdvantageConfig(advantage_mode="mean", scale_rewards="none", advantage_eps=1e-4)
 
 
 def fn(name, values):
@@ -74,7 +77,7 @@ def test_magrpo_groups_per_agent_rewards_per_agent():
     rewards = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])  # [G=1, J=2, N=2]
     level = Level(0, [], [], [], rewards, {}, torch.full((1, 2), -1))
     compute_returns([level], discount=0.5)
-    compute_advantages([level], 2, 2, "aligned", "mean", "none", 1e-4)
+    compute_advantages([level], RolloutPlan(2), MEAN_UNSCALED, num_agents=2)
     assert level.advantages[0].tolist() == [0.5, -0.5] and level.advantages[1].tolist() == [-0.5, 0.5]
 
 

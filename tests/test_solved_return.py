@@ -9,14 +9,22 @@ import pytest
 import torch
 
 from comlrl_lightning import IAC, MAAC, ActorCriticRolloutConfig, CriticConfig
-from comlrl_lightning.core.config import RolloutConfig
+from comlrl_lightning.core.config import AdvantageConfig, RolloutConfig
 from comlrl_lightning.core.credit import tree_credit_returns
 from comlrl_lightning.core.generation import Generation
-from comlrl_lightning.core.rollout import compute_advantages, compute_returns, rollout_tree
+from comlrl_lightning.core.rollout import (
+    RolloutPlan,
+    compute_advantages,
+    compute_returns,
+    independent_action,
+    rollout_tree,
+)
 from comlrl_lightning.core.td import absorbing_factor, absorbing_rewards
 from comlrl_lightning.envs.base import SOLVED, DecPOMDP, Episode
 
 K = 2
+
+MEAN_UNSCALED = AdvantageConfig(advantage_mode="mean", scale_rewards="none", advantage_eps=1e-4)
 
 
 def close(t, expected):
@@ -33,6 +41,8 @@ class Scripted:
             solved_by_transition,
             per_agent,
         )
+
+    act = independent_action
 
     def render(self, agent, node):
         return node.prompts[agent][-1]
@@ -61,9 +71,10 @@ class Scripted:
 
 def tree(script, num_turns=2, discount=1.0, solved_return="absorbing", **stops):
     env = DecPOMDP(["E", "E"], script.reward, script.transition)
-    turns = rollout_tree(env, [Episode(0)], script, K, num_turns, "aligned", **stops)
+    plan = RolloutPlan(K, num_turns, "aligned", **stops)
+    turns = rollout_tree(env, [Episode(0)], script, plan)
     compute_returns(turns, discount, solved_return=solved_return)
-    compute_advantages(turns, 2, K, "aligned", "mean", "none", 1e-4)
+    compute_advantages(turns, plan, MEAN_UNSCALED, num_agents=2)
     return turns
 
 

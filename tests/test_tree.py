@@ -3,12 +3,20 @@
 import pytest
 import torch
 
-from comlrl_lightning.core.config import RolloutConfig
+from comlrl_lightning.core.config import AdvantageConfig, RolloutConfig
 from comlrl_lightning.core.generation import Generation
-from comlrl_lightning.core.rollout import compute_advantages, compute_returns, rollout_tree
+from comlrl_lightning.core.rollout import (
+    RolloutPlan,
+    compute_advantages,
+    compute_returns,
+    independent_action,
+    rollout_tree,
+)
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 
 K = 2
+
+MEAN_UNSCALED = AdvantageConfig(advantage_mode="mean", scale_rewards="none", advantage_eps=1e-4)
 
 
 def path(text):
@@ -19,6 +27,8 @@ def path(text):
 class Recorder:
     def __init__(self):
         self.generate_calls, self.reward_calls, self.transitions = [], [], []
+
+    act = independent_action
 
     def render(self, agent, node):
         return node.prompts[agent][-1]
@@ -60,10 +70,10 @@ def make(rec):
 
 def run(mode, discount=0.5, threshold=None, episodes=1, comlrl_threshold=None):
     rec = Recorder()
-    levels = rollout_tree(make(rec), [Episode(i) for i in range(episodes)], rec, K, 2, mode, stop_reward=threshold,
-                          termination_threshold=comlrl_threshold)  # fmt: skip
+    plan = RolloutPlan(K, 2, mode, stop_reward=threshold, termination_threshold=comlrl_threshold)
+    levels = rollout_tree(make(rec), [Episode(i) for i in range(episodes)], rec, plan)
     compute_returns(levels, discount)
-    compute_advantages(levels, 2, K, mode, "mean", "none", 1e-4)
+    compute_advantages(levels, plan, MEAN_UNSCALED, num_agents=2)
     return rec, levels
 
 

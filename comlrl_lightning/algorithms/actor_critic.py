@@ -29,7 +29,6 @@ for IAC, 1 for MAAC). :meth:`ActorCritic.max_steps_for` converts.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Any, ClassVar
@@ -42,7 +41,6 @@ from comlrl_lightning.algorithms.base import CoMLRLModule, normalize_agents
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import LossConfig, PlacementConfig, RolloutConfig, SamplingConfig
 from comlrl_lightning.core.records import AgentStats, StepOutput, Turn
-from comlrl_lightning.core.rollout import compute_returns, rollout_tree
 from comlrl_lightning.core.td import (
     explained_variance,
     value_loss,
@@ -58,7 +56,7 @@ from comlrl_lightning.team.critics import (
     encode_critic_inputs,
     load_critic,
     validate_critic_spec,
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -81,6 +79,10 @@ class ActorCriticRolloutConfig(RolloutConfig):
             super().__post_init__()
         finally:
             self.num_generations = k
+        if self.credit != "shared":  # the critic is the per-agent baseline (MAAC: one TD error for all)
+            raise ValueError(
+                f"credit: got {self.credit!r}; IAC/MAAC take credit from their critics: use 'shared'"
+            )
 
 
 @dataclass
@@ -94,8 +96,13 @@ class CriticBatch:
     targets: list[torch.Tensor]
 
 
-_GROUP_TYPES = {"rollout": ActorCriticRolloutConfig, "critic": CriticConfig, "loss": LossConfig,
-                "sampling": SamplingConfig, "placement": PlacementConfig}  # fmt: skip
+_GROUP_TYPES = {
+    "rollout": ActorCriticRolloutConfig,
+    "critic": CriticConfig,
+    "loss": LossConfig,
+    "sampling": SamplingConfig,
+    "placement": PlacementConfig,
+}
 """Init-argument name -> config group (a dict from a checkpoint's hparams is rebuilt as its group)."""
 _DEFAULTS = {name: cls() for name, cls in _GROUP_TYPES.items()}
 """The signature defaults (so ``--print_config`` lists every field); never mutated: ``__init__`` copies."""
@@ -142,8 +149,16 @@ class ActorCritic(CoMLRLModule):
         specs = normalize_agents(agents, num_agents)
         groups["rollout"].check_budget(len(specs))
         self.critic_specs = self._critic_specs(critics, specs)
-        super().__init__(specs, groups["sampling"], groups["placement"], optimizer, scheduler, learning_rate,
-                         val_sampling, env)  # fmt: skip
+        super().__init__(
+            specs,
+            groups["sampling"],
+            groups["placement"],
+            optimizer,
+            scheduler,
+            learning_rate,
+            val_sampling,
+            env,
+        )
         self.rollout_config: ActorCriticRolloutConfig = groups["rollout"]
         self.critic_config: CriticConfig = groups["critic"]
         self.loss: LossConfig = groups["loss"]
@@ -169,13 +184,17 @@ class ActorCritic(CoMLRLModule):
         if len(out) == 1 and n > 1:
             out = [CriticSpec(**asdict(out[0])) for _ in range(n)]
         if len(out) != n:
-            raise ValueError(f"critics: got {len(out)} specs, {type(self).__name__} needs {n} "
-                             f"({'one centralised critic' if self.centralised else 'one per agent'}), or one to broadcast")  # fmt: skip
+            raise ValueError(
+                f"critics: got {len(out)} specs, {type(self).__name__} needs {n} "
+                f"({'one centralised critic' if self.centralised else 'one per agent'}), or one to broadcast"
+            )
         for c, spec in enumerate(out):
             validate_critic_spec(spec, c)
             if self.centralised and not spec.separate:
-                raise ValueError("critics[0].model: MAAC's centralised critic reads every agent's observation, so it "
-                                 "needs a model of its own (a hub id, path or 'builtin:<name>'), not a head on a trunk")  # fmt: skip
+                raise ValueError(
+                    "critics[0].model: MAAC's centralised critic reads every agent's observation, so it "
+                    "needs a model of its own (a hub id, path or 'builtin:<name>'), not a head on a trunk"
+                )
         return out
 
     # ------------------------------------------------------------------ set-up
@@ -197,8 +216,10 @@ class ActorCritic(CoMLRLModule):
         return self.num_agents * self.loss.num_iterations + len(self.separate_critics)
 
     def steps_per_batch_terms(self) -> str:
-        return (f"num_agents={self.num_agents} × num_iterations={self.loss.num_iterations} + "
-                f"{len(self.separate_critics)} separate critics")  # fmt: skip
+        return (
+            f"num_agents={self.num_agents} × num_iterations={self.loss.num_iterations} + "
+            f"{len(self.separate_critics)} separate critics"
+        )
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -270,18 +291,6 @@ class ActorCritic(CoMLRLModule):
         self.log_step(out, critic_batches, value_losses)
         return out
 
-    def rollout(self, episodes: Sequence[Episode], evaluation: bool = False) -> list[Turn]:
-        """Tree rollout of ``episodes`` with returns filled in (advantages come from :meth:`estimate`).
-        ``evaluation``: one completion per agent per turn (one path per episode), greedy when
-        :attr:`greedy_validation`."""
-        cfg = self.rollout_config
-        k = 1 if evaluation else cfg.num_generations
-        turns = rollout_tree(self.env, episodes, self.team, k, cfg.num_turns, "aligned" if evaluation else cfg.joint_mode,
-                             greedy=evaluation and self.greedy_validation, stop_reward=cfg.stop_reward,
-                             termination_threshold=cfg.termination_threshold, step=self.global_step)  # fmt: skip
-        compute_returns(turns, cfg.discount, solved_return=cfg.solved_return)
-        return turns
-
     def trained_modules(self) -> list[tuple[str, nn.Module]]:
         return super().trained_modules() + [(f"critic {c}", m) for c, m in enumerate(self.critics)]
 
@@ -310,8 +319,13 @@ class ActorCritic(CoMLRLModule):
         out = []
         for s in range(0, len(prompts), size):
             comps = None if completions is None else completions[s : s + size]
-            ids, mask, pos = encode_critic_inputs(self.critic_tokenizers[critic], prompts[s : s + size], comps,
-                                                  self.team.sampling[0].max_prompt_length, typ)  # fmt: skip
+            ids, mask, pos = encode_critic_inputs(
+                self.critic_tokenizers[critic],
+                prompts[s : s + size],
+                comps,
+                self.team.sampling[0].max_prompt_length,
+                typ,
+            )
             out.append(self.critics[critic](ids, mask, pos))
         return torch.cat(out)
 
@@ -347,12 +361,23 @@ class ActorCritic(CoMLRLModule):
             self.agents[agent], ref, turns, agent, self.team.sampling[agent].temperature, self.loss
         )
 
-    def _backward(self, agent: int, batches: dict[int, Any], turns: list[Turn], critic_batches: list[CriticBatch],
-                  first: bool) -> tuple[AgentStats, float | None]:  # fmt: skip
+    def _backward(
+        self,
+        agent: int,
+        batches: dict[int, Any],
+        turns: list[Turn],
+        critic_batches: list[CriticBatch],
+        first: bool,
+    ) -> tuple[AgentStats, float | None]:
         opts, _ = self.agent_optimizers()
         opts[agent].zero_grad()
-        stats = agent_backward(self.agents[agent], batches[agent], self.team.sampling[agent].temperature, self.loss,
-                               self.locked_backward)  # fmt: skip
+        stats = agent_backward(
+            self.agents[agent],
+            batches[agent],
+            self.team.sampling[agent].temperature,
+            self.loss,
+            self.locked_backward,
+        )
         head = not self.centralised and not self.critic_specs[agent].separate
         return stats, (self._value_backward(agent, turns, critic_batches[agent]) if head and first else None)
 
@@ -383,12 +408,22 @@ class ActorCritic(CoMLRLModule):
             opt = opts[self.num_agents + k]
             opt.zero_grad()
             losses[c] = self._value_backward(c, turns, critic_batches[c])
-            if not self.finite_or_skip(opt, f"critic {c}", losses[c], self.loss.on_nonfinite,
-                                       self.critic_skipped_steps, c, M.critic(c, "skipped_steps")):  # fmt: skip
+            if not self.finite_or_skip(
+                opt,
+                f"critic {c}",
+                losses[c],
+                self.loss.on_nonfinite,
+                self.critic_skipped_steps,
+                c,
+                M.critic(c, "skipped_steps"),
+            ):
                 continue
             if self.critic_config.critic_max_grad_norm is not None:
-                self.clip_gradients(opt, gradient_clip_val=self.critic_config.critic_max_grad_norm,
-                                    gradient_clip_algorithm="norm")  # fmt: skip
+                self.clip_gradients(
+                    opt,
+                    gradient_clip_val=self.critic_config.critic_max_grad_norm,
+                    gradient_clip_algorithm="norm",
+                )
             opt.step()
         return losses
 

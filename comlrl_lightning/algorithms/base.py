@@ -1,16 +1,16 @@
 """What every algorithm shares: the team, one optimizer (and scheduler) per agent, placement,
 validation, and the RNG states a checkpoint needs for an exact resume.
 
-An algorithm subclasses :class:`CoMLRLModule` and writes ``rollout`` (the tree of turns with returns
-and advantages) and ``training_step`` (the corridor: rollout → returns → advantages → one update per
-agent → :class:`~comlrl_lightning.core.records.StepOutput`). Everything else is here, in the open:
-no mixins.
+An algorithm subclasses :class:`CoMLRLModule`, keeps a ``rollout_config``, and writes
+``training_step`` (the corridor: :meth:`CoMLRLModule.rollout` → its own values or advantages → one
+update per agent → :class:`~comlrl_lightning.core.records.StepOutput`). The rollout is shared: the
+tree of turns acted by :attr:`CoMLRLModule.actors` (the seam that says who generates what), returns,
+then the algorithm's :meth:`CoMLRLModule.score_turns`. Everything else is here, in the open: no mixins.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -24,18 +24,20 @@ from lightning.pytorch.utilities import rank_zero_warn
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import OnNonfinite, PlacementConfig, SamplingConfig
 from comlrl_lightning.core.evaluation import repeat_episodes, validation_metrics
+from comlrl_lightning.core.nonfinite import gradients_finite, nonfinite_verdict
 from comlrl_lightning.core.records import Turn
+from comlrl_lightning.core.rollout import Actors, RolloutPlan, compute_returns, rollout_tree
 from comlrl_lightning.envs.base import DecPOMDP, Episode
-from comlrl_lightning.infra.resume import canonical_loop_state
-from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
-from comlrl_lightning.infra.strategy import (
-    AgentParallelStrategy,
+from comlrl_lightning.infra.placement import (
     optimizer_state_to_param_devices,
     place_module,
     plan_devices,
     resolve_devices,
     visible_gpus,
-)  # fmt: skip
+)
+from comlrl_lightning.infra.resume import canonical_loop_state
+from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
+from comlrl_lightning.infra.strategy import AgentParallelStrategy
 from comlrl_lightning.team.agents import AgentSpec, validate_spec
 from comlrl_lightning.team.team import BACKWARD_LOCK, Team
 
@@ -102,8 +104,10 @@ class CoMLRLModule(pl.LightningModule):
         placement.check(len(specs))
         # parse devices (and AgentSpec.device) and check shared agents' devices now, before any model loads
         owners = [i if s.share_weights_with is None else s.share_weights_with for i, s in enumerate(specs)]
-        resolve_devices(placement.agent_devices, len(specs), num_gpus=None, owners=owners,
-                        overrides=[s.device for s in specs])  # fmt: skip
+        overrides = [s.device for s in specs]
+        resolve_devices(
+            placement.agent_devices, len(specs), num_gpus=None, owners=owners, overrides=overrides
+        )
         self.team = Team(specs, sampling)
         self.sampling_config, self.placement = sampling, placement
         self.learning_rate, self.val_sampling = learning_rate, val_sampling
@@ -172,17 +176,21 @@ class CoMLRLModule(pl.LightningModule):
             )
         strategy = self.trainer.strategy
         if self.placement.parallel_training == "mp" and not isinstance(strategy, SingleDeviceStrategy):
-            raise ValueError(f"parallel_training='mp' runs the team in one process; the trainer's strategy is "
-                             f"{type(strategy).__name__}: use strategy='agent_parallel' (or parallel_training='none')")  # fmt: skip
+            raise ValueError(
+                f"parallel_training='mp' runs the team in one process; the trainer's strategy is "
+                f"{type(strategy).__name__}: use strategy='agent_parallel' (or parallel_training='none')"
+            )
         distinct = sum(s.share_weights_with is None for s in self.specs)
         if (
             isinstance(strategy, DDPStrategy)
             and distinct > 1
             and not strategy._ddp_kwargs.get("find_unused_parameters")
         ):
-            raise ValueError("each agent's backward uses only that agent's parameters, so DDP needs "
-                             "find_unused_parameters: use strategy='ddp_find_unused_parameters_true' "
-                             "(or DDPStrategy(find_unused_parameters=True))")  # fmt: skip
+            raise ValueError(
+                "each agent's backward uses only that agent's parameters, so DDP needs "
+                "find_unused_parameters: use strategy='ddp_find_unused_parameters_true' "
+                "(or DDPStrategy(find_unused_parameters=True))"
+            )
 
     def configure_model(self) -> None:
         """Load every agent (and reference copy) once; idempotent across stages."""
@@ -193,8 +201,11 @@ class CoMLRLModule(pl.LightningModule):
         out = []
         for i, (spec, model) in enumerate(zip(self.specs, self.agents)):
             params = [p for p in model.parameters() if p.requires_grad]
-            opt = (self.optimizer_factory(params) if self.optimizer_factory is not None
-                   else torch.optim.AdamW(params, lr=self.learning_rate))  # fmt: skip
+            opt = (
+                self.optimizer_factory(params)
+                if self.optimizer_factory is not None
+                else torch.optim.AdamW(params, lr=self.learning_rate)
+            )
             if spec.learning_rate is not None:
                 for group in opt.param_groups:
                     group["lr"] = spec.learning_rate
@@ -228,8 +239,13 @@ class CoMLRLModule(pl.LightningModule):
             f"epoch {self.current_epoch}, batch {loop.epoch_loop.batch_idx}, global_step={self.global_step}"
         )
 
-    def step_agent(self, agent: int, max_grad_norm: float | None, loss: float | None = None,
-                   on_nonfinite: OnNonfinite = "skip") -> bool:  # fmt: skip
+    def step_agent(
+        self,
+        agent: int,
+        max_grad_norm: float | None,
+        loss: float | None = None,
+        on_nonfinite: OnNonfinite = "skip",
+    ) -> bool:
         """Clip, ``optimizer.step()`` (counted by Lightning) and scheduler step; main thread only, so
         ``global_step`` grows by one per agent step in agent order.
 
@@ -244,8 +260,15 @@ class CoMLRLModule(pl.LightningModule):
             FloatingPointError: non-finite loss or gradients with ``on_nonfinite="stop"``.
         """
         opts, schs = self.agent_optimizers()
-        if not self.finite_or_skip(opts[agent], f"agent {agent}", loss, on_nonfinite, self.skipped_steps, agent,
-                                   M.agent(agent, "skipped_steps")):  # fmt: skip
+        if not self.finite_or_skip(
+            opts[agent],
+            f"agent {agent}",
+            loss,
+            on_nonfinite,
+            self.skipped_steps,
+            agent,
+            M.agent(agent, "skipped_steps"),
+        ):
             return False
         if max_grad_norm is not None:
             self.clip_gradients(opts[agent], gradient_clip_val=max_grad_norm, gradient_clip_algorithm="norm")
@@ -257,8 +280,16 @@ class CoMLRLModule(pl.LightningModule):
             schs[agent].step()
         return True
 
-    def finite_or_skip(self, optimizer: torch.optim.Optimizer, who: str, loss: float | None,
-                       on_nonfinite: OnNonfinite, counts: list[int], slot: int, metric: str) -> bool:  # fmt: skip
+    def finite_or_skip(
+        self,
+        optimizer: torch.optim.Optimizer,
+        who: str,
+        loss: float | None,
+        on_nonfinite: OnNonfinite,
+        counts: list[int],
+        slot: int,
+        metric: str,
+    ) -> bool:
         """Whether ``loss`` and the gradients of ``optimizer``'s parameters are all finite; if not,
         skip (drop the gradients, ``counts[slot] += 1``, warn) or raise. Logs ``counts[slot]`` as ``metric``.
 
@@ -273,22 +304,16 @@ class CoMLRLModule(pl.LightningModule):
         Raises:
             FloatingPointError: non-finite values with ``on_nonfinite="stop"``, naming ``who`` and the batch.
         """
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0  # NaN/inf iff any entry is
-        finite = math.isfinite(grad_norm) and (loss is None or math.isfinite(loss))
+        finite, grad_norm = gradients_finite(optimizer, loss)
         if self._trainer is not None:  # one decision for every rank (a rank-local loss can differ)
             finite = bool(self.trainer.strategy.reduce_boolean_decision(finite, all=True))
         if not finite:
             what = (
                 f"{who}: non-finite loss ({loss}) or gradient norm ({grad_norm}) at {self._batch_position()}"
             )
-            if on_nonfinite == "stop":
-                raise FloatingPointError(
-                    f"{what}; stopping (LossConfig.on_nonfinite='stop'; 'skip' skips the step)"
-                )
+            warning = nonfinite_verdict(what, on_nonfinite)  # raises under "stop"
             counts[slot] += 1
-            rank_zero_warn(f"{what}; its optimizer step is skipped (LossConfig.on_nonfinite='skip'; "
-                           f"{counts[slot]} skipped so far)")  # fmt: skip
+            rank_zero_warn(f"{warning} ({counts[slot]} skipped so far)")
             optimizer.zero_grad(set_to_none=True)
         if self._trainer is not None:
             self.log(metric, float(counts[slot]))
@@ -315,8 +340,12 @@ class CoMLRLModule(pl.LightningModule):
         strategy = self.trainer.strategy
         if isinstance(strategy, AgentParallelStrategy):
             return
-        plan = plan_devices(self, self.placement.agent_devices, root=strategy.root_device,
-                            num_gpus=visible_gpus(strategy.accelerator))  # fmt: skip
+        plan = plan_devices(
+            self,
+            self.placement.agent_devices,
+            root=strategy.root_device,
+            num_gpus=visible_gpus(strategy.accelerator),
+        )
         place_module(self, plan)
         for opt in self.trainer.optimizers:
             optimizer_state_to_param_devices(opt)
@@ -338,10 +367,12 @@ class CoMLRLModule(pl.LightningModule):
         if max_steps > 0 and max_steps % per:
             batches = -(-max_steps // per)
             whole = " or ".join(str(n) for n in ((max_steps // per) * per, batches * per) if n > 0)
-            rank_zero_warn(f"max_steps={max_steps} is not a multiple of the {per} optimizer steps one batch takes "
-                           f"({self.steps_per_batch_terms()}): training runs {batches} batches and stops at "
-                           f"global_step={batches * per}; set max_steps={whole} (max_steps_for converts batches "
-                           "to steps)")  # fmt: skip
+            rank_zero_warn(
+                f"max_steps={max_steps} is not a multiple of the {per} optimizer steps one batch takes "
+                f"({self.steps_per_batch_terms()}): training runs {batches} batches and stops at "
+                f"global_step={batches * per}; set max_steps={whole} (max_steps_for converts batches "
+                "to steps)"
+            )
 
     def on_fit_start(self) -> None:
         self._check_max_steps()
@@ -353,10 +384,26 @@ class CoMLRLModule(pl.LightningModule):
     def on_validation_start(self) -> None:
         self._place_team()
 
-    # ------------------------------------------------------------------ validation
+    # ------------------------------------------------------------------ the rollout (the team's seam)
+    @property
+    def actors(self) -> Actors:
+        """Who generates what in a rollout (:class:`~comlrl_lightning.core.rollout.Actors`): the team,
+        each agent sampling K completions of its own history. Override to change how the team acts."""
+        return self.team
+
     def rollout(self, episodes: Sequence[Episode], evaluation: bool = False) -> list[Turn]:
-        """The algorithm's rollout: turns with returns (and, in training, advantages) filled in."""
-        raise NotImplementedError
+        """Tree rollout of ``episodes`` by :attr:`actors` with returns filled in, then :meth:`score_turns`
+        (MAGRPO: advantages). ``evaluation``: one completion per agent per turn (one path per episode:
+        ``validation_step`` repeats each episode ``num_generations_eval`` times), greedy when
+        :attr:`greedy_validation`. Needs ``self.rollout_config`` (a :class:`RolloutConfig`)."""
+        plan = RolloutPlan.of(self.rollout_config, evaluation, greedy=evaluation and self.greedy_validation)
+        turns = rollout_tree(self.env, episodes, self.actors, plan, step=self.global_step)
+        compute_returns(turns, plan.discount, plan.credit, plan.solved_return)
+        self.score_turns(turns, plan, evaluation)
+        return turns
+
+    def score_turns(self, turns: list[Turn], plan: RolloutPlan, evaluation: bool) -> None:
+        """What the algorithm adds to the rolled-out turns before its update (default: nothing)."""
 
     @property
     def num_generations_eval(self) -> int:
@@ -411,8 +458,10 @@ class CoMLRLModule(pl.LightningModule):
         for who, model in self.trained_modules():
             for name, p in model.named_parameters():
                 if not torch.isfinite(p).all():
-                    raise FloatingPointError(f"{who}: parameter {name!r} holds NaN/inf at {self._batch_position()}; "
-                                             "refusing to write a checkpoint with non-finite weights")  # fmt: skip
+                    raise FloatingPointError(
+                        f"{who}: parameter {name!r} holds NaN/inf at {self._batch_position()}; "
+                        "refusing to write a checkpoint with non-finite weights"
+                    )
         checkpoint["rng_states"] = collect_rng_states()
         checkpoint["skipped_steps"] = self.skip_counts()
 
@@ -428,8 +477,10 @@ class CoMLRLModule(pl.LightningModule):
         for name, saved in checkpoint.get("skipped_steps", {}).items():
             counts = self.skip_counts().get(name)
             if counts is None or len(saved) != len(counts):  # e.g. an IAC checkpoint in MAGRPO (strict=False)
-                rank_zero_warn(f"checkpoint: skipped_steps[{name!r}] has {len(saved)} entries, this module has "
-                               f"{0 if counts is None else len(counts)}; those counters start at 0")  # fmt: skip
+                rank_zero_warn(
+                    f"checkpoint: skipped_steps[{name!r}] has {len(saved)} entries, this module has "
+                    f"{0 if counts is None else len(counts)}; those counters start at 0"
+                )
                 continue
             counts[:] = saved
 

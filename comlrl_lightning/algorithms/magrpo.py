@@ -7,12 +7,13 @@ Features:
     - joint actions ``aligned`` (K per node) or ``cross`` (K^N per node);
     - tree rollouts over ``num_turns`` with ``discount``, ``stop_reward`` and CoMLRL's
       ``termination_threshold`` (see core/rollout.py);
-    - advantages ``mean`` | ``max`` | ``rloo`` | ``raw`` with optional group std scaling (``scale_rewards``);
+    - group-baseline advantages (``advantage_mode``: :data:`~comlrl_lightning.core.advantages.ADVANTAGE_MODE`);
     - log-probs from ``logits / temperature``, EOS counted, padding masked, ``logits_to_keep``;
-    - ``credit``: ``shared`` | ``counterfactual`` (difference rewards) | ``cross_rewards`` (see core/credit.py);
-    - ``scale_rewards`` ``group`` | ``batch`` | ``none``, agent-wise (Dr. MAS) or team statistics;
-    - ``loss_type`` ``sequence_sum`` | ``grpo`` | ``dr_grpo`` | ``dapo`` | ``bnpo`` (TRL's), GSPO's sequence
-      ratio (``importance_sampling_level``), ``epsilon_high``, ``delta``, ``mask_truncated_completions``;
+    - per-agent ``credit`` under the shared reward (:data:`~comlrl_lightning.core.credit.CREDIT`);
+    - ``scale_rewards`` (:data:`~comlrl_lightning.core.advantages.SCALE_REWARDS`), agent-wise (Dr. MAS)
+      or team statistics;
+    - TRL's ``loss_type`` (:data:`~comlrl_lightning.core.policy_loss.LOSS_TYPE`), GSPO's sequence ratio
+      (``importance_sampling_level``), ``epsilon_high``, ``delta``, ``mask_truncated_completions``;
     - ``entropy`` per agent (logged, from the loss's own forward);
     - ``num_iterations > 1``: PPO-style clipped ratio against log-probs from before the update;
     - ``beta > 0``: k3 KL to a frozen reference copy of each agent, as a loss term or, with
@@ -29,10 +30,8 @@ batches. Loggers' x-axis counts batches. :meth:`LossConfig.max_steps_for` conver
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -47,9 +46,9 @@ from comlrl_lightning.core.config import (
     RolloutConfig,
     SamplingConfig,
     group_flat_kwargs,
-)  # fmt: skip
+)
 from comlrl_lightning.core.records import AgentStats, StepOutput, Turn
-from comlrl_lightning.core.rollout import compute_advantages, compute_returns, rollout_tree
+from comlrl_lightning.core.rollout import RolloutPlan, compute_advantages
 from comlrl_lightning.core.update import AgentBatch, agent_backward, prepare_agent_batch, sequence_kls
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.team.agents import AgentSpec
@@ -79,8 +78,9 @@ class MAGRPO(CoMLRLModule):
         TypeError: an unknown keyword argument.
     """
 
-    default_advantage_mode = "mean"
-    """The baseline used in place of ``mean`` (the field's default): each alias sets its own."""
+    alias_advantage_mode: ClassVar[str | None] = None
+    """An alias's baseline (``MARLOO``: ``rloo``): filled in when ``advantage_mode`` is unset, a
+    different explicit value refused. None (MAGRPO): ``mean`` when unset, any explicit value kept."""
 
     def __init__(
         self,
@@ -98,16 +98,24 @@ class MAGRPO(CoMLRLModule):
         env: DecPOMDP | None = None,
         **flat: Any,
     ) -> None:
-        groups = group_flat_kwargs(flat, dict(rollout=rollout, advantage=advantage, loss=loss, sampling=sampling,
-                                              placement=placement))  # fmt: skip
-        if (
-            groups["advantage"].advantage_mode == "mean"
-        ):  # the aliases' own baseline unless another is asked for
-            groups["advantage"] = replace(groups["advantage"], advantage_mode=self.default_advantage_mode)
+        groups = group_flat_kwargs(
+            flat,
+            dict(rollout=rollout, advantage=advantage, loss=loss, sampling=sampling, placement=placement),
+        )
+        alias = None if self.alias_advantage_mode is None else type(self).__name__
+        groups["advantage"] = groups["advantage"].with_mode(self.alias_advantage_mode or "mean", alias)
         specs = normalize_agents(agents, num_agents)
         groups["rollout"].check_budget(len(specs))
-        super().__init__(specs, groups["sampling"], groups["placement"], optimizer, scheduler, learning_rate,
-                         val_sampling, env)  # fmt: skip
+        super().__init__(
+            specs,
+            groups["sampling"],
+            groups["placement"],
+            optimizer,
+            scheduler,
+            learning_rate,
+            val_sampling,
+            env,
+        )
         self.rollout_config: RolloutConfig = groups["rollout"]
         self.advantage: AdvantageConfig = groups["advantage"]
         self.loss: LossConfig = groups["loss"]
@@ -144,31 +152,21 @@ class MAGRPO(CoMLRLModule):
         self.log_step(out)
         return out
 
-    def rollout(self, episodes: Sequence[Episode], evaluation: bool = False) -> list[Turn]:
-        """Tree rollout of ``episodes`` with returns and advantages filled in. ``evaluation``: one
-        completion per agent per turn (one path per episode: ``validation_step`` repeats each episode
-        ``num_generations_eval`` times), greedy when :attr:`greedy_validation`."""
-        cfg, adv = self.rollout_config, self.advantage
-        k = 1 if evaluation else cfg.num_generations
-        joint_mode = "aligned" if evaluation else cfg.joint_mode
-        credit = "shared" if evaluation else cfg.credit
-        turns = rollout_tree(self.env, episodes, self.team, k, cfg.num_turns, joint_mode,
-                             greedy=evaluation and self.greedy_validation, stop_reward=cfg.stop_reward,
-                             termination_threshold=cfg.termination_threshold, step=self.global_step,
-                             credit=credit)  # fmt: skip
-        compute_returns(turns, cfg.discount, credit, cfg.solved_return)
+    def score_turns(self, turns: list[Turn], plan: RolloutPlan, evaluation: bool) -> None:
+        """Group-baseline advantages of every sample (``kl_mode="reward"``: minus its ``β·KL`` cost)."""
         costs = None
         if self.uses_reference_model and self.loss.kl_mode == "reward" and not evaluation:
             costs = self._kl_costs(turns)
-        compute_advantages(turns, self.num_agents, k, joint_mode, adv.advantage_mode,
-                           adv.scale if k > 1 else "none", adv.advantage_eps, credit,
-                           adv.agent_wise_normalization, costs)  # fmt: skip
-        return turns
+        compute_advantages(turns, plan, self.advantage, self.num_agents, costs)
 
     def _kl_costs(self, turns: list[Turn]) -> list[list[torch.Tensor]]:
         """``kl_mode="reward"``: per turn, per agent ``[G, K]`` ``β·KL`` of each sample to the reference."""
-        kls = self.team.map(lambda i: sequence_kls(self.agents[i], self.reference_models[i], turns, i,
-                                                   self.team.sampling[i].temperature), range(self.num_agents))  # fmt: skip
+        kls = self.team.map(
+            lambda i: sequence_kls(
+                self.agents[i], self.reference_models[i], turns, i, self.team.sampling[i].temperature
+            ),
+            range(self.num_agents),
+        )
         return [[self.loss.beta * kls[i][t] for i in range(self.num_agents)] for t in range(len(turns))]
 
     def update_agents(self, turns: list[Turn]) -> list[AgentStats]:
@@ -193,15 +191,22 @@ class MAGRPO(CoMLRLModule):
 
     def _prepare(self, agent: int, turns: list[Turn]) -> AgentBatch:
         ref = self.reference_models[agent] if self.uses_reference_model else None
-        return prepare_agent_batch(self.agents[agent], ref, turns, agent, self.team.sampling[agent].temperature,
-                                   self.loss)  # fmt: skip
+        return prepare_agent_batch(
+            self.agents[agent], ref, turns, agent, self.team.sampling[agent].temperature, self.loss
+        )
 
     def _backward(self, agent: int, batches: dict[int, AgentBatch]) -> AgentStats:
         opts, _ = self.agent_optimizers()
         opts[agent].zero_grad()
         sampling = self.team.sampling[agent]
-        return agent_backward(self.agents[agent], batches[agent], sampling.temperature, self.loss, self.locked_backward,
-                              sampling.max_new_tokens)  # fmt: skip
+        return agent_backward(
+            self.agents[agent],
+            batches[agent],
+            sampling.temperature,
+            self.loss,
+            self.locked_backward,
+            sampling.max_new_tokens,
+        )
 
     def log_step(self, out: StepOutput) -> None:
         """The module's own scalars (the rest is :class:`~comlrl_lightning.callbacks.RewardLogger`'s)."""
@@ -221,16 +226,16 @@ class MAGRPO(CoMLRLModule):
 class MAREINFORCE(MAGRPO):
     """MAGRPO with ``advantage_mode="raw"`` (no baseline; CoMLRL's MAREINFORCE)."""
 
-    default_advantage_mode = "raw"
+    alias_advantage_mode = "raw"
 
 
 class MARLOO(MAGRPO):
     """MAGRPO with ``advantage_mode="rloo"`` (leave-one-out baseline; CoMLRL's MARLOO)."""
 
-    default_advantage_mode = "rloo"
+    alias_advantage_mode = "rloo"
 
 
 class MAReMax(MAGRPO):
     """MAGRPO with ``advantage_mode="max"`` (max baseline; CoMLRL's MAReMax)."""
 
-    default_advantage_mode = "max"
+    alias_advantage_mode = "max"

@@ -1,14 +1,11 @@
 """Group-baseline advantages for the MAGRPO family, and joint-action bookkeeping.
 
 A *group* is the K sibling samples of one agent at one node of the rollout tree (same episode,
-same turn, same history). Formulas (design.md, "Algorithm reference"; CoMLRL ``advantage_mode``):
+same turn, same history). The baselines (CoMLRL ``advantage_mode``; design.md, "Algorithm
+reference") are declared once in :data:`ADVANTAGE_MODE`, each with its formula, and implemented in
+:data:`BASELINES`.
 
-- ``mean`` (MAGRPO):       A_k = R_k − mean(R)
-- ``max``  (MAReMax):      A_k = R_k − max(R)
-- ``rloo`` (MARLOO):       A_k = R_k − mean(R without k) = (K·R_k − ΣR) / (K − 1)
-- ``raw``  (MAREINFORCE):  A_k = R_k
-
-``scale_advantages="group"`` then divides by ``std(R) + eps`` (unbiased std over the group, as TRL
+``scale_rewards="group"`` then divides by ``std(R) + eps`` (unbiased std over the group, as TRL
 does); a group whose returns are all equal gets advantage exactly 0 in every mode. ``raw`` is not
 scaled unless asked (:func:`default_scale`).
 """
@@ -16,12 +13,61 @@ scaled unless asked (:func:`default_scale`).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 
-ADVANTAGE_MODES = ("mean", "max", "rloo", "raw")
-SCALE_MODES = ("group", "none")
-JOINT_MODES = ("aligned", "cross")
+from comlrl_lightning.core.choices import Choice
+
+ADVANTAGE_MODE = Choice(
+    "advantage_mode",
+    {
+        "mean": "`A_k = R_k − mean(R)` (GRPO, MAGRPO)",
+        "max": "`A_k = R_k − max(R)` (MAReMax)",
+        "rloo": "`A_k = R_k − mean(R without k) = (K·R_k − ΣR)/(K − 1)` (leave-one-out, MARLOO; K ≥ 2)",
+        "raw": "`A_k = R_k`, no baseline (MAREINFORCE; not std-scaled unless asked)",
+    },
+)
+"""The group baselines over the K siblings of a node (CoMLRL ``advantage_mode``)."""
+
+
+def _loo(returns: torch.Tensor) -> torch.Tensor:
+    k = returns.shape[-1]
+    if k < 2:
+        raise ValueError("advantage_mode='rloo' needs num_generations >= 2")
+    return (k * returns - returns.sum(-1, keepdim=True)) / (k - 1)
+
+
+BASELINES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "mean": lambda r: r - r.mean(-1, keepdim=True),
+    "max": lambda r: r - r.max(-1, keepdim=True).values,
+    "rloo": _loo,
+    "raw": lambda r: r.clone(),
+}
+"""``advantage_mode`` -> ``[G, K]`` returns to ``[G, K]`` baseline-subtracted advantages."""
+assert tuple(BASELINES) == ADVANTAGE_MODE.names, "every advantage_mode needs a baseline"
+
+SCALE_REWARDS = Choice(
+    "scale_rewards",
+    {
+        "group": "divide by the group's std + `advantage_eps` (GRPO, Shao et al. 2024)",
+        "batch": "divide by the std over the whole step, every turn (TRL's `batch`; PPO Lite, "
+        "arXiv 2508.08221: robust when groups are small)",
+        "none": "do not divide (Dr. GRPO, Liu et al. 2025: the std division biases towards easy and "
+        "hard questions)",
+    },
+)
+"""How advantages are scaled (TRL ``scale_rewards``; ``true``/``false`` mean ``group``/``none``)."""
+
+JOINT_MODE = Choice(
+    "joint_mode",
+    {
+        "aligned": "the k-th sample of every agent forms joint action k (K per node)",
+        "cross": "every combination of the agents' samples (K^N per node)",
+    },
+    aliases={"crossed": "cross"},
+)
+"""How a node's samples form joint actions (:func:`joint_action_indices`)."""
 
 
 def default_scale(mode: str) -> str:
@@ -37,7 +83,7 @@ def group_advantages(
 
     Args:
         returns: ``[G, K]`` returns (float).
-        mode: one of :data:`ADVANTAGE_MODES`.
+        mode: one of :data:`ADVANTAGE_MODE`.
         scale: ``"group"`` (divide by the group's std + ``eps``), ``"none"``, or None for
             :func:`default_scale` of ``mode``.
         eps: std floor, ≥ 1e-4 recommended so near-equal groups do not explode.
@@ -48,23 +94,13 @@ def group_advantages(
     Raises:
         ValueError: unknown ``mode``/``scale``, or ``K < 2`` for ``rloo``.
     """
-    if mode not in ADVANTAGE_MODES:
-        raise ValueError(f"advantage_mode: got {mode!r}, allowed: {list(ADVANTAGE_MODES)}")
+    ADVANTAGE_MODE.check(mode)
     scale = default_scale(mode) if scale is None else scale
-    if scale not in SCALE_MODES:
-        raise ValueError(f"scale_advantages: got {scale!r}, allowed: {list(SCALE_MODES)}")
+    if scale not in ("group", "none"):  # "batch" needs the whole step: scale_by_std
+        raise ValueError(f"scale_rewards: got {scale!r}, allowed here: ['group', 'none']")
     returns = returns.float()
     k = returns.shape[-1]
-    if mode == "mean":
-        adv = returns - returns.mean(-1, keepdim=True)
-    elif mode == "max":
-        adv = returns - returns.max(-1, keepdim=True).values
-    elif mode == "rloo":
-        if k < 2:
-            raise ValueError("advantage_mode='rloo' needs num_generations >= 2")
-        adv = (k * returns - returns.sum(-1, keepdim=True)) / (k - 1)
-    else:
-        adv = returns.clone()
+    adv = BASELINES[mode](returns)
     if scale == "group":
         std = returns.std(-1, keepdim=True) if k > 1 else torch.zeros_like(returns[..., :1])
         adv = torch.where(std > 0, adv / (std + eps), torch.zeros_like(adv))
@@ -80,7 +116,7 @@ def joint_action_indices(num_agents: int, num_generations: int, joint_mode: str)
         in lexicographic order (agent 0 slowest).
 
     Raises:
-        ValueError: unknown ``joint_mode``.
+        ValueError: unknown ``joint_mode`` (the canonical names: ``crossed`` is read as ``cross`` by the config).
     """
     if joint_mode == "aligned":
         return torch.arange(num_generations)[:, None].expand(num_generations, num_agents).clone()
@@ -88,7 +124,7 @@ def joint_action_indices(num_agents: int, num_generations: int, joint_mode: str)
         return torch.tensor(
             list(itertools.product(range(num_generations), repeat=num_agents)), dtype=torch.long
         )
-    raise ValueError(f"joint_mode: got {joint_mode!r}, allowed: {list(JOINT_MODES)}")
+    raise ValueError(f"joint_mode: got {joint_mode!r}, allowed: {list(JOINT_MODE.names)}")
 
 
 def agent_sample_returns(
@@ -112,9 +148,6 @@ def agent_sample_returns(
     sums.index_add_(1, members, joint_returns)
     counts = torch.bincount(members, minlength=num_generations).to(joint_returns.dtype)
     return sums / counts
-
-
-SCALE_REWARDS = ("group", "batch", "none")
 
 
 def scale_by_std(
@@ -152,8 +185,7 @@ def scale_by_std(
     Raises:
         ValueError: unknown ``scale``.
     """
-    if scale not in SCALE_REWARDS:
-        raise ValueError(f"scale_rewards: got {scale!r}, allowed: {list(SCALE_REWARDS)}")
+    SCALE_REWARDS.check(scale)
     if scale == "none":
         return [a.clone() for a in advantages]
 
@@ -163,10 +195,3 @@ def scale_by_std(
 
     stds = [std(s) for s in scores] if agent_wise else [std(torch.cat(scores, -1))] * len(scores)
     return [torch.where(sd > 0, a / (sd + eps), torch.zeros_like(a)) for a, sd in zip(advantages, stds)]
-
-
-KL_MODES = ("loss", "reward")
-"""``kl_mode``: ``loss`` adds ``β·k3`` to the per-token loss (GRPO paper, TRL); ``reward`` subtracts
-``β·Σ_t k3`` from each sample's return before the baseline (CoMLRL ``reference_kl``; see the
-``sample_costs`` of :func:`comlrl_lightning.core.credit.step_advantages`), so the KL enters as a
-per-sample cost in the advantage and has no direct gradient."""

@@ -1,9 +1,11 @@
 """Typed configuration of an algorithm, grouped by concern (litgpt ``args.py`` style).
 
-Every knob is declared once here, with its unit, default and source under it. ``Literal`` types let
-LightningCLI reject a bad value with the allowed list; ``__post_init__`` holds the cross-field rules
-and normalises accepted aliases (TRL's and CoMLRL's spellings), so the rest of the code reads one
-canonical value. Derived quantities are methods (:meth:`RolloutConfig.generations_per_episode`,
+Every knob is declared once here, with its unit, default and source under it. An enumerated knob's
+values are declared once next to the code that implements them (a :class:`~comlrl_lightning.core.choices.Choice`:
+``ADVANTAGE_MODE`` in ``core/advantages.py``, ``LOSS_TYPE`` in ``core/policy_loss.py``, ...): its
+``Literal`` type here (so LightningCLI rejects a bad value with the allowed list), its validation and
+its accepted aliases (TRL's and CoMLRL's spellings) all come from it. ``__post_init__`` holds the
+cross-field rules and normalises the aliases, so the rest of the code reads one canonical value. Derived quantities are methods (:meth:`RolloutConfig.generations_per_episode`,
 :meth:`LossConfig.max_steps_for`).
 
 In YAML a group is a nested mapping under ``model.init_args`` (``rollout: {num_generations: 4}``);
@@ -14,25 +16,27 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any
 
-from comlrl_lightning.core.advantages import default_scale
-from comlrl_lightning.core.credit import reward_calls_per_episode
+from comlrl_lightning.core.advantages import ADVANTAGE_MODE, JOINT_MODE, SCALE_REWARDS, default_scale
+from comlrl_lightning.core.credit import CREDIT, reward_calls_per_episode
+from comlrl_lightning.core.generation import AUTO_BACKEND, GENERATION_BACKEND
+from comlrl_lightning.core.nonfinite import ON_NONFINITE
+from comlrl_lightning.core.policy_loss import IMPORTANCE_SAMPLING_LEVEL, KL_MODE, LOSS_TYPE
+from comlrl_lightning.core.td import SOLVED_RETURN
+from comlrl_lightning.infra.placement import PARALLEL_TRAINING
 
-JointMode = Literal["aligned", "cross", "crossed"]
-AdvantageMode = Literal["mean", "max", "rloo", "raw"]
-ScaleRewards = Literal["group", "batch", "none"]
-LossType = Literal["sequence_sum", "grpo", "dr_grpo", "dapo", "bnpo", "sequence_mean", "token_mean"]
-Credit = Literal["shared", "counterfactual", "cross_rewards"]
-ImportanceSamplingLevel = Literal["token", "sequence"]
-KLMode = Literal["loss", "reward"]
-SolvedReturn = Literal["absorbing", "reward"]
-OnNonfinite = Literal["skip", "stop"]
-ParallelTraining = Literal["none", "mp"]
-GenerationBackend = Literal["auto", "dynamic", "static_compile", "continuous_batching"]
-AUTO_BACKEND = {"cpu": "dynamic", "cuda": "dynamic"}
-"""What ``generation_backend="auto"`` picks per device type. CUDA stays on today's path until a GPU
-measurement (``make gpu-check``, generation throughput) shows another one faster; none has run yet."""
+JointMode = JOINT_MODE.literal
+AdvantageMode = ADVANTAGE_MODE.literal
+ScaleRewards = SCALE_REWARDS.literal
+LossType = LOSS_TYPE.literal
+Credit = CREDIT.literal
+ImportanceSamplingLevel = IMPORTANCE_SAMPLING_LEVEL.literal
+KLMode = KL_MODE.literal
+SolvedReturn = SOLVED_RETURN.literal
+OnNonfinite = ON_NONFINITE.literal
+ParallelTraining = PARALLEL_TRAINING.literal
+GenerationBackend = GENERATION_BACKEND.literal
 
 
 def _require(field: str, value: Any, ok: bool, allowed: str) -> None:
@@ -40,9 +44,10 @@ def _require(field: str, value: Any, ok: bool, allowed: str) -> None:
         raise ValueError(f"{field}: got {value!r}, must be {allowed}")
 
 
-def _choice(field: str, value: Any, allowed: tuple[Any, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{field}: got {value!r}, allowed: {list(allowed)}")
+def _same_knob(field: str, value: Any, other: str, other_value: Any) -> str:
+    return (
+        f"{field}: got {value!r}, but {other}={other_value!r}; give one of the two (they are the same knob)"
+    )
 
 
 @dataclass
@@ -54,8 +59,8 @@ class RolloutConfig:
     num_turns: int = 1
     """Turns per episode (> 1 needs the env's transition). CoMLRL name."""
     joint_mode: JointMode = "aligned"
-    """``aligned``: the j-th sample of every agent forms joint action j (K per node); ``cross``:
-    the Cartesian product (K^N per node). ``crossed`` is CoMLRL's spelling of ``cross``."""
+    """How a node's samples form joint actions: one of :data:`~comlrl_lightning.core.advantages.JOINT_MODE`
+    (``crossed`` is CoMLRL's spelling of ``cross``). CoMLRL name."""
     discount: float = 1.0
     """γ in ``R_t = r_t + γ·mean(child returns)``, in [0, 1] (CoMLRL ignores it: γ = 1)."""
     stop_reward: float | None = None
@@ -77,52 +82,56 @@ class RolloutConfig:
     (``[1]`` when n = 1)."""
     solved_return: SolvedReturn = "absorbing"
     """Return of a joint action whose branch ended *solved* before the last turn (``stop_reward``,
-    ``termination_threshold``, or a transition returning ``SOLVED``): ``absorbing`` (default) treats
-    the solved state as absorbing, paying the same reward each remaining turn,
-    ``R_t = r_t · Σ_{s=0}^{T−1−t} discount^s`` (also the IAC/MAAC TD target), so solving early is never
-    ranked below solving later with the same reward (:mod:`comlrl_lightning.core.td`).
-    ``termination_threshold`` ends (and so absorbs) every joint action of its node, so their returns
-    are scaled by that factor alike (their ranking within the node is kept; with
-    ``scale_rewards="none"`` their advantages grow by it); ``reward``:
-    ``R_t = r_t``, CoMLRL's (a branch solved at turn 0 can then rank below one that continues)."""
+    ``termination_threshold``, or a transition returning ``SOLVED``): one of
+    :data:`~comlrl_lightning.core.td.SOLVED_RETURN`. ``absorbing`` (default) never ranks solving early
+    below solving later with the same reward. ``termination_threshold`` ends (and so absorbs) every
+    joint action of its node, so their returns are scaled by that factor alike (their ranking within
+    the node is kept; with ``scale_rewards="none"`` their advantages grow by it)."""
     max_generations_per_episode: int = 4096
     """Budget guard: a config whose full tree makes more completions per episode raises at construction."""
     credit: Credit = "shared"
-    """Per-agent credit under the one shared reward (:mod:`comlrl_lightning.core.credit`, which has
-    the formulas and the multi-turn bias): ``shared`` (MAGRPO: each agent gets the joint action's
-    return); ``counterfactual`` (difference rewards, ``R(k_i, k_-i) − mean_k' R(k', k_-i)``: K−1
-    extra reward calls per joint action and agent, the N=2 grid K²); ``cross_rewards`` (rewards of
-    all K^N combinations for credit, only the K aligned ones expanded; in multi-turn the credit comes
-    from immediate rewards only). Both score extra combinations of the samples already generated
-    (no extra generation) and need ``joint_mode="aligned"``."""
+    """Per-agent credit under the one shared reward: one of :data:`~comlrl_lightning.core.credit.CREDIT`
+    (:mod:`comlrl_lightning.core.credit` has the formulas and the multi-turn bias). The modes other
+    than ``shared`` score extra combinations of the samples already generated (no extra generation)
+    and need ``joint_mode="aligned"``."""
     max_reward_calls_per_episode: int = 16384
     """Budget guard: a config whose full tree makes more reward calls per episode (joint actions
     scored, :meth:`reward_calls_per_episode`) raises at construction."""
 
     def __post_init__(self) -> None:
-        _require("num_generations", self.num_generations, self.num_generations >= 2,
-                 ">= 2 (the group baseline needs >= 2 samples)")  # fmt: skip
+        k_ok = self.num_generations >= 2
+        _require(
+            "num_generations", self.num_generations, k_ok, ">= 2 (the group baseline needs >= 2 samples)"
+        )
         _require("num_turns", self.num_turns, self.num_turns >= 1, ">= 1")
-        _choice("joint_mode", self.joint_mode, ("aligned", "cross", "crossed"))
-        if self.joint_mode == "crossed":
-            self.joint_mode = "cross"
+        self.joint_mode = JOINT_MODE.canonical(self.joint_mode)
         _require("discount", self.discount, 0.0 <= self.discount <= 1.0, "in [0, 1]")
-        _choice("solved_return", self.solved_return, SolvedReturn.__args__)
+        SOLVED_RETURN.check(self.solved_return)
         if self.eval_num_samples is not None:
             if self.num_generations_eval not in (self.eval_num_samples, 1):
-                raise ValueError(f"eval_num_samples: got {self.eval_num_samples}, but num_generations_eval="
-                                 f"{self.num_generations_eval}; give one of the two (they are the same knob)")  # fmt: skip
+                raise ValueError(
+                    _same_knob(
+                        "eval_num_samples",
+                        self.eval_num_samples,
+                        "num_generations_eval",
+                        self.num_generations_eval,
+                    )
+                )
             self.num_generations_eval, self.eval_num_samples = self.eval_num_samples, None
         n = self.num_generations_eval
         _require("num_generations_eval", n, isinstance(n, int) and n >= 1, "an integer >= 1")
         ks = self.eval_ks()
         if not ks or any(not isinstance(k, int) or not 1 <= k <= n for k in ks):
-            raise ValueError(f"eval_pass_at_k: got {self.eval_pass_at_k}; each k must be an integer in [1, "
-                             f"num_generations_eval={n}] (pass@k is undefined for k > n samples)")  # fmt: skip
-        _choice("credit", self.credit, ("shared", "counterfactual", "cross_rewards"))
+            raise ValueError(
+                f"eval_pass_at_k: got {self.eval_pass_at_k}; each k must be an integer in [1, "
+                f"num_generations_eval={n}] (pass@k is undefined for k > n samples)"
+            )
+        CREDIT.check(self.credit)
         if self.credit != "shared" and self.joint_mode != "aligned":
-            raise ValueError(f"credit: got {self.credit!r} with joint_mode={self.joint_mode!r}; credit modes score "
-                             "extra combinations of an aligned rollout: use joint_mode='aligned'")  # fmt: skip
+            raise ValueError(
+                f"credit: got {self.credit!r} with joint_mode={self.joint_mode!r}; credit modes score "
+                "extra combinations of an aligned rollout: use joint_mode='aligned'"
+            )
 
     def eval_ks(self) -> list[int]:
         """The k of the logged ``val/pass@k``: :attr:`eval_pass_at_k`, or ``[1, num_generations_eval]``
@@ -169,16 +178,16 @@ class RolloutConfig:
 class AdvantageConfig:
     """Group baselines over the K siblings of a node (see :mod:`comlrl_lightning.core.advantages`)."""
 
-    advantage_mode: AdvantageMode = "mean"
-    """Baseline: ``mean`` (GRPO/MAGRPO), ``max`` (MAReMax), ``rloo`` (leave-one-out, MARLOO) or ``raw``
-    (no baseline, MAREINFORCE). CoMLRL name."""
+    advantage_mode: AdvantageMode | None = None
+    """The group baseline: one of :data:`~comlrl_lightning.core.advantages.ADVANTAGE_MODE`. None
+    (default): the algorithm's, filled in at construction (:meth:`with_mode`: ``mean`` for MAGRPO;
+    ``MAREINFORCE``, ``MARLOO``, ``MAReMax`` fill in ``raw``, ``rloo``, ``max`` and refuse a different
+    explicit value). CoMLRL name."""
     scale_rewards: ScaleRewards | bool | None = None
-    """None (default): ``none`` for ``advantage_mode="raw"`` (A = R, CoMLRL's MAREINFORCE: dividing
-    raw returns by a near-zero std turns a group like [1, 1+1e-7, 1, 1] into advantages of ~1e4),
-    ``group`` otherwise (see :meth:`scale`). ``group``: divide by the group's std + ``advantage_eps`` (GRPO, Shao et al. 2024); ``batch``:
-    by the std over the whole step (every turn; TRL's ``"batch"``, PPO Lite, arXiv 2508.08221: robust
-    when groups are small); ``none``: do not (Dr. GRPO, Liu et al. 2025, which shows the std division
-    biases towards easy/hard questions). See ``agent_wise_normalization`` for whose std. TRL name;
+    """How advantages are scaled: one of :data:`~comlrl_lightning.core.advantages.SCALE_REWARDS`. None
+    (default): ``none`` for ``advantage_mode="raw"`` (A = R, CoMLRL's MAREINFORCE: dividing raw returns
+    by a near-zero std turns a group like [1, 1+1e-7, 1, 1] into advantages of ~1e4), ``group``
+    otherwise (see :meth:`scale`). See ``agent_wise_normalization`` for whose std. TRL name;
     ``True``/``False`` mean ``group``/``none``. Formerly ``scale_advantages``."""
     advantage_eps: float = 1e-4
     """Std floor (>= 1e-4): an all-equal group gets advantage exactly 0, never NaN."""
@@ -191,21 +200,40 @@ class AdvantageConfig:
     def __post_init__(self) -> None:
         if isinstance(self.scale_rewards, bool):
             self.scale_rewards = "group" if self.scale_rewards else "none"
-        _choice("advantage_mode", self.advantage_mode, ("mean", "max", "rloo", "raw"))
+        if self.advantage_mode is not None:
+            ADVANTAGE_MODE.check(self.advantage_mode)
         if self.scale_rewards is not None:
-            _choice("scale_rewards", self.scale_rewards, ("group", "batch", "none"))
+            SCALE_REWARDS.check(self.scale_rewards)
         _require("advantage_eps", self.advantage_eps, self.advantage_eps >= 1e-4, ">= 1e-4")
 
     @property
+    def mode(self) -> str:
+        """``advantage_mode`` in use: ``mean`` when unset (an alias fills in its own first)."""
+        return "mean" if self.advantage_mode is None else self.advantage_mode
+
+    @property
     def scale(self) -> ScaleRewards:
-        """``scale_rewards`` with its default resolved. Resolved here rather than in ``__post_init__``
-        so an alias that swaps in its own ``advantage_mode`` (``dataclasses.replace``) gets that
-        mode's default, not the one of the mode it replaced."""
-        return default_scale(self.advantage_mode) if self.scale_rewards is None else self.scale_rewards
+        """``scale_rewards`` with its default resolved (:func:`~comlrl_lightning.core.advantages.default_scale`
+        of :attr:`mode`). Resolved here rather than in ``__post_init__`` so an alias that fills in its
+        ``advantage_mode`` (``dataclasses.replace``) gets that mode's default."""
+        return default_scale(self.mode) if self.scale_rewards is None else self.scale_rewards
 
+    def with_mode(self, mode: str, alias: str | None = None) -> AdvantageConfig:
+        """This config with ``advantage_mode`` filled in as ``mode`` when unset; ``alias`` (a class
+        name such as ``MARLOO``) fixes the mode: a different explicit value is refused.
 
-_LOSS_TYPE_ALIASES = {"sequence_mean": "grpo", "token_mean": "dapo"}
-"""The pre-TRL aggregation names and the ``loss_type`` each one is."""
+        Raises:
+            ValueError: ``alias`` given and ``advantage_mode`` set to another value (naming both): an
+                alias never overrides an explicit choice.
+        """
+        if self.advantage_mode is None:
+            return replace(self, advantage_mode=mode)
+        if alias is not None and self.advantage_mode != mode:
+            raise ValueError(
+                f"advantage_mode: got {self.advantage_mode!r}, but {alias} is MAGRPO with advantage_mode="
+                f"{mode!r}; leave it unset, or use MAGRPO(advantage={{'advantage_mode': {self.advantage_mode!r}}})"
+            )
+        return self
 
 
 @dataclass
@@ -213,13 +241,9 @@ class LossConfig:
     """The per-agent update: loss aggregation, optimisation passes, ratio clipping, KL, gradients."""
 
     loss_type: LossType = "sequence_sum"
-    """How per-token terms become a loss (TRL's names and meanings; papers and biases in
-    :mod:`comlrl_lightning.core.policy_loss`): ``sequence_sum`` (sum over a completion's tokens, mean
-    over completions: the MAGRPO paper's reference code), ``grpo`` (mean per completion, then over
-    completions: Shao et al. 2024, length-biased; formerly ``sequence_mean``), ``dr_grpo`` (token sum
-    over ``completions × max_new_tokens``: Dr. GRPO), ``dapo`` (mean over every token of the agent's
-    batch: Yu et al. 2025; formerly ``token_mean``) or ``bnpo`` (token mean per micro-batch, averaged).
-    Formerly ``loss_aggregation``."""
+    """How per-token terms become a loss: one of :data:`~comlrl_lightning.core.policy_loss.LOSS_TYPE`
+    (TRL's names and meanings; papers and biases in :mod:`comlrl_lightning.core.policy_loss`; the old
+    ``sequence_mean`` / ``token_mean`` are read as ``grpo`` / ``dapo``). Formerly ``loss_aggregation``."""
     num_iterations: int = 1
     """Optimisation passes per rollout batch (> 1 uses the clipped ratio against the pre-update
     log-probs, PPO-style). TRL name."""
@@ -231,36 +255,26 @@ class LossConfig:
     """Two-sided clipping (INTELLECT-2, arXiv 2505.07291): the unclipped ratio is capped at ``delta``
     (> 1 + ε_high), so a negative-advantage token with a huge ratio cannot blow up the loss. None: off. TRL name."""
     importance_sampling_level: ImportanceSamplingLevel = "token"
-    """``token``: one ratio per token (PPO/GRPO); ``sequence``: GSPO's length-normalised sequence ratio
-    (Zheng et al. 2025, arXiv 2507.18071; pair it with ``loss_type="grpo"``). Matters only off-policy
-    (``num_iterations > 1``). TRL name."""
+    """One of :data:`~comlrl_lightning.core.policy_loss.IMPORTANCE_SAMPLING_LEVEL` (pair ``sequence``
+    with ``loss_type="grpo"``). Matters only off-policy (``num_iterations > 1``). TRL name."""
     mask_truncated_completions: bool = False
     """Leave completions that hit ``max_new_tokens`` without EOS out of the loss (DAPO's overlong
     filtering: their reward judges an unfinished answer). TRL name."""
     beta: float = 0.0
     """Weight of the k3 KL to a frozen reference copy of each agent (0: no reference model is kept). TRL name."""
     kl_mode: KLMode = "loss"
-    """How ``beta`` applies: ``loss`` (``+β·k3`` per token in the loss: GRPO paper, TRL) or ``reward``
-    (each sample's return minus ``β·Σ_t k3`` before the baseline: CoMLRL's ``reference_kl``, so a
-    CoMLRL config with a reference KL behaves the same; costs one no-grad policy forward per agent
-    and turn at rollout time)."""
+    """How ``beta`` applies: one of :data:`~comlrl_lightning.core.policy_loss.KL_MODE` (``reward`` is
+    CoMLRL's ``reference_kl``, so a CoMLRL config with a reference KL behaves the same)."""
     max_grad_norm: float | None = 1.0
     """Per-agent gradient-norm clip; None: off. TRL name."""
     micro_batch_size: int | None = None
     """Samples per forward/backward (gradients accumulate into one step per agent); None: all at once."""
     on_nonfinite: OnNonfinite = "skip"
-    """An agent whose loss or gradients are not finite (NaN/inf) before its optimizer step: ``skip``
-    (no step for that agent this pass; its gradients are dropped, the count is logged as
-    ``agent_<i>/skipped_steps``; a skipped step does not count in ``global_step``) or ``stop`` (raise
-    ``FloatingPointError`` naming the agent and batch). Either way no non-finite weights are saved."""
+    """An agent whose loss or gradients are not finite (NaN/inf) before its optimizer step: one of
+    :data:`~comlrl_lightning.core.nonfinite.ON_NONFINITE`. Either way no non-finite weights are saved."""
 
     def __post_init__(self) -> None:
-        _choice(
-            "loss_type",
-            self.loss_type,
-            ("sequence_sum", "grpo", "dr_grpo", "dapo", "bnpo", *_LOSS_TYPE_ALIASES),
-        )
-        self.loss_type = _LOSS_TYPE_ALIASES.get(self.loss_type, self.loss_type)
+        self.loss_type = LOSS_TYPE.canonical(self.loss_type)
         _require("num_iterations", self.num_iterations, self.num_iterations >= 1, ">= 1")
         _require("epsilon", self.epsilon, self.epsilon > 0, "> 0")
         _require(
@@ -270,13 +284,13 @@ class LossConfig:
             "> 0 or None",
         )
         _require("beta", self.beta, self.beta >= 0, ">= 0")
-        _require("delta", self.delta, self.delta is None or self.delta > 1 + self.clip_high,
-                 f"> 1 + epsilon_high = {1 + self.clip_high} or None")  # fmt: skip
-        _choice("importance_sampling_level", self.importance_sampling_level, ("token", "sequence"))
-        _choice("kl_mode", self.kl_mode, ("loss", "reward"))
-        _choice("on_nonfinite", self.on_nonfinite, ("skip", "stop"))
-        _require("micro_batch_size", self.micro_batch_size,
-                 self.micro_batch_size is None or self.micro_batch_size >= 1, ">= 1 or None")  # fmt: skip
+        delta_ok = self.delta is None or self.delta > 1 + self.clip_high
+        _require("delta", self.delta, delta_ok, f"> 1 + epsilon_high = {1 + self.clip_high} or None")
+        IMPORTANCE_SAMPLING_LEVEL.check(self.importance_sampling_level)
+        KL_MODE.check(self.kl_mode)
+        ON_NONFINITE.check(self.on_nonfinite)
+        mb_ok = self.micro_batch_size is None or self.micro_batch_size >= 1
+        _require("micro_batch_size", self.micro_batch_size, mb_ok, ">= 1 or None")
 
     @property
     def clip_high(self) -> float:
@@ -310,10 +324,8 @@ class SamplingConfig:
     """End a completion right after its first complete fenced code block, as if the model had written
     EOS there (:mod:`comlrl_lightning.core.stopping`): for prompts that ask for one code block."""
     generation_backend: GenerationBackend = "auto"
-    """How ``generate`` produces tokens: ``dynamic`` (HF ``generate``, dynamic KV cache), ``static_compile``
-    (``cache_implementation="static"``, compiled by transformers on CUDA), ``continuous_batching``
-    (transformers' ``generate_batch``, paged KV cache) or ``auto`` (:data:`AUTO_BACKEND` for the model's
-    device type). Only the sampler changes: log-probs for the loss still come from the training forward."""
+    """How ``generate`` produces tokens: one of :data:`~comlrl_lightning.core.generation.GENERATION_BACKEND`
+    (``auto``: :data:`~comlrl_lightning.core.generation.AUTO_BACKEND` for the model's device type)."""
 
     def backend_for(self, device: Any) -> str:
         """The backend ``generate`` uses on ``device`` (``"auto"`` resolved through :data:`AUTO_BACKEND`)."""
@@ -322,21 +334,27 @@ class SamplingConfig:
         return AUTO_BACKEND.get(device.type, "dynamic")
 
     def __post_init__(self) -> None:
-        _choice("generation_backend", self.generation_backend, GenerationBackend.__args__)
+        GENERATION_BACKEND.check(self.generation_backend)
         if self.max_completion_length is not None:
             if self.max_new_tokens not in (self.max_completion_length, 64):
-                raise ValueError(f"max_completion_length: got {self.max_completion_length}, but max_new_tokens="
-                                 f"{self.max_new_tokens}; give one of the two (they are the same knob)")  # fmt: skip
+                raise ValueError(
+                    _same_knob(
+                        "max_completion_length",
+                        self.max_completion_length,
+                        "max_new_tokens",
+                        self.max_new_tokens,
+                    )
+                )
             self.max_new_tokens, self.max_completion_length = self.max_completion_length, None
         _require("temperature", self.temperature, self.temperature > 0, "> 0")
         _require("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]")
-        _require("top_k", self.top_k, self.top_k is None or (isinstance(self.top_k, int) and self.top_k >= 0),
-                 "an integer >= 0 or None (0 and None: off)")  # fmt: skip
-        _require("stop_after_code_block", self.stop_after_code_block, isinstance(self.stop_after_code_block, bool),
-                 "true or false")  # fmt: skip
+        top_k_ok = self.top_k is None or (isinstance(self.top_k, int) and self.top_k >= 0)
+        _require("top_k", self.top_k, top_k_ok, "an integer >= 0 or None (0 and None: off)")
+        stop_ok = isinstance(self.stop_after_code_block, bool)
+        _require("stop_after_code_block", self.stop_after_code_block, stop_ok, "true or false")
         _require("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1")
-        _require("max_prompt_length", self.max_prompt_length,
-                 self.max_prompt_length is None or self.max_prompt_length >= 1, ">= 1 or None")  # fmt: skip
+        prompt_ok = self.max_prompt_length is None or self.max_prompt_length >= 1
+        _require("max_prompt_length", self.max_prompt_length, prompt_ok, ">= 1 or None")
 
 
 @dataclass
@@ -344,15 +362,15 @@ class PlacementConfig:
     """Where the agents live (CoMLRL names); see :mod:`comlrl_lightning.infra.strategy`."""
 
     parallel_training: ParallelTraining = "none"
-    """``none``: Lightning places the module; ``mp``: one process, agent i on ``agent_devices[i]``. Under
-    ``Trainer(strategy="agent_parallel")`` the strategy places the models; under a plain single-device
-    strategy the module places them itself at fit start. Multi-process strategies are refused."""
+    """Where the agents live: one of :data:`~comlrl_lightning.infra.placement.PARALLEL_TRAINING`. With
+    ``mp`` under ``Trainer(strategy="agent_parallel")`` the strategy places the models; under a plain
+    single-device strategy the module places them itself at fit start. CoMLRL name."""
     agent_devices: list[str] | str | None = None
     """One device per agent (``["cuda:0", "cuda:1"]``), ``"auto"`` or None; a list of ``num_agents`` is
     required with ``mp``; read by the ``agent_parallel`` strategy when it gets no devices of its own."""
 
     def __post_init__(self) -> None:
-        _choice("parallel_training", self.parallel_training, ("none", "mp"))
+        PARALLEL_TRAINING.check(self.parallel_training)
 
     def check(self, num_agents: int) -> None:
         """Raises ValueError when ``mp`` lacks one device per agent."""
@@ -360,14 +378,19 @@ class PlacementConfig:
         if self.parallel_training == "mp" and (
             isinstance(devices, str) or devices is None or len(devices) != num_agents
         ):
-            raise ValueError(f"agent_devices: parallel_training='mp' needs a list of {num_agents} devices "
-                             f"(one per agent), got {devices!r}")  # fmt: skip
+            raise ValueError(
+                f"agent_devices: parallel_training='mp' needs a list of {num_agents} devices "
+                f"(one per agent), got {devices!r}"
+            )
 
 
 GROUPS: dict[str, type] = {
-    "rollout": RolloutConfig, "advantage": AdvantageConfig, "loss": LossConfig,
-    "sampling": SamplingConfig, "placement": PlacementConfig,
-}  # fmt: skip
+    "rollout": RolloutConfig,
+    "advantage": AdvantageConfig,
+    "loss": LossConfig,
+    "sampling": SamplingConfig,
+    "placement": PlacementConfig,
+}
 """Init-argument name -> config group, in the order a step uses them."""
 
 DEFAULTS: dict[str, Any] = {name: cls() for name, cls in GROUPS.items()}
@@ -400,8 +423,8 @@ def group_flat_kwargs(flat: dict[str, Any], groups: dict[str, Any]) -> dict[str,
         if key not in owner:
             raise TypeError(f"unknown argument {key!r}; config fields: {sorted(owner)}")
         group, name = owner[key]
-        warnings.warn(f"{key}=... is deprecated: use {group}={GROUPS[group].__name__}({name}=...) "
-                      f"(YAML: {group}: {{{name}: ...}})", DeprecationWarning, stacklevel=3)  # fmt: skip
+        hint = f"use {group}={GROUPS[group].__name__}({name}=...) (YAML: {group}: {{{name}: ...}})"
+        warnings.warn(f"{key}=... is deprecated: {hint}", DeprecationWarning, stacklevel=3)
         per_group[group][name] = value
     out = {}
     for group, cls in GROUPS.items():

@@ -51,9 +51,20 @@ from comlrl_lightning.core.advantages import (
     joint_action_indices,
     scale_by_std,
 )
+from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.core.td import absorbing_rewards
 
-CREDIT_MODES = ("shared", "counterfactual", "cross_rewards")
+CREDIT = Choice(
+    "credit",
+    {
+        "shared": "each agent gets the joint action's return (MAGRPO)",
+        "counterfactual": "difference rewards, `R(k_i, k_-i) − mean_k' R(k', k_-i)`: K−1 extra reward calls "
+        "per joint action and agent (the N=2 grid K²); aligned only",
+        "cross_rewards": "rewards of all K^N combinations for credit, only the K aligned ones expanded "
+        "(multi-turn: credit from immediate rewards only); aligned only",
+    },
+)
+"""Per-agent credit under the one shared reward (formulas and biases: the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +106,7 @@ def credit_index(num_agents: int, num_generations: int, credit: str) -> CreditIn
         rest = [c for c in itertools.product(range(k), repeat=n) if len(set(c)) > 1]
         return CreditIndex(torch.tensor(aligned + rest, dtype=torch.long), None)
     if credit != "counterfactual":
-        raise ValueError(f"credit: got {credit!r}, allowed: {list(CREDIT_MODES)}")
+        raise ValueError(f"credit: got {credit!r}, allowed: {list(CREDIT.names)}")
     rows: dict[tuple[int, ...], int] = {c: r for r, c in enumerate(aligned)}
     lookup = torch.empty(n, k, k, dtype=torch.long)
     for i, base, swap in itertools.product(range(n), range(k), range(k)):
@@ -187,7 +198,7 @@ def tree_credit_returns(
         child: per turn t, ``[G_t, K]`` long: the index in turn t+1 of aligned joint action k's child
             node, −1 where the branch ended.
         discount: γ.
-        credit: one of :data:`CREDIT_MODES` (``shared`` has ``M = K`` and gives MAGRPO's returns).
+        credit: one of :data:`CREDIT` (``shared`` has ``M = K`` and gives MAGRPO's returns).
         solved: per turn ``[G_t, M]`` bool, rows that ended solved (absorbing returns, see
             :func:`combination_returns`); None: none.
         turns_left: per turn, the turns after it (needed with ``solved``).
@@ -198,8 +209,7 @@ def tree_credit_returns(
     Raises:
         ValueError: unknown ``credit``.
     """
-    if credit not in CREDIT_MODES:
-        raise ValueError(f"credit: got {credit!r}, allowed: {list(CREDIT_MODES)}")
+    CREDIT.check(credit)
     out: list[torch.Tensor] = [torch.empty(0)] * len(rewards)
     below: torch.Tensor | None = None
     for t in reversed(range(len(rewards))):
@@ -208,9 +218,15 @@ def tree_credit_returns(
         if below is not None:
             node_values = below[:, : child[t].shape[1]].mean(-1)  # [G_{t+1}]
             values[has_child] = node_values[child[t][has_child]]
-        out[t] = below = combination_returns(rewards[t], values, has_child, discount, credit != "cross_rewards",
-                                             None if solved is None else solved[t],
-                                             0 if turns_left is None else turns_left[t])  # fmt: skip
+        out[t] = below = combination_returns(
+            rewards[t],
+            values,
+            has_child,
+            discount,
+            credit != "cross_rewards",
+            None if solved is None else solved[t],
+            0 if turns_left is None else turns_left[t],
+        )
     return out
 
 
@@ -299,7 +315,7 @@ def step_advantages(
             ``index.joint_index``; for ``shared`` credit the joint mode's own ``[J, N]`` table).
         index: the rows' :class:`CreditIndex` (``shared``: ``CreditIndex(joint_index, None)``).
         num_agents: N.
-        credit: one of :data:`CREDIT_MODES`.
+        credit: one of :data:`CREDIT`.
         mode: ``advantage_mode`` (the baseline).
         scale, agent_wise, eps: as in :func:`~comlrl_lightning.core.advantages.scale_by_std`;
             ``batch`` statistics span every turn of the step.
@@ -314,8 +330,7 @@ def step_advantages(
     Raises:
         ValueError: unknown ``credit``, ``mode`` or ``scale``.
     """
-    if credit not in CREDIT_MODES:
-        raise ValueError(f"credit: got {credit!r}, allowed: {list(CREDIT_MODES)}")
+    CREDIT.check(credit)
     k = int(index.joint_index[:, 0].max()) + 1
     raw, scores = [], []
     for t, returns in enumerate(turn_returns):

@@ -11,14 +11,33 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from transformers import GenerationConfig, StoppingCriteriaList
 
-from comlrl_lightning.core.config import SamplingConfig
+from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.core.stopping import CodeBlockEnd, apply_stops
+
+if TYPE_CHECKING:  # the config imports this module's GENERATION_BACKEND
+    from comlrl_lightning.core.config import SamplingConfig
+
+GENERATION_BACKEND = Choice(
+    "generation_backend",
+    {
+        "auto": "`AUTO_BACKEND` for the model's device type",
+        "dynamic": "HF `generate`, dynamic KV cache",
+        "static_compile": '`cache_implementation="static"`, compiled by transformers on CUDA',
+        "continuous_batching": "transformers' `generate_batch`, paged KV cache",
+    },
+)
+"""How :func:`generate` produces tokens (only the sampler changes: the loss's log-probs still come
+from the training forward)."""
+
+AUTO_BACKEND = {"cpu": "dynamic", "cuda": "dynamic"}
+"""What ``generation_backend="auto"`` picks per device type. CUDA stays on today's path until a GPU
+measurement (``make gpu-check``, generation throughput) shows another one faster; none has run yet."""
 
 
 @dataclass
@@ -189,8 +208,10 @@ def _continuous_batching(
     """``[R, C]`` completions from transformers' ``generate_batch`` (unpadded prompts in, rows padded
     with ``pad_token_id`` out), in the order of ``ids``' rows."""
     if not hasattr(model, "generate_batch"):
-        raise ValueError(f"generation_backend: 'continuous_batching' needs transformers' generate_batch, "
-                         f"which {type(model).__name__} lacks; use 'dynamic' or 'static_compile'")  # fmt: skip
+        raise ValueError(
+            f"generation_backend: 'continuous_batching' needs transformers' generate_batch, "
+            f"which {type(model).__name__} lacks; use 'dynamic' or 'static_compile'"
+        )
     prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
     max_new = kwargs.pop("max_new_tokens")
     config = sampling_config(dict(kwargs, max_new_tokens=max_new))
@@ -233,13 +254,18 @@ def fit_to_context(
         return ids, mask
     budget = context - max_new_tokens
     if budget < 1:
-        raise ValueError(f"max_new_tokens: got {max_new_tokens}, but the model's context is {context} tokens; "
-                         f"must be < {context} to leave room for the prompt")  # fmt: skip
+        raise ValueError(
+            f"max_new_tokens: got {max_new_tokens}, but the model's context is {context} tokens; "
+            f"must be < {context} to leave room for the prompt"
+        )
     if ids.shape[1] > budget:
         cut = int((mask.sum(-1) > budget).sum())
-        warnings.warn(f"{cut} of {ids.shape[0]} prompts are longer than the model's context ({context} tokens) minus "
-                      f"max_new_tokens ({max_new_tokens}): their first tokens are dropped (set max_prompt_length "
-                      "to choose the cut yourself)", stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"{cut} of {ids.shape[0]} prompts are longer than the model's context ({context} tokens) minus "
+            f"max_new_tokens ({max_new_tokens}): their first tokens are dropped (set max_prompt_length "
+            "to choose the cut yourself)",
+            stacklevel=3,
+        )
         ids, mask = ids[:, -budget:], mask[:, -budget:]
     return ids, mask
 
@@ -307,9 +333,12 @@ def generate(
                 stopping = kwargs.pop(
                     "stopping_criteria", None
                 )  # an object generate takes, not a config knob
-                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                     generation_config=sampling_config(dict(kwargs, use_cache=True)),
-                                     stopping_criteria=stopping)  # fmt: skip
+                out = model.generate(
+                    input_ids=ids.to(device),
+                    attention_mask=mask.to(device),
+                    generation_config=sampling_config(dict(kwargs, use_cache=True)),
+                    stopping_criteria=stopping,
+                )
                 completion_ids = out[:, ids.shape[1] :].cpu()
     finally:
         model.train(was_training)

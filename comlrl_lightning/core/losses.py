@@ -27,9 +27,13 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_rows:
 
 
 def _completion_logits(
-    model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor, temperature: float,
-) -> torch.Tensor:  # fmt: skip
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
     """``[R, C, V]`` logits (divided by ``temperature``) at the positions that predict each completion token."""
     device = next(model.parameters()).device
     # the last completion token predicts nothing we score: leave it out of the forward

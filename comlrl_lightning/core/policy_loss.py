@@ -41,8 +41,41 @@ from dataclasses import dataclass
 
 import torch
 
-LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "sequence_sum")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+from comlrl_lightning.core.choices import Choice
+
+LOSS_TYPE = Choice(
+    "loss_type",
+    {
+        "sequence_sum": "sum over a completion's tokens, mean over completions (the MAGRPO paper's code, CoMLRL)",
+        "grpo": "mean per completion, then over completions (Shao et al. 2024; length-biased)",
+        "dr_grpo": "token sum over `completions × max_new_tokens` (Dr. GRPO, Liu et al. 2025)",
+        "dapo": "mean over every token of the agent's batch (Yu et al. 2025; TRL's default)",
+        "bnpo": "token mean per micro-batch, averaged over micro-batches (TRL's meaning)",
+    },
+    aliases={"sequence_mean": "grpo", "token_mean": "dapo"},
+)
+"""How per-token terms become one agent's scalar loss (TRL ``loss_type``; the module docstring has
+the formulas and biases; the aliases are the pre-TRL ``loss_aggregation`` names)."""
+
+IMPORTANCE_SAMPLING_LEVEL = Choice(
+    "importance_sampling_level",
+    {
+        "token": "one ratio per token (PPO, GRPO)",
+        "sequence": "GSPO's length-normalised sequence ratio (Zheng et al. 2025, arXiv 2507.18071)",
+    },
+)
+"""Where the importance ratio is taken (TRL ``importance_sampling_level``)."""
+
+KL_MODE = Choice(
+    "kl_mode",
+    {
+        "loss": "`+β·k3` per token in the loss (GRPO paper, TRL)",
+        "reward": "each sample's return minus `β·Σ_t k3` before the baseline (CoMLRL's `reference_kl`; "
+        "one no-grad policy forward per agent and turn at rollout time)",
+    },
+)
+"""How ``beta``'s KL to the reference applies: per-token loss term, or :func:`sequence_kl` as a
+per-sample cost in the advantage (no direct gradient)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +103,7 @@ def log_importance_weights(
 
     Args:
         logps, old_logps, mask: ``[R, C]``.
-        level: one of :data:`IMPORTANCE_SAMPLING_LEVELS`.
+        level: one of :data:`IMPORTANCE_SAMPLING_LEVEL`.
 
     Returns:
         ``[R, C]``.
@@ -85,7 +118,9 @@ def log_importance_weights(
         m = mask.to(log_ratio.dtype)
         seq = (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
         return seq.expand_as(log_ratio)
-    raise ValueError(f"importance_sampling_level: got {level!r}, allowed: {list(IMPORTANCE_SAMPLING_LEVELS)}")
+    raise ValueError(
+        f"importance_sampling_level: got {level!r}, allowed: {list(IMPORTANCE_SAMPLING_LEVEL.names)}"
+    )
 
 
 def clipped_surrogate(
@@ -134,7 +169,7 @@ def reduce_loss(
     Args:
         per_token: ``[R, C]`` per-token losses of this micro-batch.
         mask: ``[R, C]`` completion mask (already without truncated rows where masked).
-        loss_type: one of :data:`LOSS_TYPES`.
+        loss_type: one of :data:`LOSS_TYPE`.
         totals: the whole agent batch's :class:`BatchTotals`.
 
     Returns:
@@ -155,7 +190,7 @@ def reduce_loss(
         return masked.sum() / m.sum().clamp(min=1.0) / totals.num_micro_batches
     if loss_type == "sequence_sum":
         return masked.sum() / max(totals.num_rows, 1)
-    raise ValueError(f"loss_type: got {loss_type!r}, allowed: {list(LOSS_TYPES)}")
+    raise ValueError(f"loss_type: got {loss_type!r}, allowed: {list(LOSS_TYPE.names)}")
 
 
 def mask_truncated(completion_mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:

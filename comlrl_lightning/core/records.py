@@ -37,6 +37,50 @@ class Node:
 
 
 @dataclass
+class TurnState:
+    """The episode state a team acts in at one turn of a rollout (what :meth:`Actors.act` receives).
+
+    Attributes:
+        turn: 0-based turn.
+        nodes: the ``G`` nodes: each episode with every agent's prompts and completions so far.
+        num_generations: ``K`` samples per agent per node.
+        joint_mode: how the rollout joins the samples (``aligned``: row ``g·K + k`` of every agent
+            forms joint action k of node g, so an actor may condition agent i's row on its teammates'
+            rows of the same sample; ``cross``: every combination, so it may not).
+        greedy: decode greedily (evaluation).
+    """
+
+    turn: int
+    nodes: list[Node]
+    num_generations: int
+    joint_mode: str = "aligned"
+    greedy: bool = False
+
+
+@dataclass
+class TeamAction:
+    """What a team did at one turn: per agent, ``G·K`` completion rows (row ``g·K + k`` is sample k at
+    node g) and the texts they conditioned on.
+
+    Attributes:
+        prompts: per agent, the rendered prompt of each node (``[G]``), or of each row (``[G·K]``)
+            when an agent's samples conditioned on different texts (e.g. on teammates' completions).
+        generations: per agent, the Generation the loss trains on (token ids, masks, texts).
+        completions: per agent, the ``G·K`` texts the env sees as that agent's action; None: each
+            generation's ``texts`` (an actor that writes several agents' parts in one completion
+            gives the parsed parts here).
+    """
+
+    prompts: list[list[str]]
+    generations: list[Generation]
+    completions: list[list[str]] | None = None
+
+    def texts(self, agent: int) -> list[str]:
+        """Agent ``agent``'s ``G·K`` action texts."""
+        return self.generations[agent].texts if self.completions is None else self.completions[agent]
+
+
+@dataclass
 class Turn:
     """All nodes of one turn and what happened there (``G`` nodes, ``J`` joint actions per node).
 
@@ -158,8 +202,12 @@ class StepOutput(Mapping):
         num_agents = len(turns[0].generations)
         rewards = torch.cat([t.rewards.flatten() for t in turns])
         # std over each node's joint actions (per agent when rewards are [G, J, N])
-        node_std = torch.cat([t.rewards.std(1).flatten() if t.rewards.shape[1] > 1
-                              else torch.zeros(t.rewards[:, 0].numel()) for t in turns])  # fmt: skip
+        node_std = torch.cat(
+            [
+                t.rewards.std(1).flatten() if t.rewards.shape[1] > 1 else torch.zeros(t.rewards[:, 0].numel())
+                for t in turns
+            ]
+        )
         components: dict[str, list[torch.Tensor]] = {}
         for t in turns:
             for name, v in t.components.items():

@@ -19,82 +19,118 @@ grouped per node and agent (the K siblings).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from comlrl_lightning.core.advantages import agent_sample_returns, group_advantages, joint_action_indices
-from comlrl_lightning.core.config import SolvedReturn
 from comlrl_lightning.core.credit import CreditIndex, credit_index, step_advantages, tree_credit_returns
-from comlrl_lightning.core.generation import Generation
-from comlrl_lightning.core.records import Node, Turn
-from comlrl_lightning.core.td import absorbing_rewards
+from comlrl_lightning.core.records import Node, TeamAction, Turn, TurnState
+from comlrl_lightning.core.td import SOLVED_RETURN, absorbing_rewards
 from comlrl_lightning.envs.base import SOLVED, DecPOMDP, Episode
+
+if TYPE_CHECKING:  # the config imports the choices of modules this one imports
+    from comlrl_lightning.core.config import AdvantageConfig, RolloutConfig
 
 
 class Actors(Protocol):
-    """What the rollout needs from the team (:class:`comlrl_lightning.team.team.Team` is one)."""
+    """Who generates what: the one seam between a rollout and the models that act in it.
 
-    def render(self, agent: int, node: Node) -> str:
-        """The prompt text of ``agent`` at ``node`` (history and chat template)."""
+    :class:`~comlrl_lightning.team.team.Team` is the default (each agent renders its own history and
+    samples K completions per node). An algorithm that changes who generates what (sequential agents
+    that see their teammates' completions of the same sample, one model writing every agent's part,
+    a comparator choosing among candidates) returns its own from ``CoMLRLModule.actors``.
+    """
+
+    def act(self, state: TurnState) -> TeamAction:
+        """Every agent's ``G·K`` completions at ``state`` (row ``g·K + k``: sample k at node g)."""
         ...
 
-    def generate(
-        self, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool = False
-    ) -> list[Generation]:
-        """Per agent, ``num_generations`` completions of each of its prompts (one Generation per agent)."""
-        ...
+
+def independent_action(actor: object, state: TurnState) -> TeamAction:
+    """Every agent renders its own history at each node (``actor.render(i, node)``) and samples ``K``
+    completions of it (``actor.generate(prompts, K, greedy)``, one batched call per agent): how a
+    team of independent agents acts (:meth:`Team.act`; ``act = independent_action`` in a class with
+    ``render`` and ``generate`` makes it an :class:`Actors`)."""
+    n = len(state.nodes[0].prompts)
+    prompts = [[actor.render(i, node) for node in state.nodes] for i in range(n)]
+    return TeamAction(prompts, actor.generate(prompts, state.num_generations, state.greedy))
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What one rollout does: the knobs of :class:`RolloutConfig` one call needs, resolved for
+    training or evaluation (:meth:`of`)."""
+
+    num_generations: int
+    """``K`` samples per agent per node."""
+    num_turns: int = 1
+    """Maximum turns ``T``."""
+    joint_mode: str = "aligned"
+    """``aligned`` or ``cross`` (:data:`~comlrl_lightning.core.advantages.JOINT_MODE`)."""
+    credit: str = "shared"
+    """:data:`~comlrl_lightning.core.credit.CREDIT`: other modes also score the extra combinations
+    of a node's samples they need (``Turn.scored_rewards``); only the K aligned ones are expanded."""
+    greedy: bool = False
+    """Decode greedily instead of sampling (evaluation)."""
+    stop_reward: float | None = None
+    """A joint action whose reward is ``>=`` this ends its branch solved. None: never."""
+    termination_threshold: float | None = None
+    """CoMLRL's rule: a node whose mean reward is ``>`` this expands no children. None: never."""
+    discount: float = 1.0
+    """γ of the returns."""
+    solved_return: str = "absorbing"
+    """:data:`~comlrl_lightning.core.td.SOLVED_RETURN`."""
+
+    @classmethod
+    def of(cls, cfg: RolloutConfig, evaluation: bool = False, greedy: bool = False) -> RolloutPlan:
+        """Training: ``cfg`` as is; ``evaluation``: one aligned sample per agent per node, ``shared`` credit."""
+        return cls(
+            num_generations=1 if evaluation else cfg.num_generations,
+            num_turns=cfg.num_turns,
+            joint_mode="aligned" if evaluation else cfg.joint_mode,
+            credit="shared" if evaluation else cfg.credit,
+            greedy=greedy,
+            stop_reward=cfg.stop_reward,
+            termination_threshold=cfg.termination_threshold,
+            discount=cfg.discount,
+            solved_return=cfg.solved_return,
+        )
 
 
 def rollout_tree(
-    env: DecPOMDP,
-    episodes: Sequence[Episode],
-    team: Actors,
-    num_generations: int,
-    num_turns: int,
-    joint_mode: str,
-    greedy: bool = False,
-    stop_reward: float | None = None,
-    termination_threshold: float | None = None,
-    step: int = -1,
-    credit: str = "shared",
+    env: DecPOMDP, episodes: Sequence[Episode], actors: Actors, plan: RolloutPlan, step: int = -1
 ) -> list[Turn]:
-    """Roll out a batch of episodes as trees, turn by turn (one generate per agent per turn).
+    """Roll out a batch of episodes as trees, turn by turn (one :meth:`Actors.act` per turn).
 
     Args:
         env: the Dec-POMDP (observe, reward, transition).
         episodes: ``E`` episodes.
-        team: renders each agent's prompt and generates (see :class:`Actors`).
-        num_generations: ``K`` samples per agent per node.
-        num_turns: maximum turns ``T``.
-        joint_mode: ``"aligned"`` or ``"cross"``.
-        greedy: decode greedily instead of sampling (evaluation).
-        stop_reward: a joint action whose reward is ``>=`` this ends its branch (the team solved the
-            task; no revision turn). ``None``: never.
-        termination_threshold: CoMLRL's rule: a node whose mean reward is ``>`` this expands no
-            children. ``None``: never. With neither set, branches run all ``T`` turns unless the
+        actors: who generates what (:class:`Actors`; the module's team by default).
+        plan: K, turns, joint mode, credit, stopping rules (:class:`RolloutPlan`). With neither
+            ``stop_reward`` nor ``termination_threshold`` set, branches run all ``T`` turns unless the
             transition ends them (CoMLRL's default −0.2 would stop every branch after turn 1).
         step: training step, used in reward error messages.
-        credit: ``shared``, or a :mod:`~comlrl_lightning.core.credit` mode (aligned only): the reward
-            also scores the extra combinations of the node's samples that mode needs (in
-            ``Turn.scored_rewards``); only the K aligned joint actions are expanded and kept in
-            ``Turn.rewards``.
 
     Returns:
         One :class:`~comlrl_lightning.core.records.Turn` per turn reached.
     """
+    num_generations, num_turns, stop_reward = plan.num_generations, plan.num_turns, plan.stop_reward
     n = env.num_agents
-    shared = credit == "shared"
-    joint_index = joint_action_indices(n, num_generations, joint_mode) if shared else credit_index(
-        n, num_generations, credit).joint_index  # fmt: skip
+    shared = plan.credit == "shared"
+    if shared:
+        joint_index = joint_action_indices(n, num_generations, plan.joint_mode)
+    else:
+        joint_index = credit_index(n, num_generations, plan.credit).joint_index
     nodes = [Node(ep, 0, [[env.observe(ep, i)] for i in range(n)], [[] for _ in range(n)]) for ep in episodes]
     turns: list[Turn] = []
     for turn in range(num_turns):
-        texts = [[team.render(i, node) for node in nodes] for i in range(n)]
-        gens = team.generate(texts, num_generations, greedy)
+        action = actors.act(TurnState(turn, nodes, num_generations, plan.joint_mode, plan.greedy))
+        acted = [action.texts(i) for i in range(n)]
         g, j = len(nodes), joint_index.shape[0]
         rows = torch.arange(g)[:, None] * num_generations + joint_index.T[:, None, :]  # [N, G, J]
-        joint_actions = [[gens[i].texts[rows[i, a, b]] for i in range(n)] for a in range(g) for b in range(j)]
+        joint_actions = [[acted[i][rows[i, a, b]] for i in range(n)] for a in range(g) for b in range(j)]
         out = env.reward(
             joint_actions, [nodes[a].episode for a in range(g) for _ in range(j)], turn, step=step
         )
@@ -107,8 +143,8 @@ def rollout_tree(
         if turn + 1 < num_turns:
             if stop_reward is not None:  # per-agent rewards: solved when every agent reached it
                 solved |= (scored if scored.dim() == 2 else scored.amin(-1)) >= stop_reward
-            if termination_threshold is not None:
-                solved |= (rewards.flatten(1).mean(1) > termination_threshold)[:, None]
+            if plan.termination_threshold is not None:
+                solved |= (rewards.flatten(1).mean(1) > plan.termination_threshold)[:, None]
             for a, node in enumerate(nodes):
                 for b in range(j_played):
                     if solved[a, b]:
@@ -126,10 +162,22 @@ def rollout_tree(
                     )
         pass_at_1 = None if out.pass_at_1 is None else out.pass_at_1.view(g, j)[:, :j_played]
         components = {k: v.view(g, j, *v.shape[1:])[:, :j_played] for k, v in out.components.items()}
-        turns.append(Turn(turn, nodes, texts, gens, rewards, components, child, pass_at_1,
-                          solved=solved[:, :j_played], turns_left=num_turns - 1 - turn,
-                          scored_solved=None if shared else solved,
-                          scored_rewards=None if shared else scored))  # fmt: skip
+        turns.append(
+            Turn(
+                turn,
+                nodes,
+                action.prompts,
+                action.generations,
+                rewards,
+                components,
+                child,
+                pass_at_1,
+                solved=solved[:, :j_played],
+                turns_left=num_turns - 1 - turn,
+                scored_solved=None if shared else solved,
+                scored_rewards=None if shared else scored,
+            )
+        )
         if not next_nodes:
             break
         nodes = next_nodes
@@ -147,13 +195,17 @@ def compute_returns(
     (``turn.solved``) returns ``r · Σ_{s=0}^{turns_left} discount^s``
     (:func:`~comlrl_lightning.core.td.absorbing_rewards`); ``"reward"``: ``R = r`` (CoMLRL).
     """
-    if solved_return not in SolvedReturn.__args__:
-        raise ValueError(f"solved_return: got {solved_return!r}, allowed: {list(SolvedReturn.__args__)}")
+    SOLVED_RETURN.check(solved_return)
     absorbing = solved_return == "absorbing"
     if credit != "shared":
-        scored = tree_credit_returns([t.scored_rewards for t in turns], [t.child for t in turns], discount, credit,
-                                     solved=[t.scored_solved for t in turns] if absorbing else None,
-                                     turns_left=[t.turns_left for t in turns])  # fmt: skip
+        scored = tree_credit_returns(
+            [t.scored_rewards for t in turns],
+            [t.child for t in turns],
+            discount,
+            credit,
+            solved=[t.scored_solved for t in turns] if absorbing else None,
+            turns_left=[t.turns_left for t in turns],
+        )
         for t, r in zip(turns, scored):
             t.scored_returns = r
     below: torch.Tensor | None = None
@@ -170,22 +222,21 @@ def compute_returns(
 
 def compute_advantages(
     turns: list[Turn],
+    plan: RolloutPlan,
+    cfg: AdvantageConfig,
     num_agents: int,
-    num_generations: int,
-    joint_mode: str,
-    mode: str,
-    scale: str,
-    eps: float,
-    credit: str = "shared",
-    agent_wise: bool = True,
     sample_costs: list[list[torch.Tensor]] | None = None,
 ) -> None:
     """Fill ``turn.agent_returns[i]`` and ``turn.advantages[i]`` (each ``[G·K]``, generation-row order).
 
     ``agent_returns`` is each sample's return before the baseline (the aligned joint action's under
-    ``counterfactual``); the advantages come from :func:`~comlrl_lightning.core.credit.step_advantages`
+    ``counterfactual``); the advantages (baseline ``cfg.mode``, scaling ``cfg.scale``, none with one
+    sample per node) come from :func:`~comlrl_lightning.core.credit.step_advantages`
     (``sample_costs``: per turn, per agent ``[G, K]``, e.g. ``β·KL`` for ``kl_mode="reward"``).
     """
+    num_generations, joint_mode, credit = plan.num_generations, plan.joint_mode, plan.credit
+    mode, eps, agent_wise = cfg.mode, cfg.advantage_eps, cfg.agent_wise_normalization
+    scale = cfg.scale if num_generations > 1 else "none"
     own = joint_action_indices(num_agents, num_generations, joint_mode)
     if credit == "shared" and turns[0].returns is not None and turns[0].returns.dim() == 3:
         # per-agent rewards [G, J, N]: agent i's group baseline uses its own column

@@ -34,6 +34,28 @@ from __future__ import annotations
 
 import torch
 
+from comlrl_lightning.core.choices import Choice
+
+SOLVED_RETURN = Choice(
+    "solved_return",
+    {
+        "absorbing": "the solved state is absorbing, paying the same reward each remaining turn, "
+        "`R_t = r_t · Σ_{s=0}^{T−1−t} discount^s` (also the IAC/MAAC TD target)",
+        "reward": "`R_t = r_t` (CoMLRL; a branch solved at turn 0 can then rank below one that continues)",
+    },
+)
+"""Return of a joint action whose branch ended solved before the last turn."""
+
+CRITIC_TYPE = Choice(
+    "critic_type",
+    {
+        "v": "`V(h)` read at the last prompt token (the history alone)",
+        "q": "`Q(h, a)` read at the last completion token (history and action; TD baseline: the sibling mean)",
+    },
+)
+"""What a critic estimates and where it reads it (:func:`~comlrl_lightning.core.value_head.read_positions`;
+its baseline: :func:`critic_baseline`)."""
+
 
 def absorbing_factor(turns_left: int, discount: float) -> float:
     """``Σ_{s=0}^{turns_left} discount^s``: the return of an absorbing state paying 1 per turn, this
@@ -111,7 +133,7 @@ def critic_baseline(values: torch.Tensor, critic_type: str) -> torch.Tensor:
         return values
     if critic_type == "q":
         return values.mean(-1, keepdim=True).expand_as(values)
-    raise ValueError(f"critic_type: got {critic_type!r}, allowed: ['v', 'q']")
+    raise ValueError(f"critic_type: got {critic_type!r}, allowed: {list(CRITIC_TYPE.names)}")
 
 
 def normalize_advantages(advantages: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -78,10 +78,18 @@ def prepare_agent_batch(
                 old[c] = completion_logprobs(model, *args)
             if reference is not None and cfg.kl_mode == "loss":
                 ref[c] = completion_logprobs(reference, *args).to(_device(model))
-    masks = [mask_truncated(g.completion_mask, g.clipped) if cfg.mask_truncated_completions else g.completion_mask
-             for g, _ in chunks]  # fmt: skip
-    return AgentBatch(chunks, masks, old, ref, num_rows=sum(len(g.texts) for g, _ in chunks),
-                      num_tokens=int(sum(int(m.sum()) for m in masks)))  # fmt: skip
+    masks = [
+        mask_truncated(g.completion_mask, g.clipped) if cfg.mask_truncated_completions else g.completion_mask
+        for g, _ in chunks
+    ]
+    return AgentBatch(
+        chunks,
+        masks,
+        old,
+        ref,
+        num_rows=sum(len(g.texts) for g, _ in chunks),
+        num_tokens=int(sum(int(m.sum()) for m in masks)),
+    )
 
 
 def agent_backward(
@@ -108,8 +116,16 @@ def agent_backward(
         logps, entropy = completion_logprobs_and_entropy(
             model, g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, temperature
         )
-        per_tok, low, high = clipped_surrogate(logps, batch.old[c], adv.to(logps.device), mask, cfg.epsilon,
-                                               cfg.clip_high, cfg.delta, cfg.importance_sampling_level)  # fmt: skip
+        per_tok, low, high = clipped_surrogate(
+            logps,
+            batch.old[c],
+            adv.to(logps.device),
+            mask,
+            cfg.epsilon,
+            cfg.clip_high,
+            cfg.delta,
+            cfg.importance_sampling_level,
+        )
         if batch.ref[c] is not None:
             kl = k3_kl(logps, batch.ref[c])
             per_tok = per_tok + cfg.beta * kl
@@ -122,8 +138,13 @@ def agent_backward(
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
     tokens = max(batch.num_tokens, 1)
-    return AgentStats(loss=loss_sum, kl=kl_sum, clip_ratio=clipped_sum / tokens, grad_norm=grad_norm,
-                      entropy=entropy_sum / tokens)  # fmt: skip
+    return AgentStats(
+        loss=loss_sum,
+        kl=kl_sum,
+        clip_ratio=clipped_sum / tokens,
+        grad_norm=grad_norm,
+        entropy=entropy_sum / tokens,
+    )
 
 
 @torch.no_grad()

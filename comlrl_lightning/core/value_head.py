@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from comlrl_lightning.core.generation import position_ids_from_mask
+from comlrl_lightning.core.td import CRITIC_TYPE
 
-CriticType = Literal["v", "q"]
-CRITIC_TYPES = ("v", "q")
+CriticType = CRITIC_TYPE.literal
 VALUE_HEAD_FILE = "value_head.pt"
 """The head's weights inside a critic's Hugging Face folder (the trunk is saved by ``save_pretrained``)."""
 VALUE_HEAD_CONFIG = "value_head.json"
@@ -83,8 +83,7 @@ def read_positions(
     Raises:
         ValueError: unknown ``critic_type``, or ``"q"`` without a completion mask.
     """
-    if critic_type not in CRITIC_TYPES:
-        raise ValueError(f"critic_type: got {critic_type!r}, allowed: {list(CRITIC_TYPES)}")
+    CRITIC_TYPE.check(critic_type)
     last_prompt = torch.full((prompt_mask.shape[0],), prompt_mask.shape[1] - 1, dtype=torch.long)
     if critic_type == "v":
         return last_prompt
@@ -119,9 +118,11 @@ def values_at(
     device = next(trunk.parameters()).device
     attention_mask = attention_mask.to(device)
     hidden = trunk(
-        input_ids=input_ids.to(device), attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask), use_cache=False,
-    ).last_hidden_state  # fmt: skip
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+    ).last_hidden_state
     rows = torch.arange(hidden.shape[0], device=device)
     picked = hidden[rows, positions.to(device)]  # [R, H]
     return head(picked.to(next(head.parameters()).device))

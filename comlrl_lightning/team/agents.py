@@ -118,9 +118,11 @@ def _unavailable(source: str | None) -> str | None:
     from huggingface_hub import constants, try_to_load_from_cache
 
     if constants.HF_HUB_OFFLINE and not isinstance(try_to_load_from_cache(source, "config.json"), str):
-        return (f"{source!r} is neither a local folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}), "
-                "and HF_HUB_OFFLINE=1 forbids downloading it; download it first, give a local folder, or "
-                "use a builtin:<name>")  # fmt: skip
+        return (
+            f"{source!r} is neither a local folder nor in the Hugging Face cache ({constants.HF_HUB_CACHE}), "
+            "and HF_HUB_OFFLINE=1 forbids downloading it; download it first, give a local folder, or "
+            "use a builtin:<name>"
+        )
     return None
 
 
@@ -174,8 +176,15 @@ def build_tiny_llama(tokenizer: Any, **overrides: Any) -> nn.Module:
     parameters with the 50257-token GPT-2 vocabulary)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    defaults = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)  # fmt: skip
+    defaults = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
     return _tiny(LlamaConfig, LlamaForCausalLM, tokenizer, defaults, overrides)
 
 

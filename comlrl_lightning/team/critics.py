@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from comlrl_lightning.core.generation import tokenize_prompts
-from comlrl_lightning.core.value_head import CRITIC_TYPES, CriticType, ValueModel, read_positions
+from comlrl_lightning.core.value_head import CRITIC_TYPE, CriticType, ValueModel, read_positions
 from comlrl_lightning.team.agents import AgentSpec, load_agent, validate_spec
 
 
@@ -52,7 +52,7 @@ class CriticConfig:
     """The critic side of IAC / MAAC (CoMLRL ``IACConfig`` / ``MAACConfig`` names)."""
 
     critic_type: CriticType = "v"
-    """``v``: ``V(h)`` read at the last prompt token; ``q``: ``Q(h, a)`` at the last completion token."""
+    """What the critic estimates: one of :data:`~comlrl_lightning.core.value_head.CRITIC_TYPE`. CoMLRL name."""
     critic_learning_rate: float = 5e-6
     """Default learning rate of each critic's optimizer (> 0); CoMLRL's default 5e-6."""
     value_loss_coef: float = 0.6
@@ -66,16 +66,23 @@ class CriticConfig:
     """Per-critic gradient-norm clip (> 0); None: off."""
 
     def __post_init__(self) -> None:
-        if self.critic_type not in CRITIC_TYPES:
-            raise ValueError(f"critic_type: got {self.critic_type!r}, allowed: {list(CRITIC_TYPES)}")
+        CRITIC_TYPE.check(self.critic_type)
         checks = [
             ("critic_learning_rate", self.critic_learning_rate, self.critic_learning_rate > 0, "> 0"),
             ("value_loss_coef", self.value_loss_coef, self.value_loss_coef > 0, "> 0"),
-            ("value_clip_range", self.value_clip_range, self.value_clip_range is None or self.value_clip_range > 0,
-             "> 0 or None"),
-            ("critic_max_grad_norm", self.critic_max_grad_norm,
-             self.critic_max_grad_norm is None or self.critic_max_grad_norm > 0, "> 0 or None"),
-        ]  # fmt: skip
+            (
+                "value_clip_range",
+                self.value_clip_range,
+                self.value_clip_range is None or self.value_clip_range > 0,
+                "> 0 or None",
+            ),
+            (
+                "critic_max_grad_norm",
+                self.critic_max_grad_norm,
+                self.critic_max_grad_norm is None or self.critic_max_grad_norm > 0,
+                "> 0 or None",
+            ),
+        ]
         for name, value, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"{name}: got {value!r}, must be {allowed}")
@@ -103,8 +110,10 @@ def validate_critic_spec(spec: CriticSpec, index: int) -> None:
         raise ValueError(f"{where}.learning_rate: got {spec.learning_rate}, must be > 0 or None")
     if spec.model is None:
         if spec.tokenizer is not None or spec.model_kwargs:
-            raise ValueError(f"{where}: tokenizer/model_kwargs need a separate critic model (critics[{index}].model), "
-                             "a head on the actor's trunk uses the actor's")  # fmt: skip
+            raise ValueError(
+                f"{where}: tokenizer/model_kwargs need a separate critic model (critics[{index}].model), "
+                "a head on the actor's trunk uses the actor's"
+            )
         return
     try:
         validate_spec(_as_agent_spec(spec), index, index + 1)

@@ -29,7 +29,8 @@ from comlrl_lightning.core.generation import (
     has_chat_template,
     render_prompt,
 )
-from comlrl_lightning.core.records import Node
+from comlrl_lightning.core.records import Node, TeamAction, TurnState
+from comlrl_lightning.core.rollout import independent_action
 from comlrl_lightning.team.agents import GENERATION_KEYS, AgentSpec, load_agent
 
 BACKWARD_LOCK = threading.Lock()
@@ -79,7 +80,7 @@ class Team:
                     )
                 )
             except ValueError as err:
-                raise ValueError(f"agents[{i}].generation.{err}") from None  # fmt: skip
+                raise ValueError(f"agents[{i}].generation.{err}") from None
         self.agents = nn.ModuleList()
         self.reference_models = nn.ModuleList()
         self.tokenizers: list[Any] = []
@@ -122,11 +123,16 @@ class Team:
         """The device of ``agent``'s parameters."""
         return next(self.agents[agent].parameters()).device
 
-    # ------------------------------------------------------------ acting (the rollout's protocol)
+    # ------------------------------------------------------------ acting (the rollout's Actors protocol)
+    def act(self, state: TurnState) -> TeamAction:
+        """The default way a team acts: every agent renders its own history at each node and samples
+        ``K`` completions of it, one batched ``generate`` per agent (see ``core/rollout.Actors``)."""
+        return independent_action(self, state)
+
     def render(self, agent: int, node: Node) -> str:
         """The text ``agent`` conditions on at ``node``: its history, in its chat template if it has one."""
-        return render_prompt(self.tokenizers[agent], node.prompts[agent], node.completions[agent],
-                             self.specs[agent].chat_template)  # fmt: skip
+        tok, chat = self.tokenizers[agent], self.specs[agent].chat_template
+        return render_prompt(tok, node.prompts[agent], node.completions[agent], chat)
 
     def generate(
         self, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool = False
@@ -140,10 +146,19 @@ class Team:
     def _generate(
         self, agent: int, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool
     ) -> Generation:
+        return self.generate_one(agent, prompts[agent], num_generations, greedy)
+
+    def generate_one(
+        self, agent: int, prompts: Sequence[str], num_generations: int, greedy: bool = False
+    ) -> Generation:
+        """Agent ``agent``'s ``num_generations`` completions of each of its ``B`` ``prompts`` (``B·K``
+        rows): for actors where agents act one after another (no thread, see :meth:`generate`)."""
         tok = self.tokenizers[agent]
         chat = self.specs[agent].chat_template and has_chat_template(tok)
-        return generate(self.agents[agent], tok, prompts[agent], num_generations, self.sampling[agent], chat,
-                        do_sample=not greedy)  # fmt: skip
+        sampling = self.sampling[agent]
+        return generate(
+            self.agents[agent], tok, prompts, num_generations, sampling, chat, do_sample=not greedy
+        )
 
     # ------------------------------------------------------------ threads
     def _groups(self, agents: Sequence[int]) -> list[list[int]]:
