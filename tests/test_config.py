@@ -9,8 +9,8 @@ from comlrl_lightning.core.config import (
     PlacementConfig,
     RolloutConfig,
     SamplingConfig,
-    group_flat_kwargs,
 )  # fmt: skip
+from comlrl_lightning.core.deprecations import group_flat_kwargs
 
 BAD = [  # (config class, fields, the field the error must name)
     (RolloutConfig, dict(num_generations=1), "num_generations"),
@@ -111,7 +111,7 @@ def test_hparams_hold_plain_dicts_that_rebuild_the_same_module():
 
 
 def test_aliases_fill_in_their_baseline_and_refuse_a_different_explicit_one():
-    from comlrl_lightning import MARLOO, MAREINFORCE, AdvantageConfig
+    from comlrl_lightning import MAREINFORCE, MARLOO, AdvantageConfig
 
     model = MAREINFORCE(agents="builtin:tiny-gpt2", advantage=AdvantageConfig(scale_rewards="none"))
     assert model.advantage.advantage_mode == "raw" and model.advantage.scale_rewards == "none"

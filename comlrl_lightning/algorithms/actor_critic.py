@@ -29,7 +29,7 @@ for IAC, 1 for MAAC). :meth:`ActorCritic.max_steps_for` converts.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any, ClassVar
 
@@ -37,9 +37,10 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
-from comlrl_lightning.algorithms.base import CoMLRLModule, normalize_agents
+from comlrl_lightning.algorithms.base import CoMLRLModule
+from comlrl_lightning.algorithms.optimization import SkipCounter
 from comlrl_lightning.core import metrics as M
-from comlrl_lightning.core.config import LossConfig, PlacementConfig, RolloutConfig, SamplingConfig
+from comlrl_lightning.core.config import LossConfig, PlacementConfig, SamplingConfig
 from comlrl_lightning.core.records import AgentStats, StepOutput, Turn
 from comlrl_lightning.core.td import (
     explained_variance,
@@ -49,52 +50,16 @@ from comlrl_lightning.core.update import agent_backward, prepare_agent_batch
 from comlrl_lightning.core.value_head import ValueHead, hidden_size_of
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.envs.reward_model import reward_models_of
-from comlrl_lightning.team.agents import AgentSpec
+from comlrl_lightning.team.agents import AgentSpec, normalize_agents
 from comlrl_lightning.team.critics import (
+    ActorCriticRolloutConfig,
+    CriticBatch,
     CriticConfig,
     CriticSpec,
     encode_critic_inputs,
     load_critic,
-    validate_critic_spec,
+    normalize_critics,
 )
-
-
-@dataclass
-class ActorCriticRolloutConfig(RolloutConfig):
-    """:class:`RolloutConfig` with ``num_generations >= 1``: a critic is the baseline, so one sample
-    per agent per node is enough (CoMLRL's IAC/MAAC default, and the only value it allows with
-    ``num_turns > 1``; here any K works, targets then use the mean of the children's values)."""
-
-    num_generations: int = 1
-    """K samples per agent per node (>= 1)."""
-
-    def __post_init__(self) -> None:
-        k = self.num_generations
-        if k < 1:
-            raise ValueError(f"num_generations: got {k}, must be >= 1")
-        self.num_generations = max(
-            k, 2
-        )  # the parent's checks assume a group baseline; K itself is checked above
-        try:
-            super().__post_init__()
-        finally:
-            self.num_generations = k
-        if self.credit != "shared":  # the critic is the per-agent baseline (MAAC: one TD error for all)
-            raise ValueError(
-                f"credit: got {self.credit!r}; IAC/MAAC take credit from their critics: use 'shared'"
-            )
-
-
-@dataclass
-class CriticBatch:
-    """One critic's rollout-time values and TD targets, per turn (``[R_t]`` each; no grad).
-
-    ``R_t`` is ``G_t·K`` (IAC: one row per agent sample) or ``G_t·J`` (MAAC: one per joint action).
-    """
-
-    values: list[torch.Tensor]
-    targets: list[torch.Tensor]
-
 
 _GROUP_TYPES = {
     "rollout": ActorCriticRolloutConfig,
@@ -148,7 +113,7 @@ class ActorCritic(CoMLRLModule):
         }
         specs = normalize_agents(agents, num_agents)
         groups["rollout"].check_budget(len(specs))
-        self.critic_specs = self._critic_specs(critics, specs)
+        self.critic_specs = normalize_critics(critics, specs, self.centralised, type(self).__name__)
         super().__init__(
             specs,
             groups["sampling"],
@@ -170,32 +135,6 @@ class ActorCritic(CoMLRLModule):
         steps with its agent: counted in ``skipped_steps``)."""
         self.critic_tokenizers: list[Any] = []
         self.reward_models = nn.ModuleList()
-
-    def _critic_specs(self, critics: Any, specs: list[AgentSpec]) -> list[CriticSpec]:
-        n = 1 if self.centralised else len(specs)
-        if critics is None:  # IAC: heads on the trunks; MAAC: a separate copy of agent 0's model
-            critics = (
-                CriticSpec(model=specs[0].model, tokenizer=specs[0].tokenizer)
-                if self.centralised
-                else CriticSpec()
-            )
-        items = [critics] if isinstance(critics, (CriticSpec, dict)) else list(critics)
-        out = [CriticSpec(**c) if isinstance(c, dict) else c for c in items]
-        if len(out) == 1 and n > 1:
-            out = [CriticSpec(**asdict(out[0])) for _ in range(n)]
-        if len(out) != n:
-            raise ValueError(
-                f"critics: got {len(out)} specs, {type(self).__name__} needs {n} "
-                f"({'one centralised critic' if self.centralised else 'one per agent'}), or one to broadcast"
-            )
-        for c, spec in enumerate(out):
-            validate_critic_spec(spec, c)
-            if self.centralised and not spec.separate:
-                raise ValueError(
-                    "critics[0].model: MAAC's centralised critic reads every agent's observation, so it "
-                    "needs a model of its own (a hub id, path or 'builtin:<name>'), not a head on a trunk"
-                )
-        return out
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -349,7 +288,7 @@ class ActorCritic(CoMLRLModule):
                 )
                 for i, (s, v) in zip(agents, self.team.map(backward, agents)):
                     loss = s.loss if v is None else s.loss + v  # a head's value loss shares the agent's step
-                    self.step_agent(i, self.loss.max_grad_norm, loss, self.loss.on_nonfinite)
+                    self.step_agent(i, loss, self.loss)
                     stats[i] = s
                     if v is not None:
                         value_losses[i] = v
@@ -408,15 +347,8 @@ class ActorCritic(CoMLRLModule):
             opt = opts[self.num_agents + k]
             opt.zero_grad()
             losses[c] = self._value_backward(c, turns, critic_batches[c])
-            if not self.finite_or_skip(
-                opt,
-                f"critic {c}",
-                losses[c],
-                self.loss.on_nonfinite,
-                self.critic_skipped_steps,
-                c,
-                M.critic(c, "skipped_steps"),
-            ):
+            counter = SkipCounter(f"critic {c}", self.critic_skipped_steps, c, M.critic(c, "skipped_steps"))
+            if not self.finite_or_skip(opt, losses[c], self.loss.on_nonfinite, counter):
                 continue
             if self.critic_config.critic_max_grad_norm is not None:
                 self.clip_gradients(

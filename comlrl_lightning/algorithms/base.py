@@ -10,21 +10,18 @@ then the algorithm's :meth:`CoMLRLModule.score_turns`. Everything else is here, 
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-import lightning.pytorch as pl
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 
-from comlrl_lightning.core import metrics as M
-from comlrl_lightning.core.config import OnNonfinite, PlacementConfig, SamplingConfig
+from comlrl_lightning.algorithms.optimization import AgentOptimization
+from comlrl_lightning.core.config import PlacementConfig, SamplingConfig
 from comlrl_lightning.core.evaluation import repeat_episodes, validation_metrics
-from comlrl_lightning.core.nonfinite import gradients_finite, nonfinite_verdict
 from comlrl_lightning.core.records import Turn
 from comlrl_lightning.core.rollout import Actors, RolloutPlan, compute_returns, rollout_tree
 from comlrl_lightning.envs.base import DecPOMDP, Episode
@@ -39,39 +36,14 @@ from comlrl_lightning.infra.resume import canonical_loop_state
 from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
 from comlrl_lightning.infra.strategy import AgentParallelStrategy
 from comlrl_lightning.team.agents import AgentSpec, validate_spec
-from comlrl_lightning.team.team import BACKWARD_LOCK, Team
+from comlrl_lightning.team.team import Team
 
 
-def normalize_agents(agents: Any, num_agents: int | None) -> list[AgentSpec]:
-    """One :class:`AgentSpec` per agent from specs, dicts or model strings (one is broadcast).
-
-    Raises:
-        ValueError: the number of specs does not match ``num_agents``.
-    """
-    if isinstance(agents, (str, AgentSpec, dict)):
-        agents = [agents] * (num_agents or 1)
-    specs = [
-        AgentSpec(model=a) if isinstance(a, str) else AgentSpec(**a) if isinstance(a, dict) else a
-        for a in agents
-    ]
-    if num_agents is not None and len(specs) == 1 and num_agents > 1:
-        specs = [copy.deepcopy(specs[0]) for _ in range(num_agents)]
-    if not specs:
-        raise ValueError(
-            "agents: got an empty list; give one AgentSpec (or model string) per agent, at least one"
-        )
-    if num_agents is not None and len(specs) != num_agents:
-        raise ValueError(
-            f"agents: got {len(specs)} specs for num_agents={num_agents}; give one spec or num_agents"
-        )
-    return specs
-
-
-class CoMLRLModule(pl.LightningModule):
+class CoMLRLModule(AgentOptimization):
     """Base LightningModule of a cooperative multi-agent algorithm (manual optimisation).
 
     Args:
-        specs: one :class:`AgentSpec` per agent (see :func:`normalize_agents`).
+        specs: one :class:`AgentSpec` per agent (see :func:`~comlrl_lightning.team.agents.normalize_agents`).
         sampling: the team's sampling knobs (``AgentSpec.generation`` overrides per agent).
         placement: where the agents live.
         optimizer: per-agent optimizer factory; default ``AdamW(lr=learning_rate)``.
@@ -196,140 +168,6 @@ class CoMLRLModule(pl.LightningModule):
         """Load every agent (and reference copy) once; idempotent across stages."""
         self.team.load(with_reference=self.uses_reference_model)
 
-    # ------------------------------------------------------------------ optimizers
-    def configure_optimizers(self) -> list[dict[str, Any]]:
-        out = []
-        for i, (spec, model) in enumerate(zip(self.specs, self.agents)):
-            params = [p for p in model.parameters() if p.requires_grad]
-            opt = (
-                self.optimizer_factory(params)
-                if self.optimizer_factory is not None
-                else torch.optim.AdamW(params, lr=self.learning_rate)
-            )
-            if spec.learning_rate is not None:
-                for group in opt.param_groups:
-                    group["lr"] = spec.learning_rate
-                    group["initial_lr"] = spec.learning_rate
-            entry: dict[str, Any] = {"optimizer": opt}
-            if self.scheduler_factory is not None:
-                entry["lr_scheduler"] = {"scheduler": self.scheduler_factory(opt), "name": f"lr/agent_{i}"}
-            out.append(entry)
-        return out
-
-    def agent_optimizers(self) -> tuple[list[Any], list[Any]]:
-        """``(optimizers, schedulers)``, one of each per agent (scheduler None when there is none).
-
-        Under Lightning Fabric (the coordinator's learners) Lightning keeps no scheduler configs, so
-        the schedulers are the ones the driver put in :attr:`fabric_schedulers`.
-        """
-        opts = self.optimizers()
-        opts = opts if isinstance(opts, list) else [opts]
-        if self.fabric is not None:
-            return opts, list(self.fabric_schedulers or [None] * self.num_agents)
-        schs = self.lr_schedulers()
-        schs = (schs if isinstance(schs, list) else [schs]) if schs is not None else [None] * self.num_agents
-        return opts, schs
-
-    def _batch_position(self) -> str:
-        """Where training is, for messages: epoch and batch under a Trainer, else the global step."""
-        if self._trainer is None:
-            return f"global_step={self.global_step}"
-        loop = self.trainer.fit_loop
-        return (
-            f"epoch {self.current_epoch}, batch {loop.epoch_loop.batch_idx}, global_step={self.global_step}"
-        )
-
-    def step_agent(
-        self,
-        agent: int,
-        max_grad_norm: float | None,
-        loss: float | None = None,
-        on_nonfinite: OnNonfinite = "skip",
-    ) -> bool:
-        """Clip, ``optimizer.step()`` (counted by Lightning) and scheduler step; main thread only, so
-        ``global_step`` grows by one per agent step in agent order.
-
-        First the agent's ``loss`` and gradients are checked (:meth:`finite_or_skip`): if any is
-        NaN/inf, ``on_nonfinite`` (:attr:`LossConfig.on_nonfinite`) either skips the step (gradients
-        dropped, counted in :attr:`skipped_steps` and logged as ``agent_<i>/skipped_steps``) or raises.
-
-        Returns:
-            Whether the optimizer stepped.
-
-        Raises:
-            FloatingPointError: non-finite loss or gradients with ``on_nonfinite="stop"``.
-        """
-        opts, schs = self.agent_optimizers()
-        if not self.finite_or_skip(
-            opts[agent],
-            f"agent {agent}",
-            loss,
-            on_nonfinite,
-            self.skipped_steps,
-            agent,
-            M.agent(agent, "skipped_steps"),
-        ):
-            return False
-        if max_grad_norm is not None:
-            self.clip_gradients(opts[agent], gradient_clip_val=max_grad_norm, gradient_clip_algorithm="norm")
-        opts[agent].step()
-        # free this agent's gradients now, not at its next zero_grad: otherwise every other agent's
-        # backward runs while they still hold memory (one parameter-sized buffer per agent)
-        opts[agent].zero_grad(set_to_none=True)
-        if schs[agent] is not None:
-            schs[agent].step()
-        return True
-
-    def finite_or_skip(
-        self,
-        optimizer: torch.optim.Optimizer,
-        who: str,
-        loss: float | None,
-        on_nonfinite: OnNonfinite,
-        counts: list[int],
-        slot: int,
-        metric: str,
-    ) -> bool:
-        """Whether ``loss`` and the gradients of ``optimizer``'s parameters are all finite; if not,
-        skip (drop the gradients, ``counts[slot] += 1``, warn) or raise. Logs ``counts[slot]`` as ``metric``.
-
-        Args:
-            optimizer: the optimizer about to step.
-            who: how messages name its owner (``"agent 1"``, ``"critic 0"``).
-            loss: the loss that made the gradients (None: not checked).
-            on_nonfinite: :attr:`LossConfig.on_nonfinite`.
-            counts, slot: the skip counter to increase (saved in checkpoints).
-            metric: the logged name of ``counts[slot]``.
-
-        Raises:
-            FloatingPointError: non-finite values with ``on_nonfinite="stop"``, naming ``who`` and the batch.
-        """
-        finite, grad_norm = gradients_finite(optimizer, loss)
-        if self._trainer is not None:  # one decision for every rank (a rank-local loss can differ)
-            finite = bool(self.trainer.strategy.reduce_boolean_decision(finite, all=True))
-        if not finite:
-            what = (
-                f"{who}: non-finite loss ({loss}) or gradient norm ({grad_norm}) at {self._batch_position()}"
-            )
-            warning = nonfinite_verdict(what, on_nonfinite)  # raises under "stop"
-            counts[slot] += 1
-            rank_zero_warn(f"{warning} ({counts[slot]} skipped so far)")
-            optimizer.zero_grad(set_to_none=True)
-        if self._trainer is not None:
-            self.log(metric, float(counts[slot]))
-        return finite
-
-    def locked_backward(self, loss: torch.Tensor) -> None:
-        """``manual_backward`` under :data:`~comlrl_lightning.team.team.BACKWARD_LOCK` (agent threads)."""
-        with BACKWARD_LOCK:
-            self.manual_backward(loss)
-
-    @staticmethod
-    def max_steps_for(num_batches: int, num_agents: int, num_iterations: int = 1) -> int:
-        """``trainer.max_steps`` that trains ``num_batches`` batches (Lightning counts every optimizer
-        step; one batch steps each agent ``num_iterations`` times; see :meth:`LossConfig.max_steps_for`)."""
-        return num_batches * num_agents * num_iterations
-
     # ------------------------------------------------------------------ placement
     def _place_team(self) -> None:
         """``parallel_training="mp"`` under a strategy that does not place agents itself: place the team
@@ -349,30 +187,6 @@ class CoMLRLModule(pl.LightningModule):
         place_module(self, plan)
         for opt in self.trainer.optimizers:
             optimizer_state_to_param_devices(opt)
-
-    @property
-    def steps_per_batch(self) -> int:
-        """Optimizer steps one training batch takes, i.e. how much ``trainer.global_step`` grows per
-        batch: one per agent here; algorithms that step more often override it."""
-        return self.num_agents
-
-    def steps_per_batch_terms(self) -> str:
-        """How :attr:`steps_per_batch` is made up, for messages."""
-        return f"num_agents={self.num_agents}"
-
-    def _check_max_steps(self) -> None:
-        """Warn when ``trainer.max_steps`` is not a whole number of batches: Lightning checks it only
-        between batches, so the last batch runs all its steps and ``global_step`` overshoots."""
-        max_steps, per = self.trainer.max_steps, self.steps_per_batch
-        if max_steps > 0 and max_steps % per:
-            batches = -(-max_steps // per)
-            whole = " or ".join(str(n) for n in ((max_steps // per) * per, batches * per) if n > 0)
-            rank_zero_warn(
-                f"max_steps={max_steps} is not a multiple of the {per} optimizer steps one batch takes "
-                f"({self.steps_per_batch_terms()}): training runs {batches} batches and stops at "
-                f"global_step={batches * per}; set max_steps={whole} (max_steps_for converts batches "
-                "to steps)"
-            )
 
     def on_fit_start(self) -> None:
         self._check_max_steps()

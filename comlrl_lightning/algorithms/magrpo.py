@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from comlrl_lightning.algorithms.base import CoMLRLModule, normalize_agents
+from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import (
     DEFAULTS,
@@ -45,13 +45,13 @@ from comlrl_lightning.core.config import (
     PlacementConfig,
     RolloutConfig,
     SamplingConfig,
-    group_flat_kwargs,
 )
+from comlrl_lightning.core.deprecations import group_flat_kwargs
 from comlrl_lightning.core.records import AgentStats, StepOutput, Turn
 from comlrl_lightning.core.rollout import RolloutPlan, compute_advantages
 from comlrl_lightning.core.update import AgentBatch, agent_backward, prepare_agent_batch, sequence_kls
 from comlrl_lightning.envs.base import DecPOMDP, Episode
-from comlrl_lightning.team.agents import AgentSpec
+from comlrl_lightning.team.agents import AgentSpec, normalize_agents
 
 
 class MAGRPO(CoMLRLModule):
@@ -185,7 +185,7 @@ class MAGRPO(CoMLRLModule):
         for agents in self.team.rounds():
             for _ in range(self.loss.num_iterations):
                 for i, s in zip(agents, self.team.map(partial(self._backward, batches=batches), agents)):
-                    self.step_agent(i, self.loss.max_grad_norm, s.loss, self.loss.on_nonfinite)
+                    self.step_agent(i, s.loss, self.loss)
                     stats[i] = s
         return stats
 

@@ -11,6 +11,7 @@ tokenizer, for heterogeneous-team tests) and the names in
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -287,3 +288,28 @@ def disable_dropout(model: nn.Module) -> nn.Module:
         if config is not None and isinstance(getattr(config, key, None), float):
             setattr(config, key, 0.0)
     return model.train()
+
+
+def normalize_agents(agents: Any, num_agents: int | None) -> list[AgentSpec]:
+    """One :class:`AgentSpec` per agent from specs, dicts or model strings (one is broadcast).
+
+    Raises:
+        ValueError: the number of specs does not match ``num_agents``.
+    """
+    if isinstance(agents, (str, AgentSpec, dict)):
+        agents = [agents] * (num_agents or 1)
+    specs = [
+        AgentSpec(model=a) if isinstance(a, str) else AgentSpec(**a) if isinstance(a, dict) else a
+        for a in agents
+    ]
+    if num_agents is not None and len(specs) == 1 and num_agents > 1:
+        specs = [copy.deepcopy(specs[0]) for _ in range(num_agents)]
+    if not specs:
+        raise ValueError(
+            "agents: got an empty list; give one AgentSpec (or model string) per agent, at least one"
+        )
+    if num_agents is not None and len(specs) != num_agents:
+        raise ValueError(
+            f"agents: got {len(specs)} specs for num_agents={num_agents}; give one spec or num_agents"
+        )
+    return specs

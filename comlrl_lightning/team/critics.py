@@ -11,11 +11,12 @@ tokenizer. CoMLRL: ``comlrl/trainers/actor_critic/{iac,maac}.py``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
+from comlrl_lightning.core.config import RolloutConfig
 from comlrl_lightning.core.generation import tokenize_prompts
 from comlrl_lightning.core.value_head import CRITIC_TYPE, CriticType, ValueModel, read_positions
 from comlrl_lightning.team.agents import AgentSpec, load_agent, validate_spec
@@ -205,3 +206,75 @@ def central_observation(
         f"[Agent {i} action]\n{c}" for i, c in enumerate(joint_action)
     )
     return obs, action
+
+
+def normalize_critics(
+    critics: Any, specs: list[AgentSpec], centralised: bool, algorithm: str
+) -> list[CriticSpec]:
+    """One :class:`CriticSpec` per critic from specs or dicts (one is broadcast): one per agent, or
+    one centralised critic (MAAC). None: heads on the trunks (IAC), a separate copy of agent 0's
+    model (MAAC).
+
+    Raises:
+        ValueError: the wrong number of specs for ``algorithm``, a bad spec, or a centralised critic
+            without a model of its own.
+    """
+    n = 1 if centralised else len(specs)
+    if critics is None:  # IAC: heads on the trunks; MAAC: a separate copy of agent 0's model
+        critics = (
+            CriticSpec(model=specs[0].model, tokenizer=specs[0].tokenizer) if centralised else CriticSpec()
+        )
+    items = [critics] if isinstance(critics, (CriticSpec, dict)) else list(critics)
+    out = [CriticSpec(**c) if isinstance(c, dict) else c for c in items]
+    if len(out) == 1 and n > 1:
+        out = [CriticSpec(**asdict(out[0])) for _ in range(n)]
+    if len(out) != n:
+        raise ValueError(
+            f"critics: got {len(out)} specs, {algorithm} needs {n} "
+            f"({'one centralised critic' if centralised else 'one per agent'}), or one to broadcast"
+        )
+    for c, spec in enumerate(out):
+        validate_critic_spec(spec, c)
+        if centralised and not spec.separate:
+            raise ValueError(
+                "critics[0].model: MAAC's centralised critic reads every agent's observation, so it "
+                "needs a model of its own (a hub id, path or 'builtin:<name>'), not a head on a trunk"
+            )
+    return out
+
+
+@dataclass
+class ActorCriticRolloutConfig(RolloutConfig):
+    """:class:`RolloutConfig` with ``num_generations >= 1``: a critic is the baseline, so one sample
+    per agent per node is enough (CoMLRL's IAC/MAAC default, and the only value it allows with
+    ``num_turns > 1``; here any K works, targets then use the mean of the children's values)."""
+
+    num_generations: int = 1
+    """K samples per agent per node (>= 1)."""
+
+    def __post_init__(self) -> None:
+        k = self.num_generations
+        if k < 1:
+            raise ValueError(f"num_generations: got {k}, must be >= 1")
+        self.num_generations = max(
+            k, 2
+        )  # the parent's checks assume a group baseline; K itself is checked above
+        try:
+            super().__post_init__()
+        finally:
+            self.num_generations = k
+        if self.credit != "shared":  # the critic is the per-agent baseline (MAAC: one TD error for all)
+            raise ValueError(
+                f"credit: got {self.credit!r}; IAC/MAAC take credit from their critics: use 'shared'"
+            )
+
+
+@dataclass
+class CriticBatch:
+    """One critic's rollout-time values and TD targets, per turn (``[R_t]`` each; no grad).
+
+    ``R_t`` is ``G_t·K`` (IAC: one row per agent sample) or ``G_t·J`` (MAAC: one per joint action).
+    """
+
+    values: list[torch.Tensor]
+    targets: list[torch.Tensor]
