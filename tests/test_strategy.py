@@ -402,7 +402,7 @@ class GradCheckAdamW(torch.optim.AdamW):
                 logp = torch.log_softmax(logits[:, -c - 1 : -1].float(), -1).gather(
                     -1, g.completion_ids[..., None]
                 )[..., 0]
-                loss = loss - (adv[:, None] * logp * g.completion_mask).sum() / batch.num_rows
+                loss = loss - (adv[:, None] * logp * g.completion_mask).sum() / batch.totals.num_rows
             expected = torch.autograd.grad(loss, params, allow_unused=True)
         diffs = [float((p.grad - e).abs().max()) for p, e in zip(params, expected) if e is not None]
         GradCheckAdamW.seen.append((self.agent, max(diffs), [p.grad.clone() for p in params[:1]]))

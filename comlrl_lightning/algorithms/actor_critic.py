@@ -297,7 +297,7 @@ class ActorCritic(CoMLRLModule):
     def _prepare(self, agent: int, turns: list[Turn]) -> Any:
         ref = self.reference_models[agent] if self.uses_reference_model else None
         return prepare_agent_batch(
-            self.agents[agent], ref, turns, agent, self.team.sampling[agent].temperature, self.loss
+            self.agents[agent], ref, turns, agent, self.team.sampling[agent], self.loss
         )
 
     def _backward(
@@ -310,13 +310,7 @@ class ActorCritic(CoMLRLModule):
     ) -> tuple[AgentStats, float | None]:
         opts, _ = self.agent_optimizers()
         opts[agent].zero_grad()
-        stats = agent_backward(
-            self.agents[agent],
-            batches[agent],
-            self.team.sampling[agent].temperature,
-            self.loss,
-            self.locked_backward,
-        )
+        stats = agent_backward(self.agents[agent], batches[agent], self.loss, self.locked_backward)
         head = not self.centralised and not self.critic_specs[agent].separate
         return stats, (self._value_backward(agent, turns, critic_batches[agent]) if head and first else None)
 

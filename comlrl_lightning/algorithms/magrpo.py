@@ -192,21 +192,13 @@ class MAGRPO(CoMLRLModule):
     def _prepare(self, agent: int, turns: list[Turn]) -> AgentBatch:
         ref = self.reference_models[agent] if self.uses_reference_model else None
         return prepare_agent_batch(
-            self.agents[agent], ref, turns, agent, self.team.sampling[agent].temperature, self.loss
+            self.agents[agent], ref, turns, agent, self.team.sampling[agent], self.loss
         )
 
     def _backward(self, agent: int, batches: dict[int, AgentBatch]) -> AgentStats:
         opts, _ = self.agent_optimizers()
         opts[agent].zero_grad()
-        sampling = self.team.sampling[agent]
-        return agent_backward(
-            self.agents[agent],
-            batches[agent],
-            sampling.temperature,
-            self.loss,
-            self.locked_backward,
-            sampling.max_new_tokens,
-        )
+        return agent_backward(self.agents[agent], batches[agent], self.loss, self.locked_backward)
 
     def log_step(self, out: StepOutput) -> None:
         """The module's own scalars (the rest is :class:`~comlrl_lightning.callbacks.RewardLogger`'s)."""
