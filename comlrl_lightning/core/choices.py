@@ -98,5 +98,7 @@ def main(root: Path = ROOT) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # run as a script: use the imported module, whose REGISTRY the declarations fill
+    from comlrl_lightning.core.choices import main as _main
+
+    sys.exit(_main())

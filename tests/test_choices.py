@@ -1,0 +1,61 @@
+"""Each enumerated knob is declared once (``core/choices.Choice``): the config's types, checks and
+the generated lists in the docs all come from that declaration."""
+
+import typing
+
+import pytest
+
+from comlrl_lightning.core import choices
+from comlrl_lightning.core.config import AdvantageConfig, LossConfig, RolloutConfig
+
+DECLARED = {
+    "joint_mode", "credit", "solved_return", "advantage_mode", "scale_rewards", "loss_type",
+    "importance_sampling_level", "kl_mode", "on_nonfinite", "generation_backend", "parallel_training",
+    "critic_type",
+}  # fmt: skip
+
+
+def test_every_generated_list_in_the_docs_matches_its_declaration():
+    stale = []
+    for rel in choices.DOCS:
+        text = (choices.ROOT / rel).read_text()
+        if choices.render(text) != text:
+            stale.append(rel)
+    assert not stale, f"run `python -m comlrl_lightning.core.choices`: stale choice lists in {stale}"
+
+
+def test_every_declared_choice_is_listed_in_both_docs():
+    choices.load_all()
+    assert set(choices.REGISTRY) == DECLARED
+    for rel in choices.DOCS:
+        text = (choices.ROOT / rel).read_text()
+        missing = [f for f in DECLARED if f"<!-- choices:{f} -->" not in text]
+        assert not missing, f"{rel} lacks the lists of {missing}"
+
+
+def test_render_rewrites_only_between_the_markers():
+    text = "before\n<!-- choices:kl_mode -->\nstale\n<!-- /choices -->\nafter\n"
+    out = choices.render(text)
+    assert out.startswith("before\n<!-- choices:kl_mode -->\n- `loss`: ") and out.endswith(
+        "<!-- /choices -->\nafter\n"
+    )
+    assert "stale" not in out and "- `reward`: " in out
+
+
+def test_the_config_literal_and_check_come_from_the_declaration():
+    from comlrl_lightning.core.advantages import ADVANTAGE_MODE
+    from comlrl_lightning.core.policy_loss import LOSS_TYPE
+
+    hints = typing.get_type_hints(LossConfig)
+    assert typing.get_args(hints["loss_type"]) == (*LOSS_TYPE.values, *LOSS_TYPE.aliases)
+    assert (
+        typing.get_args(typing.get_type_hints(AdvantageConfig)["advantage_mode"])[0] == ADVANTAGE_MODE.literal
+    )
+    with pytest.raises(
+        ValueError, match=r"advantage_mode: got 'median', allowed: \['mean', 'max', 'rloo', 'raw'\]"
+    ):
+        AdvantageConfig(advantage_mode="median")
+    with pytest.raises(
+        ValueError, match=r"joint_mode: got 'grid', allowed: \['aligned', 'cross', 'crossed'\]"
+    ):
+        RolloutConfig(joint_mode="grid")
