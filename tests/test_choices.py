@@ -11,7 +11,7 @@ from comlrl_lightning.core.config import AdvantageConfig, LossConfig, RolloutCon
 DECLARED = {
     "joint_mode", "credit", "solved_return", "advantage_mode", "scale_rewards", "loss_type",
     "importance_sampling_level", "kl_mode", "on_nonfinite", "generation_backend", "parallel_training",
-    "critic_type",
+    "critic_type", "RewardModelReward.kind",
 }  # fmt: skip
 
 

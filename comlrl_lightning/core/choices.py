@@ -65,7 +65,7 @@ class Choice:
         return "\n".join(lines)
 
 
-_MARKED = re.compile(r"(<!-- choices:(\w+) -->\n).*?(<!-- /choices -->)", re.S)
+_MARKED = re.compile(r"(<!-- choices:([\w.]+) -->\n).*?(<!-- /choices -->)", re.S)
 
 
 def render(text: str) -> str:
@@ -78,6 +78,7 @@ def render(text: str) -> str:
 def load_all() -> None:
     """Import every module that declares a choice (the config imports them all)."""
     import comlrl_lightning.core.config  # noqa: F401
+    import comlrl_lightning.envs.reward_model  # noqa: F401
     import comlrl_lightning.team.critics  # noqa: F401
 
 

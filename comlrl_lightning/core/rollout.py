@@ -253,7 +253,15 @@ def compute_advantages(
     assert all(t.returns is not None for t in turns), "compute_returns first"
     returns = [t.returns if credit == "shared" else t.scored_returns for t in turns]
     advantages = step_advantages(
-        returns, index, num_agents, credit, mode, scale, agent_wise, eps, sample_costs
+        returns,
+        index,
+        num_agents,
+        credit,
+        mode=mode,
+        scale=scale,
+        agent_wise=agent_wise,
+        eps=eps,
+        sample_costs=sample_costs,
     )
     for n_t, (t, adv) in enumerate(zip(turns, advantages)):
         t.agent_returns = [

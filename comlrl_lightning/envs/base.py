@@ -53,8 +53,10 @@ class PromptTemplate:
                 f"PromptTemplate {template!r}: not a valid str.format template ({err})"
             ) from None
         if any(not n or n[0].isdigit() for n in names):
-            raise ValueError(f"PromptTemplate {template!r}: positional fields ({{}} or {{0}}) have no value; "
-                             "name a field of the row, e.g. {prompt}")  # fmt: skip
+            raise ValueError(
+                f"PromptTemplate {template!r}: positional fields ({{}} or {{0}}) have no value; "
+                "name a field of the row, e.g. {prompt}"
+            )
         self.fields = sorted({n.split(".")[0].split("[")[0] for n in names})
         self.template = template
 
@@ -66,8 +68,10 @@ class PromptTemplate:
             )
         empty = [f for f in self.fields if example[f] is None]
         if empty:
-            raise ValueError(f"PromptTemplate {self.template[:40]!r}: the row's field {empty[0]!r} is None (missing in "
-                             "this row); fill or drop such rows")  # fmt: skip
+            raise ValueError(
+                f"PromptTemplate {self.template[:40]!r}: the row's field {empty[0]!r} is None (missing in "
+                "this row); fill or drop such rows"
+            )
         return self.template.format(**example)
 
     def __repr__(self) -> str:

@@ -22,15 +22,25 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
+from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.envs.base import Episode
 
-RewardModelKind = Literal["sequence_classification", "causal_lm"]
-KINDS = ("sequence_classification", "causal_lm")
+REWARD_MODEL_KIND = Choice(
+    "RewardModelReward.kind",
+    {
+        "sequence_classification": "an `AutoModelForSequenceClassification` reads the rendered joint action; "
+        "the score is its logit (one label) or the softmax probability of `label`",
+        "causal_lm": "an LLM judge: `p(positive) / (p(positive) + p(negative))` of the next token after "
+        "the rendered joint action, in [0, 1]",
+    },
+)
+"""The two kinds of reward model (module docstring)."""
+RewardModelKind = REWARD_MODEL_KIND.literal
 DEFAULT_TEMPLATE = "{joint_action}"
 """The whole joint action, one ``Agent i:`` block per agent (see :meth:`RewardModelReward.render`)."""
 DEFAULT_JUDGE_TEMPLATE = "{joint_action}\n\nDid the agents solve the task together? Answer yes or no:"
@@ -42,7 +52,7 @@ class RewardModelReward:
 
     Args:
         model: hub id, local folder or ``builtin:<name>`` of the reward model.
-        kind: ``"sequence_classification"`` or ``"causal_lm"``.
+        kind: one of :data:`REWARD_MODEL_KIND`.
         template: ``str.format`` template of the scored text. Fields: ``joint_action`` (every
             agent's completion as ``Agent i:\\n<text>`` blocks), ``completion_<i>``, ``turn``, and the
             episode row's fields (e.g. ``prompt``). Default: :data:`DEFAULT_TEMPLATE` (sequence
@@ -75,8 +85,7 @@ class RewardModelReward:
         negative: str = " no",
         name: str = "reward_model",
     ) -> None:
-        if kind not in KINDS:
-            raise ValueError(f"RewardModelReward.kind: got {kind!r}, allowed: {list(KINDS)}")
+        REWARD_MODEL_KIND.check(kind)
         if dtype not in _DTYPES:
             raise ValueError(f"RewardModelReward.dtype: got {dtype!r}, allowed: {sorted(_DTYPES)}")
         if batch_size < 1:
@@ -131,8 +140,10 @@ class RewardModelReward:
         if self.kind == "causal_lm":
             pos, neg = (tok(w, add_special_tokens=False)["input_ids"] for w in (self.positive, self.negative))
             if not pos or not neg or pos[0] == neg[0]:
-                raise ValueError(f"RewardModelReward.positive/negative: {self.positive!r} and {self.negative!r} must "
-                                 f"start with different tokens (got {pos[:1]} and {neg[:1]})")  # fmt: skip
+                raise ValueError(
+                    f"RewardModelReward.positive/negative: {self.positive!r} and {self.negative!r} must "
+                    f"start with different tokens (got {pos[:1]} and {neg[:1]})"
+                )
             self._answer_ids = (pos[0], neg[0])
         elif self.label is not None and not 0 <= self.label < model.config.num_labels:
             raise ValueError(
@@ -156,8 +167,10 @@ class RewardModelReward:
             return self.template.format(**fields)
         except KeyError as err:
             names = sorted(f for _, f, _, _ in string.Formatter().parse(self.template) if f)
-            raise KeyError(f"RewardModelReward.template uses field {err.args[0]!r} (template fields {names}); "
-                           f"available: {sorted(fields)}") from None  # fmt: skip
+            raise KeyError(
+                f"RewardModelReward.template uses field {err.args[0]!r} (template fields {names}); "
+                f"available: {sorted(fields)}"
+            ) from None
 
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
@@ -170,15 +183,23 @@ class RewardModelReward:
         """``[len(texts)]`` float32 scores on CPU, ``batch_size`` texts per forward."""
         model = self.model
         device = next(model.parameters()).device
-        out = [self._score_batch(model, list(texts[i : i + self.batch_size]), device)
-               for i in range(0, len(texts), self.batch_size)]  # fmt: skip
+        out = [
+            self._score_batch(model, list(texts[i : i + self.batch_size]), device)
+            for i in range(0, len(texts), self.batch_size)
+        ]
         return torch.cat(out) if out else torch.zeros(0)
 
     def _score_batch(self, model: nn.Module, texts: list[str], device: torch.device) -> torch.Tensor:
         tok = self._tokenizer
         if self.kind == "sequence_classification":
-            enc = tok(texts, padding=True, padding_side="right", truncation=self.max_length is not None,
-                      max_length=self.max_length, return_tensors="pt")  # fmt: skip
+            enc = tok(
+                texts,
+                padding=True,
+                padding_side="right",
+                truncation=self.max_length is not None,
+                max_length=self.max_length,
+                return_tensors="pt",
+            )
             logits = model(**{k: v.to(device) for k, v in enc.items()}).logits.float()  # [B, num_labels]
             if logits.shape[-1] == 1:
                 return logits[:, 0].cpu()
@@ -188,8 +209,17 @@ class RewardModelReward:
 
         ids, mask = tokenize_prompts(tok, texts, chat_rendered=False, max_length=self.max_length)
         ids, mask = ids.to(device), mask.to(device)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                       logits_to_keep=1, use_cache=False).logits[:, -1].float()  # fmt: skip
+        logits = (
+            model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=position_ids_from_mask(mask),
+                logits_to_keep=1,
+                use_cache=False,
+            )
+            .logits[:, -1]
+            .float()
+        )
         assert self._answer_ids is not None
         pair = logits[:, list(self._answer_ids)].softmax(-1)  # [B, 2]: p(positive), p(negative), renormalised
         return pair[:, 0].cpu()
