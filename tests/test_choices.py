@@ -52,7 +52,7 @@ def test_the_config_literal_and_check_come_from_the_declaration():
         typing.get_args(typing.get_type_hints(AdvantageConfig)["advantage_mode"])[0] == ADVANTAGE_MODE.literal
     )
     with pytest.raises(
-        ValueError, match=r"advantage_mode: got 'median', allowed: \['mean', 'max', 'rloo', 'raw'\]"
+        ValueError, match=r"advantage_mode: got 'median', allowed: \['mean', 'max', 'rloo', 'raw'"
     ):
         AdvantageConfig(advantage_mode="median")
     with pytest.raises(
