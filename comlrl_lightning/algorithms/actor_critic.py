@@ -112,19 +112,11 @@ class ActorCritic(CoMLRLModule):
             k: _GROUP_TYPES[k](**cfg) if isinstance(cfg, dict) else replace(cfg) for k, cfg in given.items()
         }
         specs = normalize_agents(agents, num_agents)
-        groups["rollout"].check_budget(len(specs))
         self.critic_specs = normalize_critics(critics, specs, self.centralised, type(self).__name__)
-        super().__init__(
-            specs,
-            groups["sampling"],
-            groups["placement"],
-            optimizer,
-            scheduler,
-            learning_rate,
-            val_sampling,
-            env,
+        knobs = dict(
+            optimizer=optimizer, scheduler=scheduler, learning_rate=learning_rate, val_sampling=val_sampling
         )
-        self.rollout_config: ActorCriticRolloutConfig = groups["rollout"]
+        super().__init__(specs, groups, **knobs, env=env)
         self.critic_config: CriticConfig = groups["critic"]
         self.loss: LossConfig = groups["loss"]
         self.save_config(groups, ignore=["critics"])

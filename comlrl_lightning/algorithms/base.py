@@ -1,11 +1,11 @@
-"""What every algorithm shares: the team, one optimizer (and scheduler) per agent, placement,
-validation, and the RNG states a checkpoint needs for an exact resume.
+"""What every algorithm shares: the team, the rollout, placement, validation, and the RNG states a
+checkpoint needs for an exact resume (one optimizer per agent: the parent class, ``optimization.py``).
 
-An algorithm subclasses :class:`CoMLRLModule`, keeps a ``rollout_config``, and writes
+An algorithm subclasses :class:`CoMLRLModule`, passes its config groups to ``__init__``, and writes
 ``training_step`` (the corridor: :meth:`CoMLRLModule.rollout` → its own values or advantages → one
 update per agent → :class:`~comlrl_lightning.core.records.StepOutput`). The rollout is shared: the
 tree of turns acted by :attr:`CoMLRLModule.actors` (the seam that says who generates what), returns,
-then the algorithm's :meth:`CoMLRLModule.score_turns`. Everything else is here, in the open: no mixins.
+then the algorithm's :meth:`CoMLRLModule.score_turns`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 
 from comlrl_lightning.algorithms.optimization import AgentOptimization
-from comlrl_lightning.core.config import PlacementConfig, SamplingConfig
 from comlrl_lightning.core.evaluation import repeat_episodes, validation_metrics
 from comlrl_lightning.core.records import Turn
 from comlrl_lightning.core.rollout import Actors, RolloutPlan, compute_returns, rollout_tree
@@ -44,8 +43,10 @@ class CoMLRLModule(AgentOptimization):
 
     Args:
         specs: one :class:`AgentSpec` per agent (see :func:`~comlrl_lightning.team.agents.normalize_agents`).
-        sampling: the team's sampling knobs (``AgentSpec.generation`` overrides per agent).
-        placement: where the agents live.
+        groups: the algorithm's config groups by init-argument name; ``rollout`` (kept as
+            :attr:`rollout_config`, its budget checked), ``sampling`` (the team's sampling knobs,
+            ``AgentSpec.generation`` overriding per agent) and ``placement`` (where the agents live)
+            are read here.
         optimizer: per-agent optimizer factory; default ``AdamW(lr=learning_rate)``.
         scheduler: optional per-agent LR scheduler factory, stepped after every optimizer step.
         learning_rate: learning rate of the default optimizer (> 0; CoMLRL ``agent_learning_rate``).
@@ -53,14 +54,14 @@ class CoMLRLModule(AgentOptimization):
         env: the Dec-POMDP; default: the datamodule's ``env``.
 
     Raises:
-        ValueError: a bad spec, device or learning rate, before any model is loaded.
+        ValueError: a bad spec, device, budget or learning rate, before any model is loaded.
     """
 
     def __init__(
         self,
         specs: list[AgentSpec],
-        sampling: SamplingConfig,
-        placement: PlacementConfig,
+        groups: dict[str, Any],
+        *,
         optimizer: OptimizerCallable | None,
         scheduler: LRSchedulerCallable | None,
         learning_rate: float,
@@ -73,6 +74,8 @@ class CoMLRLModule(AgentOptimization):
             validate_spec(spec, i, len(specs))
         if learning_rate <= 0:
             raise ValueError(f"learning_rate: got {learning_rate!r}, must be > 0")
+        rollout, sampling, placement = groups["rollout"], groups["sampling"], groups["placement"]
+        rollout.check_budget(len(specs))
         placement.check(len(specs))
         # parse devices (and AgentSpec.device) and check shared agents' devices now, before any model loads
         owners = [i if s.share_weights_with is None else s.share_weights_with for i, s in enumerate(specs)]
@@ -81,7 +84,7 @@ class CoMLRLModule(AgentOptimization):
             placement.agent_devices, len(specs), num_gpus=None, owners=owners, overrides=overrides
         )
         self.team = Team(specs, sampling)
-        self.sampling_config, self.placement = sampling, placement
+        self.rollout_config, self.sampling_config, self.placement = rollout, sampling, placement
         self.learning_rate, self.val_sampling = learning_rate, val_sampling
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self._env = env
@@ -209,7 +212,7 @@ class CoMLRLModule(AgentOptimization):
         """Tree rollout of ``episodes`` by :attr:`actors` with returns filled in, then :meth:`score_turns`
         (MAGRPO: advantages). ``evaluation``: one completion per agent per turn (one path per episode:
         ``validation_step`` repeats each episode ``num_generations_eval`` times), greedy when
-        :attr:`greedy_validation`. Needs ``self.rollout_config`` (a :class:`RolloutConfig`)."""
+        :attr:`greedy_validation`."""
         plan = RolloutPlan.of(self.rollout_config, evaluation, greedy=evaluation and self.greedy_validation)
         turns = rollout_tree(self.env, episodes, self.actors, plan, step=self.global_step)
         compute_returns(turns, plan.discount, plan.credit, plan.solved_return)
@@ -221,15 +224,13 @@ class CoMLRLModule(AgentOptimization):
 
     @property
     def num_generations_eval(self) -> int:
-        """Validation paths per problem (``rollout.num_generations_eval``; 1 for an algorithm without it)."""
-        cfg = getattr(self, "rollout_config", None)
-        return 1 if cfg is None else cfg.num_generations_eval
+        """Validation paths per problem (``rollout.num_generations_eval``)."""
+        return self.rollout_config.num_generations_eval
 
     @property
     def eval_ks(self) -> list[int]:
-        """The k of the logged ``val/pass@k`` (``rollout.eval_ks()``; [1] for an algorithm without it)."""
-        cfg = getattr(self, "rollout_config", None)
-        return [1] if cfg is None else cfg.eval_ks()
+        """The k of the logged ``val/pass@k`` (``rollout.eval_ks()``)."""
+        return self.rollout_config.eval_ks()
 
     @property
     def greedy_validation(self) -> bool:

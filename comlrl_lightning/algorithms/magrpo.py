@@ -105,18 +105,10 @@ class MAGRPO(CoMLRLModule):
         alias = None if self.alias_advantage_mode is None else type(self).__name__
         groups["advantage"] = groups["advantage"].with_mode(self.alias_advantage_mode or "mean", alias)
         specs = normalize_agents(agents, num_agents)
-        groups["rollout"].check_budget(len(specs))
-        super().__init__(
-            specs,
-            groups["sampling"],
-            groups["placement"],
-            optimizer,
-            scheduler,
-            learning_rate,
-            val_sampling,
-            env,
+        knobs = dict(
+            optimizer=optimizer, scheduler=scheduler, learning_rate=learning_rate, val_sampling=val_sampling
         )
-        self.rollout_config: RolloutConfig = groups["rollout"]
+        super().__init__(specs, groups, **knobs, env=env)
         self.advantage: AdvantageConfig = groups["advantage"]
         self.loss: LossConfig = groups["loss"]
         self.save_config(groups, ignore=list(flat))
