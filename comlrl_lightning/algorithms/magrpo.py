@@ -3,8 +3,9 @@
 Features:
     - N ≥ 1 agents (``num_agents=1`` is GRPO), each its own model and tokenizer, in an ``nn.ModuleList``;
     - manual optimisation, one optimizer (and optional LR scheduler) per agent, per-agent clipping;
-    - one batched ``generate`` per agent per turn over episodes × K;
-    - joint actions ``aligned`` (K per node) or ``cross`` (K^N per node);
+    - one batched ``generate`` per agent per turn over episodes × K, through the ``actors`` seam
+      (the team by default; a subclass changes who generates what: ``core/rollout.Actors``);
+    - joint actions per node (``joint_mode``: :data:`~comlrl_lightning.core.advantages.JOINT_MODE`);
     - tree rollouts over ``num_turns`` with ``discount``, ``stop_reward`` and CoMLRL's
       ``termination_threshold`` (see core/rollout.py);
     - group-baseline advantages (``advantage_mode``: :data:`~comlrl_lightning.core.advantages.ADVANTAGE_MODE`);
@@ -19,7 +20,8 @@ Features:
     - ``beta > 0``: k3 KL to a frozen reference copy of each agent, as a loss term or, with
       ``kl_mode="reward"``, subtracted from each sample's return before the baseline (CoMLRL).
 
-Not supported: value functions (see IAC/MAAC), vLLM generation.
+Aliases ``MAREINFORCE``, ``MARLOO``, ``MAReMax`` fill in their ``advantage_mode`` when it is unset
+and refuse a different explicit one. Not supported: value functions (see IAC/MAAC), vLLM generation.
 
 Step counting: Lightning counts every ``optimizer.step()`` in ``trainer.global_step``. One training
 batch steps each of the N agents ``num_iterations`` times, so ``global_step`` grows by

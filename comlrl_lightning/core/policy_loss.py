@@ -144,7 +144,7 @@ def clipped_surrogate(
         mask: ``[R, C]`` (used by the sequence-level ratio).
         epsilon, epsilon_high: lower/upper clip (``epsilon_high=None``: ``epsilon``).
         delta: upper cap of the unclipped ratio (None: off; must be > 1 + ε_high to matter).
-        importance_sampling_level: ``token`` | ``sequence``.
+        importance_sampling_level: one of :data:`IMPORTANCE_SAMPLING_LEVEL`.
 
     Returns:
         ``(loss [R, C], low_clipped [R, C] bool, high_clipped [R, C] bool)``: the clip flags are TRL's

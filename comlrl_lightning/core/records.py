@@ -87,7 +87,8 @@ class Turn:
     Attributes:
         turn: 0-based turn.
         nodes: the ``G`` nodes.
-        prompt_texts: per agent, the rendered prompt of each node (history and chat template).
+        prompt_texts: per agent, the rendered prompt of each node (history and chat template), or of
+            each row when the actors conditioned rows differently (:attr:`TeamAction.prompts`).
         generations: per agent, a Generation whose row ``g·K + k`` is sample k at node g.
         rewards: ``[G, J]`` shared rewards, or ``[G, J, N]`` when the reward is per agent.
         components: reward-function (or metric) name -> ``[G, J]`` raw values.

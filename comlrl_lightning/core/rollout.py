@@ -68,7 +68,7 @@ class RolloutPlan:
     num_turns: int = 1
     """Maximum turns ``T``."""
     joint_mode: str = "aligned"
-    """``aligned`` or ``cross`` (:data:`~comlrl_lightning.core.advantages.JOINT_MODE`)."""
+    """One of :data:`~comlrl_lightning.core.advantages.JOINT_MODE`."""
     credit: str = "shared"
     """:data:`~comlrl_lightning.core.credit.CREDIT`: other modes also score the extra combinations
     of a node's samples they need (``Turn.scored_rewards``); only the K aligned ones are expanded."""
