@@ -9,10 +9,20 @@ from comlrl_lightning.core import choices
 from comlrl_lightning.core.config import AdvantageConfig, LossConfig, RolloutConfig
 
 DECLARED = {
-    "joint_mode", "credit", "solved_return", "advantage_mode", "scale_rewards", "loss_type",
-    "importance_sampling_level", "kl_mode", "on_nonfinite", "generation_backend", "parallel_training",
-    "critic_type", "RewardModelReward.kind",
-}  # fmt: skip
+    "joint_mode",
+    "credit",
+    "solved_return",
+    "advantage_mode",
+    "scale_rewards",
+    "loss_type",
+    "importance_sampling_level",
+    "kl_mode",
+    "on_nonfinite",
+    "generation_backend",
+    "parallel_training",
+    "critic_type",
+    "RewardModelReward.kind",
+}
 
 
 def test_every_generated_list_in_the_docs_matches_its_declaration():

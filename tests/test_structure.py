@@ -13,8 +13,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"comlrl_lightning": "comlrl_lightning", "callbacks": "comlrl_lightning.callbacks",
-           "datamodules": "comlrl_lightning.datamodules"}  # fmt: skip
+FOLDERS = {
+    "comlrl_lightning": "comlrl_lightning",
+    "callbacks": "comlrl_lightning.callbacks",
+    "datamodules": "comlrl_lightning.datamodules",
+}
 """Source folder -> the package it is installed as (pyproject's package-dir)."""
 MAX_LINES = 400
 EXCLUDED_UNTIL_ISSUE_21 = ("comlrl_lightning/sandbox/",)
@@ -128,8 +131,10 @@ def test_the_checker_finds_a_circle_and_ignores_type_checking_imports(tmp_path):
     a, b, c = (tmp_path / f"{m}.py" for m in "abc")
     a.write_text("from comlrl_lightning.b import x\n")
     b.write_text("import comlrl_lightning.a\n")
-    c.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from comlrl_lightning.a import y\n"
-                 "def f():\n    from comlrl_lightning.a import z\n")  # fmt: skip
+    c.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from comlrl_lightning.a import y\n"
+        "def f():\n    from comlrl_lightning.a import z\n"
+    )
     graph = import_graph({"comlrl_lightning.a": a, "comlrl_lightning.b": b, "comlrl_lightning.c": c})
     assert graph["comlrl_lightning.c"] == set()
     assert cycles(graph) == [["comlrl_lightning.a", "comlrl_lightning.b"]]
