@@ -65,10 +65,12 @@ class TeamAction:
     Attributes:
         prompts: per agent, the rendered prompt of each node (``[G]``), or of each row (``[G·K]``)
             when an agent's samples conditioned on different texts (e.g. on teammates' completions).
-        generations: per agent, the Generation the loss trains on (token ids, masks, texts).
-        completions: per agent, the ``G·K`` texts the env sees as that agent's action; None: each
-            generation's ``texts`` (an actor that writes several agents' parts in one completion
-            gives the parsed parts here).
+        generations: the Generations the loss trains on (token ids, masks, texts), one per trained
+            policy: one per agent for a team of independent agents; a centralised actor (one model
+            writing every agent's part in one tagged completion) gives its one model's.
+        completions: per agent (the env's roles), the ``G·K`` texts the env sees as that agent's
+            action; None: each agent's generation's ``texts``. A centralised actor gives the parsed
+            parts here.
     """
 
     prompts: list[list[str]]
