@@ -176,7 +176,8 @@ def part_bench(out: Path, args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- (d) generation throughput
 def part_generation(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     device = _device(args)
-    from comlrl_lightning.core.generation import GENERATION_BACKENDS, SamplingConfig, generate
+    from comlrl_lightning.core.config import SamplingConfig
+    from comlrl_lightning.core.generation import GENERATION_BACKEND, generate
     from comlrl_lightning.team.agents import AgentSpec, load_agent
 
     real = _has_smollm2()
@@ -190,7 +191,7 @@ def part_generation(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     ]
     res: dict[str, Any] = {"model": spec.model + ("" if real else " (SmolLM2 shape, GPT-2 vocab, random weights)"),
                            "rows": args.rows_b * args.rows_k, "new_tokens": args.new_tokens}  # fmt: skip
-    for backend in [b for b in GENERATION_BACKENDS if b != "auto"]:
+    for backend in [b for b in GENERATION_BACKEND.names if b != "auto"]:
         cfg = SamplingConfig(max_new_tokens=args.new_tokens, top_k=0, generation_backend=backend)
         try:
             times = []

@@ -2,7 +2,8 @@
 
 import torch
 
-from comlrl_lightning.core.generation import SamplingConfig, generate
+from comlrl_lightning.core.config import SamplingConfig
+from comlrl_lightning.core.generation import generate
 from comlrl_lightning.team.agents import AgentSpec, load_agent
 
 

@@ -1,6 +1,7 @@
 import torch
 
-from comlrl_lightning.core.generation import SamplingConfig, generate, render_prompt, tokenize_prompts
+from comlrl_lightning.core.config import SamplingConfig
+from comlrl_lightning.core.generation import generate, render_prompt, tokenize_prompts
 from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 
 

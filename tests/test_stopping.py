@@ -2,7 +2,8 @@
 
 import torch
 
-from comlrl_lightning.core.generation import SamplingConfig, completion_mask_from_ids, generate
+from comlrl_lightning.core.config import SamplingConfig
+from comlrl_lightning.core.generation import completion_mask_from_ids, generate
 from comlrl_lightning.core.stopping import CodeBlockEnd, apply_stops
 from comlrl_lightning.team.agents import AgentSpec, byte_tokenizer, load_agent
 

@@ -35,7 +35,7 @@ class AgentSpec:
             weights, its own optimizer state).
         generation: per-agent overrides of the module's sampling knobs (``temperature``, ``top_p``,
             ``top_k``, ``max_new_tokens``, ``max_prompt_length``, ``generation_backend``: see
-            ``comlrl_lightning.core.generation.SamplingConfig``).
+            ``comlrl_lightning.core.config.SamplingConfig``).
         chat_template: wrap prompts in the tokenizer's chat template when it has one.
         learning_rate: overrides the optimizer's learning rate for this agent.
         model_kwargs: extra keyword arguments for ``from_pretrained`` (or config fields for
