@@ -136,3 +136,31 @@ def test_default_groups_are_copied_so_one_module_cannot_change_another():
     a, b = MAGRPO(agents="builtin:tiny-gpt2"), MAGRPO(agents="builtin:tiny-gpt2")
     a.loss.beta = 0.5
     assert b.loss.beta == 0.0 and LossConfig().beta == 0.0
+
+
+def test_an_alias_config_from_the_cli_leaves_the_baseline_unset_and_re_runs(tmp_path, capsys):
+    """The config LightningCLI saves for an alias must rebuild the alias (it used to dump the field's
+    default ``advantage_mode: mean``, which the alias then silently replaced)."""
+    import os
+    from pathlib import Path
+
+    import yaml
+    from experiments import experiment
+
+    from comlrl_lightning import MARLOO
+    from comlrl_lightning.cli import main
+
+    os.chdir(Path(__file__).resolve().parents[1])  # configs use paths relative to the repository root
+
+    def print_config(*args):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", *args, "--print_config"])
+        assert exit_info.value.code == 0
+        return capsys.readouterr().out
+
+    saved = tmp_path / "config.yaml"
+    saved.write_text(print_config(*experiment("toy_grpo.yaml"), "--model.class_path=comlrl_lightning.MARLOO"))
+    init = yaml.safe_load(print_config("--config", str(saved)))["model"]["init_args"]
+    assert init["advantage"]["advantage_mode"] is None
+    again = MARLOO(**{k: v for k, v in init.items() if k not in ("optimizer", "scheduler")})
+    assert again.advantage.advantage_mode == "rloo"

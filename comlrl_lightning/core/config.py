@@ -43,10 +43,10 @@ def _require(field: str, value: Any, ok: bool, allowed: str) -> None:
         raise ValueError(f"{field}: got {value!r}, must be {allowed}")
 
 
-def _same_knob(field: str, value: Any, other: str, other_value: Any) -> str:
-    return (
-        f"{field}: got {value!r}, but {other}={other_value!r}; give one of the two (they are the same knob)"
-    )
+def _refuse_both(field: str, value: Any, other: str, other_value: Any) -> None:
+    """Raises ValueError: ``field`` and ``other`` are two names of one knob, given different values."""
+    msg = f"{field}: got {value!r}, but {other}={other_value!r}; give one of the two (they are the same knob)"
+    raise ValueError(msg)
 
 
 @dataclass
@@ -108,14 +108,8 @@ class RolloutConfig:
         SOLVED_RETURN.check(self.solved_return)
         if self.eval_num_samples is not None:
             if self.num_generations_eval not in (self.eval_num_samples, 1):
-                raise ValueError(
-                    _same_knob(
-                        "eval_num_samples",
-                        self.eval_num_samples,
-                        "num_generations_eval",
-                        self.num_generations_eval,
-                    )
-                )
+                n_eval = self.num_generations_eval
+                _refuse_both("eval_num_samples", self.eval_num_samples, "num_generations_eval", n_eval)
             self.num_generations_eval, self.eval_num_samples = self.eval_num_samples, None
         n = self.num_generations_eval
         _require("num_generations_eval", n, isinstance(n, int) and n >= 1, "an integer >= 1")
@@ -336,14 +330,8 @@ class SamplingConfig:
         GENERATION_BACKEND.check(self.generation_backend)
         if self.max_completion_length is not None:
             if self.max_new_tokens not in (self.max_completion_length, 64):
-                raise ValueError(
-                    _same_knob(
-                        "max_completion_length",
-                        self.max_completion_length,
-                        "max_new_tokens",
-                        self.max_new_tokens,
-                    )
-                )
+                n_new = self.max_new_tokens
+                _refuse_both("max_completion_length", self.max_completion_length, "max_new_tokens", n_new)
             self.max_new_tokens, self.max_completion_length = self.max_completion_length, None
         _require("temperature", self.temperature, self.temperature > 0, "> 0")
         _require("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]")
