@@ -71,9 +71,13 @@ class DecPOMDPDataModule(pl.LightningDataModule):
         shuffle: shuffle training episodes each epoch (seeded).
         seed: seed of the split and the shuffle.
         num_workers: DataLoader workers.
+        reward_timeout_s: seconds one reward function may take to score one batch of joint actions
+            (> 0; default None: no limit). A call still running then is abandoned in its worker
+            thread and its joint actions get ``invalid_reward``, counted in ``rewards/errors``, as
+            with ``WeightedReward(skip_invalid=True)`` (see :attr:`WeightedReward.timeout_s`).
 
     Raises:
-        ValueError: formatter count ≠ ``num_agents``, a bad fraction/size/cap, or a template
+        ValueError: formatter count ≠ ``num_agents``, a bad fraction/size/cap/timeout, or a template
             ``str.format`` cannot parse, naming the field. At ``setup`` (before any model loads): an
             empty split, or a formatter that fails on the first row of a split, naming
             ``data.formatters[i]``.
@@ -98,6 +102,7 @@ class DecPOMDPDataModule(pl.LightningDataModule):
         shuffle: bool = True,
         seed: int = 0,
         num_workers: int = 0,
+        reward_timeout_s: float | None = None,
     ) -> None:
         super().__init__()
         if num_agents is not None and len(formatters) != num_agents:
@@ -112,12 +117,17 @@ class DecPOMDPDataModule(pl.LightningDataModule):
             if cap is not None and cap < 1:
                 raise ValueError(f"data.{name}: got {cap}, must be >= 1 or None (all rows); to skip validation "
                                  "set trainer.limit_val_batches=0")  # fmt: skip
+        if reward_timeout_s is not None and not reward_timeout_s > 0:
+            raise ValueError(
+                f"data.reward_timeout_s: got {reward_timeout_s!r}, must be > 0 seconds or None (no limit)"
+            )
         if reward is None:
             raise ValueError("data.reward: give a reward function (or a list, or a WeightedReward)")
         try:
             self.env = DecPOMDP(formatters, reward, transition)
         except (ValueError, TypeError) as err:
             raise type(err)(f"data.{err}") from None
+        self.env.reward_fn.timeout_s = reward_timeout_s
         self.dataset, self.val_dataset = dataset, val_dataset
         self.train_split, self.val_split = train_split, val_split
         self.val_fraction, self.seed = val_fraction, seed
