@@ -37,6 +37,9 @@ class CoMLRLCLI(LightningCLI):
       silent single optimizer replacing the per-agent ones.
     - ``fit --validate_before_fit true`` runs the validation loop once before training (Lightning's
       sanity check is not logged), so TensorBoard shows the metrics before and after.
+    - Every ``fit`` saves on SIGTERM / Ctrl+C: an :class:`~comlrl_lightning.callbacks.InterruptCheckpoint`
+      (default arguments) is added when the config's ``trainer.callbacks`` lists none, whatever
+      else it lists; ``fit --save_on_interrupt false`` leaves it out.
     - After ``fit`` it prints where the logs are and the logged ``val/pass@1``, ``val/reward`` and
       ``reward`` (first and last value).
 
@@ -47,6 +50,22 @@ class CoMLRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--validate_before_fit", type=bool, default=False,
                             help="fit only: run validation once before training (logged at step 0)")  # fmt: skip
+        parser.add_argument("--save_on_interrupt", type=bool, default=True,
+                            help="fit only: add an InterruptCheckpoint when trainer.callbacks lists none "
+                                 "(SIGTERM / Ctrl+C save <log_dir>/checkpoints/interrupted.ckpt)")  # fmt: skip
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+        from comlrl_lightning.callbacks import InterruptCheckpoint
+
+        listed = config.get("callbacks") or []
+        listed = listed if isinstance(listed, list) else [listed]
+        if (
+            self.subcommand == "fit"
+            and self.config["fit"].get("save_on_interrupt", True)
+            and not any(isinstance(c, InterruptCheckpoint) for c in [*listed, *callbacks])
+        ):
+            callbacks = [*callbacks, InterruptCheckpoint()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
         """Loggers without a ``save_dir`` write under ``trainer.default_root_dir`` (default ``runs``).

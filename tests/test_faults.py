@@ -1,5 +1,6 @@
 """Faults during training are contained: signals, reward errors, stale temp files, unwritable or full disks (issue 12 §3)."""
 
+import glob
 import os
 import signal
 import threading
@@ -14,6 +15,8 @@ from comlrl_lightning.callbacks import InterruptCheckpoint
 from comlrl_lightning.datamodules import DecPOMDPDataModule, LengthRatioDataModule
 from comlrl_lightning.envs.rewards import WeightedReward
 from comlrl_lightning.infra.checkpoint_io import AtomicCheckpointIO, prepare_checkpoint_dir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class SignalAt(pl.Callback):
@@ -215,3 +218,47 @@ def test_skipped_reward_errors_are_counted_and_logged():
            "clipped": [torch.zeros(3, dtype=torch.bool)], "num_tokens": 3, "num_episodes": 1}  # fmt: skip
     metrics = step_metrics(out, {}, 0.0)
     assert metrics["rewards/errors"] == 1.0 and "rewards/errors/mean" not in metrics
+
+
+def cli_callbacks(monkeypatch, tmp_path, *args, signal_at=None):
+    """The callbacks ``comlrl-lightning fit`` gives its trainer; with ``signal_at`` the fit runs and is sent
+    SIGTERM in that batch (returns ``(callbacks, exit code)``), else it stops before training."""
+    import comlrl_lightning.cli as cli
+
+    os.chdir(ROOT)
+    seen = {}
+
+    def before_fit(self):
+        seen["callbacks"] = list(self.trainer.callbacks)
+        if signal_at is None:
+            raise SystemExit(0)
+        self.trainer.callbacks.append(SignalAt(signal.SIGTERM, at=signal_at))
+
+    monkeypatch.setattr(cli.CoMLRLCLI, "before_fit", before_fit)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["fit", *args, "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}",
+                  "--trainer.max_steps=8", "--model.init_args.rollout.num_generations=2",
+                  "--model.init_args.sampling.max_new_tokens=8"])  # fmt: skip
+    return [c for c in seen["callbacks"] if isinstance(c, InterruptCheckpoint)], info.value.code
+
+
+def test_a_cli_fit_without_the_callbacks_block_still_saves_on_sigterm(monkeypatch, tmp_path):
+    interrupts, code = cli_callbacks(monkeypatch, tmp_path, "--config", "configs/toy_length_ratio.yaml",
+                                     signal_at=2)  # fmt: skip
+    assert len(interrupts) == 1 and code == 143
+    saved = glob.glob(str(tmp_path / "**" / "checkpoints" / "interrupted.ckpt"), recursive=True)
+    assert len(saved) == 1
+    assert torch.load(saved[0], weights_only=False)["global_step"] == MAGRPO.max_steps_for(2, 2)
+
+
+@pytest.mark.parametrize(
+    "blocks,switch,count",
+    [(["configs/callbacks/default.yaml"], [], 1), ([], ["--save_on_interrupt=false"], 0),
+     (["configs/callbacks/default.yaml"], ["--save_on_interrupt=false"], 1)],
+    ids=["listed-not-twice", "switched-off", "listed-kept"],
+)  # fmt: skip
+def test_the_cli_adds_one_interrupt_checkpoint_unless_listed_or_switched_off(monkeypatch, tmp_path, blocks,
+                                                                              switch, count):  # fmt: skip
+    configs = [a for b in blocks for a in ("--config", b)] + ["--config", "configs/toy_length_ratio.yaml"]
+    interrupts, _ = cli_callbacks(monkeypatch, tmp_path, *configs, *switch)
+    assert len(interrupts) == count
