@@ -9,10 +9,12 @@ of one trainer per agent instead (:mod:`comlrl_lightning.coordinator.cli`).
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
 import traceback
+import warnings
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
@@ -55,16 +57,25 @@ class CoMLRLCLI(LightningCLI):
                                  "(SIGTERM / Ctrl+C save <log_dir>/checkpoints/interrupted.ckpt)")  # fmt: skip
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+        """Add an :class:`InterruptCheckpoint` to a fit (see the class docstring) and a progress bar
+        without ``v_num`` (:mod:`~comlrl_lightning.callbacks.progress_bar`), each unless one is listed."""
+        from lightning.pytorch.callbacks import ProgressBar
+
         from comlrl_lightning.callbacks import InterruptCheckpoint
+        from comlrl_lightning.callbacks.progress_bar import default_progress_bar
 
         listed = config.get("callbacks") or []
-        listed = listed if isinstance(listed, list) else [listed]
+        given = [*(listed if isinstance(listed, list) else [listed]), *callbacks]
         if (
             self.subcommand == "fit"
             and self.config["fit"].get("save_on_interrupt", True)
-            and not any(isinstance(c, InterruptCheckpoint) for c in [*listed, *callbacks])
+            and not any(isinstance(c, InterruptCheckpoint) for c in given)
         ):
             callbacks = [*callbacks, InterruptCheckpoint()]
+        if config.get("enable_progress_bar") is not False and not any(
+            isinstance(c, ProgressBar) for c in given
+        ):
+            callbacks = [*callbacks, default_progress_bar()]
         return super()._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
@@ -143,15 +154,33 @@ def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, lis
     return out
 
 
+def _drop_litlogger_tip(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("💡 Tip: For seamless cloud logging")
+
+
+def silence_start_up_noise() -> None:
+    """Silence, precisely, what every run printed at start that its user did nothing to cause.
+
+    - Lightning's ``_pytree`` helper calls ``isinstance(treespec, LeafSpec)``, deprecated by
+      torch 2.13: a warning about Lightning's code at every fit, nothing a user can change.
+    - Lightning advertises its cloud logger (litlogger) whenever a run logs elsewhere (an INFO
+      line on its ``rank_zero`` logger): not a diagnosis of the run.
+    """
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_drop_litlogger_tip)
+
+
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning``."""
+    """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning`` (``args``: default
+    ``sys.argv[1:]``)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     release_freed_memory()  # freed activations and gradients leave the resident set (infra/memory.py)
-    args = sys.argv[1:] if args is None else args
-    if args and args[0] == "coordinate":  # not a Trainer function: the coordinator owns its round loop
+    silence_start_up_noise()
+    argv = sys.argv[1:] if args is None else args
+    if argv and argv[0] == "coordinate":  # not a Trainer function: the coordinator owns its round loop
         from comlrl_lightning.coordinator.cli import main as coordinate
 
-        coordinate(args[1:])
+        coordinate(argv[1:])
         return
     CoMLRLCLI(
         CoMLRLModule,  # any algorithm: model.class_path names it (MAGRPO, its aliases, ...)
@@ -162,9 +191,9 @@ def main(args: list[str] | None = None) -> None:
         save_config_kwargs={"overwrite": True},
         trainer_defaults={"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                                      "init_args": {"save_dir": SAVE_DIR_MARK}}},
-        args=args,
+        args=args,  # None: LightningCLI reads sys.argv itself (given both, it warns)
     )  # fmt: skip
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
