@@ -57,19 +57,45 @@ def test_callable_formatter_that_raises_is_named_at_setup():
         dm.setup("fit")
 
 
-def test_a_row_missing_a_field_is_refused_not_rendered_as_the_text_none(tmp_path):
-    # datasets fills a field that a later row lacks with None; the template must not print "None"
-    dm = DecPOMDPDataModule(jsonl(tmp_path, [{"topic": "a"}, {"other": 1}]), ["{topic}"], TargetLengthReward(4),
-                            shuffle=False)  # fmt: skip
-    dm.setup("fit")
-    ep0, ep1 = next(iter(dm.train_dataloader()))
-    assert dm.env.observe(ep0, 0) == "a"
-    with pytest.raises(ValueError, match="field 'topic' is None"):
-        dm.env.observe(ep1, 0)
+def test_a_row_missing_a_field_is_refused_at_setup_naming_the_row(tmp_path):
+    # datasets fills a field that a later row lacks with None; every row is checked at setup (not at its batch)
+    rows = [{"topic": "a"}] * 3 + [{"other": 1}]
+    dm = DecPOMDPDataModule(jsonl(tmp_path, rows), ["{topic}"], TargetLengthReward(4), shuffle=False)
+    with pytest.raises(ValueError, match=r"data\.formatters\[0\] .*uses the field 'topic', which training row 3 "
+                                         r"lacks"):  # fmt: skip
+        dm.setup("fit")
+    listed = DecPOMDPDataModule([{"topic": "a"}, {"topic": None}], ["{topic}"], TargetLengthReward(4))
+    with pytest.raises(ValueError, match="training row 1 lacks"):
+        listed.setup("fit")
     first_missing = DecPOMDPDataModule(jsonl(tmp_path, [{"other": 1}, {"topic": "a"}], "b.jsonl"), ["{topic}"],
                                        TargetLengthReward(4))  # fmt: skip
     with pytest.raises(ValueError, match=r"data\.formatters\[0\].*field 'topic' is None"):
         first_missing.setup("fit")
+
+
+@pytest.mark.parametrize("path", ["./nope_dir", "../nope/data", "~/nope_dir", "a/b/c"])
+def test_a_missing_local_path_without_an_extension_is_named_not_a_hub_error(path):
+    with pytest.raises(
+        FileNotFoundError, match=r"^data\.dataset: no file or folder '.*' \(.* is a local path"
+    ):
+        load_rows(path)
+
+
+def test_an_unknown_hub_dataset_offline_says_what_was_tried():
+    with pytest.raises(ValueError, match=r"^data\.val_dataset: 'no-such-dataset-xyz' is no local file or folder, and "
+                                         r"the Hugging Face Hub"):  # fmt: skip
+        load_rows("no-such-dataset-xyz", field="data.val_dataset")
+
+
+@pytest.mark.parametrize(
+    "bad,why", [('{"topic": "b"', "not valid JSON"), ('["b"]', "a JSON list, not an object")]
+)
+def test_a_malformed_jsonl_line_is_named_with_its_file_and_line_last(tmp_path, bad, why):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"topic": "a"}\n\n' + bad + '\n{"topic": "c"}\n')
+    with pytest.raises(ValueError, match=rf"^data\.dataset: {path}, line 3: {why}") as info:
+        load_rows(str(path))
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # the message is printed last
 
 
 @pytest.mark.parametrize("content", ["", "\n\n"])
