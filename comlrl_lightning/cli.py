@@ -56,6 +56,26 @@ class CoMLRLCLI(LightningCLI):
                             help="fit only: add an InterruptCheckpoint when trainer.callbacks lists none "
                                  "(SIGTERM / Ctrl+C save <log_dir>/checkpoints/interrupted.ckpt)")  # fmt: skip
 
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """Parse; a config error ends in one line naming the full key, the value, what is allowed
+        and the closest allowed key or value (:func:`~comlrl_lightning.cli_errors.explain`), printed
+        last, exit status 2 (jsonargparse's own report stays above it, its value dumps left out)."""
+        from jsonargparse import ArgumentError
+
+        from comlrl_lightning.cli_errors import explain, parser_options
+
+        parsers = [parser, *getattr(self, "_subcommand_parsers", {}).values()]
+        for p in parsers:
+            p.exit_on_error = False
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:
+            report = [line for line in str(err).splitlines() if not line.strip().startswith("Given value")]
+            print("\n".join(report), file=sys.stderr)
+            options = [o for p in parsers for o in parser_options(p)]
+            print(f"error: {explain(str(err), options) or report[-1].strip()}", file=sys.stderr)
+            raise SystemExit(2) from None
+
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         """Add an :class:`InterruptCheckpoint` to a fit (see the class docstring) and a progress bar
         without ``v_num`` (:mod:`~comlrl_lightning.callbacks.progress_bar`), each unless one is listed."""

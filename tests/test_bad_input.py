@@ -235,8 +235,68 @@ def test_a_reward_of_the_wrong_arity_is_refused_from_yaml(tmp_path, monkeypatch,
     with pytest.raises(SystemExit) as info:
         main(["fit", "--config", "configs/selfplay_grpo.yaml", "--data.init_args.reward=user_rewards.two_args",
               "--print_config"])  # fmt: skip
-    assert info.value.code != 0
-    assert "does not implement protocol RewardFunction" in capsys.readouterr().err
+    assert info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: data.init_args.reward: user_rewards.two_args(joint_actions, episodes) cannot be "
+                           "a reward: a reward is called as fn(joint_actions, episodes, turn)")  # fmt: skip
+    assert "TRLReward" in last
+
+
+def trl_style(prompts, completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def test_a_reward_of_the_wrong_signature_is_refused_at_construction_through_the_python_api():
+    no_model = DecPOMDPDataModule  # the datamodule is built before any model
+    with pytest.raises(TypeError, match=r"^data\.reward\[1\]: two_args\(joint_actions, episodes\) cannot be called as "
+                                        r"fn\(joint_actions, episodes, turn\)"):  # fmt: skip
+        no_model([{"q": "x"}], ["{q}"], [TargetLengthReward(4), lambda_two_args])
+    with pytest.raises(TypeError, match=r"reward\[0\]: trl_style\(prompts, completions, \*\*kwargs\).*It looks like a "
+                                        r"TRL reward: use comlrl_lightning\.envs\.TRLReward"):  # fmt: skip
+        no_model([{"q": "x"}], ["{q}"], trl_style)
+
+
+def lambda_two_args(joint_actions, episodes):
+    return [0.0] * len(joint_actions)
+
+
+lambda_two_args.__name__ = "two_args"
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["--data.init_args.batch_sise=3"], "data.init_args.batch_sise: no such key of "
+         "comlrl_lightning.datamodules.DecPOMDPDataModule; did you mean 'batch_size'?"),
+        (["--model.init_args.learning_rat=0.1"], "model.init_args.learning_rat: no such key of comlrl_lightning.MAGRPO; "
+         "did you mean 'learning_rate'?"),
+        (["--model.init_args.loss.loss_type=grpoo"], "model.init_args.loss.loss_type: got 'grpoo'; allowed: "
+         "'sequence_sum', 'grpo', 'dr_grpo', 'dapo', 'bnpo', 'sequence_mean', 'token_mean'; did you mean 'grpo'?"),
+        (["--trainer.max_stepz=3"], "--trainer.max_stepz: not an option; did you mean '--trainer.max_steps'?"),
+        (["--optimizer=torch.optim.SGD"], "--optimizer: a top-level optimizer/lr_scheduler would replace the per-agent "
+         "ones: give the factory as model.init_args.optimizer"),
+        ("yaml-optimizer", "optimizer.class_path: a top-level optimizer/lr_scheduler would replace the per-agent ones"),
+        ("yaml-typo", "data.init_args.batch_sise: no such key of comlrl_lightning.datamodules.DecPOMDPDataModule; "
+         "did you mean 'batch_size'?"),
+    ],
+    ids=["cli-key", "cli-model-key", "literal", "trainer-flag", "cli-optimizer", "yaml-optimizer", "yaml-key"],
+)  # fmt: skip
+def test_a_config_error_ends_in_one_line_naming_the_key_and_the_closest_allowed(tmp_path, monkeypatch, capsys,
+                                                                                 args, line):  # fmt: skip
+    no_model_loads(monkeypatch)
+    os.chdir(ROOT)
+    if args == "yaml-optimizer":
+        (tmp_path / "c.yaml").write_text("optimizer:\n  class_path: torch.optim.SGD\n")
+        args = ["--config", str(tmp_path / "c.yaml")]
+    elif args == "yaml-typo":
+        (tmp_path / "c.yaml").write_text("data:\n  init_args:\n    batch_sise: 3\n")
+        args = ["--config", str(tmp_path / "c.yaml")]
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "configs/selfplay_grpo.yaml", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"error: {line}")
+    assert "Given value" not in err
 
 
 def test_an_init_error_is_printed_once_with_the_message_last(monkeypatch, capsys):

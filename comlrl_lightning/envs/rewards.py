@@ -134,6 +134,33 @@ class RewardProcessor:
         return out
 
 
+def check_reward_signature(fn: object, where: str) -> None:
+    """Refuse, naming ``where``, a reward that cannot be called as ``fn(joint_actions, episodes, turn)``.
+
+    Raises:
+        TypeError: not callable, or its signature does not take three positional arguments; a
+            TRL-style signature (``prompts``/``completions``) is pointed to :class:`~comlrl_lightning.envs.TRLReward`.
+    """
+    if not callable(fn):
+        raise TypeError(
+            f"{where}: got a {type(fn).__name__}; a reward is a callable fn(joint_actions, episodes, turn)"
+        )
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the first call will tell
+        return
+    try:
+        signature.bind(None, None, None)
+    except TypeError:
+        trl = {"prompts", "completions"} & set(signature.parameters)
+        hint = (" It looks like a TRL reward: use comlrl_lightning.envs.TRLReward(fn) (agents' completions "
+                "mapped as its docstring says)." if trl else "")  # fmt: skip
+        raise TypeError(f"{where}: {reward_name(fn)}{signature} cannot be called as fn(joint_actions, episodes, "
+                        f"turn), the RewardFunction protocol.{hint}") from None  # fmt: skip
+
+
 def reward_name(fn: object) -> str:
     """The metric name of a reward function: its ``name`` attribute, else its class/function name."""
     name = getattr(fn, "name", None)
@@ -200,6 +227,8 @@ class WeightedReward:
 
     Raises:
         ValueError: ``weights`` has a different length than ``functions``, or no function given.
+        TypeError: a function that cannot be called as ``fn(joint_actions, episodes, turn)``
+            (:func:`check_reward_signature`).
     """
 
     def __init__(
@@ -213,6 +242,8 @@ class WeightedReward:
         self.functions = list(functions)
         if not self.functions:
             raise ValueError("WeightedReward.functions: give at least one reward function")
+        for i, fn in enumerate(self.functions):
+            check_reward_signature(fn, f"reward[{i}]")
         self.weights = [1.0] * len(self.functions) if weights is None else [float(w) for w in weights]
         if len(self.weights) != len(self.functions):
             raise ValueError(
