@@ -67,8 +67,9 @@ class CoMLRLCLI(LightningCLI):
         parsers = [parser, *getattr(self, "_subcommand_parsers", {}).values()]
         for p in parsers:
             p.exit_on_error = False
-        try:
-            super().parse_arguments(parser, args)
+        try:  # LightningCLI.parse_arguments less its warning when both args and sys.argv hold arguments:
+            # main() passes args only when called from Python with its own (sys.argv is the host's then)
+            self.config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
         except ArgumentError as err:
             report = [line for line in str(err).splitlines() if not line.strip().startswith("Given value")]
             print("\n".join(report), file=sys.stderr)
