@@ -1,4 +1,4 @@
-"""Credit-assignment benchmark (issue 15): does per-agent credit learn faster under one shared reward?
+"""Credit-assignment benchmark: does per-agent credit learn faster under one shared reward?
 
 Task: :class:`~comlrl_lightning.envs.toy.TeamTargetsReward`, three agents whose contributions differ
 (agent 0 matters most, agent 1 pays only when agent 0 is close, agent 2 barely matters; max 1.0).

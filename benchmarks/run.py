@@ -1,4 +1,4 @@
-"""Side-by-side benchmarks of comlrl-lightning's MAGRPO (GitHub issue 7). ``make bench`` runs this file.
+"""Side-by-side benchmarks of comlrl-lightning's MAGRPO against CoMLRL, TRL and a floor. ``make bench`` runs this file.
 
     python benchmarks/run.py                   # full run (~5-10 min on 2 CPU cores), writes RESULTS.md
     python benchmarks/run.py --quick           # fast sanity pass (prints, writes nothing unless --write)
@@ -431,7 +431,7 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
     vers = ", ".join(f"{k} {v}" for k, v in mc["versions"].items())
     extra_sections = ""
     if "credit" in res:
-        extra_sections = f"""## Credit assignment (issue 15)
+        extra_sections = f"""## Credit assignment
 
 {credit.render(res["credit"])}
 
@@ -440,7 +440,7 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
 {credit.NOTES}
 """
     if "main_job" in res:
-        extra_sections += f"\n## The main job: stopping at the code block (issue 12)\n\n{__import__('main_job').render(res['main_job'])}\n"
+        extra_sections += f"\n## The main job: stopping at the code block\n\n{__import__('main_job').render(res['main_job'])}\n"
     comlrl_plot = (
         f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n"
         if "reward_curves" in res.get("vs_comlrl", {})
