@@ -26,9 +26,32 @@ def unexpected(records):
     return [w for w in records if not any(re.search(pattern, w) for pattern, _ in ALLOWED)]
 
 
+class Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(f"{record.name} {record.levelname}: {record.getMessage()}")
+
+
 def fit_recording(args, caplog):
-    """Run ``comlrl-lightning`` with ``args``; the warnings it raised and the INFO lines it logged."""
+    """Run ``comlrl-lightning`` with ``args``; the warnings it raised or logged (transformers logs
+    its own on a logger that does not propagate) and the INFO lines it logged."""
     os.chdir(ROOT)
+    logged = Collect()
+    loggers = [logging.getLogger(name) for name in ("transformers", "lightning", "datasets", "")]
+    for logger in loggers:
+        logger.addHandler(logged)
+    try:
+        caught, infos = _record(args, caplog)
+    finally:
+        for logger in loggers:
+            logger.removeHandler(logged)
+    return caught + logged.lines, infos
+
+
+def _record(args, caplog):
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
         warnings.simplefilter("always")  # every warning, each time (not once per place)
         # what a user's run does not show either: Python hides DeprecationWarning raised outside
