@@ -184,14 +184,27 @@ def test_stale_temp_files_are_removed_and_checkpoints_kept(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["last.ckpt"]
 
 
-def test_a_full_disk_names_the_checkpoint_path(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "failure",
+    [OSError(28, "No space left on device"), RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0")],
+    ids=["ENOSPC", "torch-unexpected-pos"],
+)  # fmt: skip
+def test_a_full_disk_says_which_file_how_many_bytes_it_needs_and_how_many_are_left(
+    tmp_path, monkeypatch, failure
+):
+    import shutil
+
     def full(obj, f, *args, **kwargs):
-        raise OSError(28, "No space left on device")
+        raise failure
 
     monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 100, 100))
     target = tmp_path / "ckpts" / "last.ckpt"
-    with pytest.raises(OSError, match=f"could not write the checkpoint '{target}': No space left on device"):
-        AtomicCheckpointIO().save_checkpoint({"w": torch.zeros(2)}, target)
+    with pytest.raises(OSError) as info:
+        AtomicCheckpointIO().save_checkpoint({"w": torch.zeros(2 * 1024**2), "step": 3}, target)
+    assert info.value.errno == 28
+    assert str(info.value).endswith(f"could not write the checkpoint '{target}': no space left on the device (it needs "
+                                    f"about 8.0 MiB (8388608 bytes), 100 bytes left in '{target.parent}')")  # fmt: skip
     assert not os.listdir(tmp_path / "ckpts")
 
 
