@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from experiments import experiment
+from test_coordinator import RowEpisodes, coordinator
 
 from comlrl_lightning import MAGRPO, AgentSpec
 from comlrl_lightning.cli import main
@@ -310,3 +311,51 @@ def test_an_init_error_is_printed_once_with_the_message_last(monkeypatch, capsys
     assert err.count(message) == 1
     assert err.strip().splitlines()[-1].startswith(f"ValueError: {message}")
     assert "Namespace(" not in err and "direct cause" not in err
+
+
+# ------------------------------------------------------------------ rewards, coordinator (before any model loads)
+@pytest.mark.parametrize("value", [0, -1.5])
+def test_a_non_positive_reward_timeout_is_refused(value):
+    with pytest.raises(
+        ValueError, match=rf"^data\.reward_timeout_s: got {value}, must be > 0 seconds or None"
+    ):
+        DecPOMDPDataModule([{"q": "x"}], ["{q}"], TargetLengthReward(4), reward_timeout_s=value)
+
+
+def only_text(text):
+    return [0.0]
+
+
+def test_trl_reward_arguments_are_checked():
+    from comlrl_lightning.envs import TRLReward
+
+    with pytest.raises(
+        ValueError, match="^TRLReward.agent: got 'all'; allowed: 'each', 'joined' or an agent index"
+    ):
+        TRLReward(trl_style, agent="all")
+    with pytest.raises(
+        TypeError, match=r"^TRLReward.function: only_text\(text\) cannot be called as fn\(prompts="
+    ):
+        TRLReward(only_text)
+
+
+def test_a_missing_coordinator_ckpt_path_is_named_before_any_learner_loads(tmp_path):
+    with pytest.raises(
+        FileNotFoundError, match=r"^ckpt_path: no coordinator checkpoint '.*nope\.pt'; give a round-"
+    ):
+        coordinator(tmp_path, ckpt_path=str(tmp_path / "nope.pt"))
+
+
+def test_a_coordinator_stage_field_missing_in_a_later_row_fails_at_setup_before_any_learner_loads(tmp_path):
+    rows = [
+        {"topic": "p"},
+        {"topic": "q"},
+        {"topic": "r"},
+        {"other": 1},
+    ]  # row 3 is first drawn after round 0
+    c = coordinator(tmp_path, episodes=RowEpisodes(rows))
+    with pytest.raises(
+        ValueError, match=r"rounds\.stages\[0\]\.prompt: uses \{topic\}, which episode 3 .* lacks"
+    ):
+        c.setup()
+    assert c.learners == {}

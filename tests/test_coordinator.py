@@ -201,28 +201,6 @@ def test_a_non_finite_gradient_is_never_stepped_and_a_non_finite_weight_never_sa
     assert not os.path.exists(a.checkpoint_path(0))
 
 
-def test_a_missing_ckpt_path_is_named_before_any_learner_loads(tmp_path):
-    with pytest.raises(
-        FileNotFoundError, match=r"^ckpt_path: no coordinator checkpoint '.*nope\.pt'; give a round-"
-    ):
-        coordinator(tmp_path, ckpt_path=str(tmp_path / "nope.pt"))
-
-
-def test_a_stage_field_missing_in_a_later_row_fails_at_setup_before_any_learner_loads(tmp_path):
-    rows = [
-        {"topic": "p"},
-        {"topic": "q"},
-        {"topic": "r"},
-        {"other": 1},
-    ]  # row 3 is first drawn after round 0
-    c = coordinator(tmp_path, episodes=RowEpisodes(rows))
-    with pytest.raises(
-        ValueError, match=r"rounds\.stages\[0\]\.prompt: uses \{topic\}, which episode 3 .* lacks"
-    ):
-        c.setup()
-    assert c.learners == {}
-
-
 def scalar_steps(folder, tag):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

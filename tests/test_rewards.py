@@ -129,19 +129,6 @@ def test_trl_rewards_get_trl_keyword_arguments_and_map_agents_as_documented():
     assert calls[-1]["completions"] == [[{"role": "assistant", "content": "4"}]]  # TRL's conversational form
     with pytest.raises(IndexError, match="TRLReward.agent: got 2; the joint actions have 2 agents"):
         TRLReward(accuracy, agent=2)(joint, episodes, 0)
-    with pytest.raises(ValueError, match="TRLReward.agent: got 'all'; allowed: 'each', 'joined'"):
-        TRLReward(accuracy, agent="all")
-    with pytest.raises(
-        TypeError, match=r"TRLReward.function: only_text\(text\) cannot be called as fn\(prompts="
-    ):
-        TRLReward(lambda_only_text)
-
-
-def lambda_only_text(text):
-    return [0.0]
-
-
-lambda_only_text.__name__ = "only_text"
 
 
 def test_trl_reward_completion_ids_come_from_the_given_tokenizer():
