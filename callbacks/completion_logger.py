@@ -125,7 +125,8 @@ def _cut(text: str, max_chars: int) -> str:
 
 def _cell(text: str, code: bool = False) -> str:
     """``text`` as one table cell: escaped, no ``|``, ``<br>`` line breaks; ``code``: leading spaces kept."""
-    rows = html.escape(text.replace("\r\n", "\n")).replace("|", "&#124;").split("\n")
+    # every line boundary markdown could end a table row at (\r, \x0b, \x85, \u2028, ...), not only \n
+    rows = [html.escape(r).replace("|", "&#124;") for r in text.splitlines()] or [""]
     if code:
         rows = ["&nbsp;" * (len(r) - len(r.lstrip(" "))) + r.lstrip(" ") for r in rows]
         return "<code>" + "<br>".join(rows) + "</code>" if text else ""

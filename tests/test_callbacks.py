@@ -186,7 +186,7 @@ def test_tensorboards_own_renderer_makes_the_report_an_html_table():
     from tensorboard.plugin_util import markdown_to_safe_html
 
     out = fake_output([0.5, 1.0], [[1, 2], [3, 4]], [[False] * 2] * 2,
-                      texts=[["<b>x</b>", "a | b"], ["if a:\n  b", "c"]])  # fmt: skip
+                      texts=[["<b>x</b>", "a | b"], ["if a:\n  b", "c\rd\u2028e\x0bf"]])  # fmt: skip
     rendered = markdown_to_safe_html(completion_report(out, 10, 100))
     assert (
         rendered.startswith("<table>") and rendered.count("<tr>") == 1 + 2 * 2
@@ -195,6 +195,7 @@ def test_tensorboards_own_renderer_makes_the_report_an_html_table():
     assert (
         "<td><code>a &#124; b</code></td>" in rendered and "<code>if a:<br>&nbsp;&nbsp;b</code>" in rendered
     )
+    assert "<code>c<br>d<br>e<br>f</code>" in rendered  # any line boundary stays inside its cell
 
 
 def test_completion_report_cross_mode_pairs_every_sample_of_each_agent():
