@@ -9,12 +9,10 @@ of one trainer per agent instead (:mod:`comlrl_lightning.coordinator.cli`).
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import sys
 import traceback
-import warnings
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
@@ -23,6 +21,7 @@ from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.infra.memory import release_freed_memory
+from comlrl_lightning.infra.quiet import silence_start_up_noise
 
 _SUMMARY_KEYS = ("val/pass@*", "val/final/pass@*", M.VAL_REWARD, M.REWARD)
 """The scalars printed after ``fit`` (first and last value); a trailing ``*`` matches any ending."""
@@ -173,31 +172,6 @@ def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, lis
             if values:
                 out[key] = values
     return out
-
-
-def _drop_litlogger_tip(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith("💡 Tip: For seamless cloud logging")
-
-
-def _drop_padding_false_alarm(record: logging.LogRecord) -> bool:
-    return "We strongly recommend passing in an `attention_mask`" not in str(record.msg)
-
-
-def silence_start_up_noise() -> None:
-    """Silence, precisely, what every run printed at start that its user did nothing to cause.
-
-    - Lightning's ``_pytree`` helper calls ``isinstance(treespec, LeafSpec)``, deprecated by
-      torch 2.13: a warning about Lightning's code at every fit, nothing a user can change.
-    - Lightning advertises its cloud logger (litlogger) whenever a run logs elsewhere (an INFO
-      line on its ``rank_zero`` logger): not a diagnosis of the run.
-    - transformers' "We strongly recommend passing in an `attention_mask`": ``generate`` is always
-      given the mask (core/generation.py); transformers drops a mask of all ones (a batch without
-      padding) and then takes a finished row's pad token (= end-of-text for most tokenizers) in a
-      decoding step for padding without a mask: a false alarm.
-    """
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_drop_litlogger_tip)
-    logging.getLogger("transformers.modeling_utils").addFilter(_drop_padding_false_alarm)
 
 
 def main(args: list[str] | None = None) -> None:
