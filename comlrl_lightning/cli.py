@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -136,8 +138,24 @@ class CoMLRLCLI(LightningCLI):
             raise SystemExit(1) from None
 
     def before_fit(self) -> None:
-        if self.config["fit"].get("validate_before_fit"):
+        """``--validate_before_fit``: validate once; SIGTERM / Ctrl+C there stop at once (nothing is
+        trained yet, so nothing is saved), with status 143 / 130."""
+        if not self.config["fit"].get("validate_before_fit"):
+            return
+        previous = {}
+
+        def stop(signum: int, frame: Any) -> None:
+            print(f"\n{signal.Signals(signum).name} in the validation before fit: stopping, nothing trained to save",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(128 + signum)
+
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
             self.trainer.validate(self.model, datamodule=self.datamodule)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def after_fit(self) -> None:
         if not self.trainer.is_global_zero:

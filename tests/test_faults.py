@@ -5,6 +5,7 @@ import os
 import signal
 import threading
 import time
+from functools import partial
 
 import lightning.pytorch as pl
 import pytest
@@ -90,7 +91,8 @@ def test_a_signal_saves_the_last_trained_batch_and_exits_non_zero_then_resumes_e
 
 
 def hanging_at(call, fn, where):
-    """``fn`` that, at its ``call``-th call, sends SIGTERM to this process half a second later and hangs."""
+    """``fn`` that, at its ``call``-th call, sends SIGTERM to this process half a second later and hangs
+    (for 20 s, then it returns ``fn``'s values: without a working interrupt the test fails on time)."""
     calls = []
 
     def reward(joint_actions, episodes, turn):
@@ -98,11 +100,13 @@ def hanging_at(call, fn, where):
         if len(calls) == call:
             where.append(time.monotonic())
             threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
-            while True:  # a reward that never returns
+            while (
+                time.monotonic() - where[-1] < 20
+            ):  # hangs (20 s at most: a test that fails, not one that hangs)
                 time.sleep(0.1)
         return fn(joint_actions, episodes, turn)
 
-    reward.name = fn.name
+    reward.name = getattr(fn, "name", "reward")
     return reward
 
 
@@ -273,3 +277,22 @@ def test_the_cli_adds_one_interrupt_checkpoint_unless_listed_or_switched_off(mon
     configs = [a for b in blocks for a in ("--config", b)] + ["--config", "configs/toy_length_ratio.yaml"]
     interrupts, _ = cli_callbacks(monkeypatch, tmp_path, *configs, *switch)
     assert len(interrupts) == count
+
+
+def test_sigterm_in_the_validation_before_fit_stops_at_once(monkeypatch, tmp_path):
+    import comlrl_lightning.cli as cli
+    from comlrl_lightning.envs import toy
+
+    where = []
+    real = toy.TargetLengthReward.__call__
+    monkeypatch.setattr(toy.TargetLengthReward, "__call__", lambda self, *a: hanging_at(1, partial(real, self),
+                                                                                        where)(*a))  # fmt: skip
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["fit", "--config", "configs/selfplay_grpo.yaml", "--validate_before_fit=true",
+                  "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+    assert info.value.code == 143
+    assert time.monotonic() - where[0] < 10
+    assert signal.getsignal(signal.SIGTERM) is not None and not glob.glob(
+        str(tmp_path / "**" / "*.ckpt"), recursive=True
+    )
