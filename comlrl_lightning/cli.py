@@ -23,6 +23,7 @@ from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.infra.memory import release_freed_memory
+from comlrl_lightning.infra.quiet import silence_start_up_noise
 
 _SUMMARY_KEYS = ("val/pass@*", "val/final/pass@*", M.VAL_REWARD, M.REWARD)
 """The scalars printed after ``fit`` (first and last value); a trailing ``*`` matches any ending."""
@@ -196,6 +197,7 @@ def main(args: list[str] | None = None) -> None:
     ``sys.argv[1:]``)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     release_freed_memory()  # freed activations and gradients leave the resident set (infra/memory.py)
+    silence_start_up_noise()  # again: ahead of any warning filter set since the import
     argv = sys.argv[1:] if args is None else args
     if argv and argv[0] == "coordinate":  # not a Trainer function: the coordinator owns its round loop
         from comlrl_lightning.coordinator.cli import main as coordinate
