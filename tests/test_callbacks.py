@@ -384,3 +384,20 @@ def test_toy_config_fit_writes_all_metrics_text_and_agent_folders(tmp_path):
     assert sorted(os.listdir(log_dir / "agents")) == ["step_4"]
     assert sorted(os.listdir(log_dir / "agents" / "step_4")) == ["agent_0", "agent_1"]
     assert (log_dir / "checkpoints" / "last.ckpt").exists()
+
+
+# ----------------------------------------------------------- progress bar
+def test_the_progress_bar_shows_no_v_num_and_no_negative_epoch_count(tmp_path):
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from comlrl_lightning.callbacks import RichProgress, TQDMProgress
+
+    for bar in (RichProgress(), TQDMProgress()):
+        trainer = pl.Trainer(max_epochs=-1, max_steps=1, callbacks=[bar], logger=TensorBoardLogger(str(tmp_path)),
+                             enable_model_summary=False, enable_checkpointing=False, limit_val_batches=0)  # fmt: skip
+        model = BoringModel()
+        trainer.fit(model)
+        assert "v_num" not in bar.get_metrics(trainer, model)
+    rich = RichProgress()
+    rich._trainer = trainer
+    assert rich._get_train_description(1).strip() == "Epoch 1"  # Lightning's: "Epoch 1/-2"
