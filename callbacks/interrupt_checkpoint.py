@@ -32,12 +32,12 @@ class InterruptCheckpoint(pl.Callback):
     - SIGTERM: a full checkpoint (agents, optimizers, schedulers, RNG, loop and data position) of
       the state after the last trained batch is written to ``<dirpath>/<filename>.ckpt`` and the
       process exits with status 143 (128 + 15). ``fit --ckpt_path <that file>`` resumes exactly.
-    - Where the signal lands: in a batch's generation or reward (before its first backward), or in
-      a validation run inside fit, that work is abandoned at once (the handler raises there) and
-      the checkpoint is the batch-end checkpoint of the batch before, the same state a
-      ``ModelCheckpoint(every_n_train_steps)`` writes there. Within a batch's updates (from its first
-      backward to its end, bounded: no generation left) the batch is finished first and its state
-      saved. Under a multi-process strategy every rank finishes its batch (an abandoned collective
+    - Where the signal lands: in a batch's generation, reward or backward before its first optimizer
+      step, or in a validation run inside fit, that work is abandoned at once (the handler raises
+      there) and the checkpoint is the batch-end checkpoint of the batch before, the same state a
+      ``ModelCheckpoint(every_n_train_steps)`` writes there. From the batch's first optimizer step
+      to its end (the other agents' backward and steps: no generation left) the batch is finished
+      first and its state saved. Under a multi-process strategy every rank finishes its batch (an abandoned collective
       would hang the others), then saves.
     - The first Ctrl+C (SIGINT) does the same, with status 130; a second Ctrl+C interrupts at once
       (no checkpoint: the step may be half done, some agents stepped and others not).
@@ -131,8 +131,12 @@ class InterruptCheckpoint(pl.Callback):
         if self._pending and trainer.world_size == 1:
             self._stop(trainer, "stopping before the next batch")
 
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
-        self._abandonable = False  # updates from here to the batch end: finished, then saved
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        # the batch's first parameter change: from here to the batch end it is finished, then saved
+        # (backward before it only fills gradients, which a checkpoint does not hold)
+        self._abandonable = False
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:  # fmt: skip

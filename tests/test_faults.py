@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class SignalAt(pl.Callback):
     """Sends ``signum`` to this process once, in training batch number ``at``: at its start (before its
-    generation) or at its first backward (``hook="on_before_backward"``, in its updates)."""
+    generation), at its first backward or at its first optimizer step (``hook``)."""
 
     def __init__(self, signum, at, hook="on_train_batch_start"):
         self.signum, self.at, self.hook, self.seen, self.sent = signum, at, hook, [], False
@@ -38,6 +38,9 @@ class SignalAt(pl.Callback):
 
     def on_before_backward(self, trainer, pl_module, loss):
         self._send("on_before_backward")
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self._send("on_before_optimizer_step")
 
 
 def run(trainer_factory, batches, callbacks, ckpt_path=None, root=None, data=None, **trainer_kwargs):
@@ -70,7 +73,10 @@ def resumes_exactly(trainer_factory, tmp_path, first_seen, trained, data=None, *
 @pytest.mark.parametrize(
     "signum,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"]
 )
-@pytest.mark.parametrize("hook", ["on_train_batch_start", "on_before_backward"], ids=["generation", "update"])
+@pytest.mark.parametrize(
+    "hook", ["on_train_batch_start", "on_before_backward", "on_before_optimizer_step"], ids=["generation", "backward",
+                                                                                          "update"]
+)  # fmt: skip
 def test_a_signal_saves_the_last_trained_batch_and_exits_non_zero_then_resumes_exactly(
     trainer_factory, tmp_path, signum, code, hook
 ):
@@ -81,8 +87,8 @@ def test_a_signal_saves_the_last_trained_batch_and_exits_non_zero_then_resumes_e
         run(trainer_factory, 6, [InterruptCheckpoint(dirpath=str(tmp_path)), sender])
     assert info.value.code == code
     assert len(sender.seen) == 3  # batch 3 never started
-    # in its generation batch 2 is abandoned (batches 0, 1 saved); in its updates it is finished
-    trained = 2 if hook == "on_train_batch_start" else 3
+    # before its first optimizer step batch 2 is abandoned (batches 0, 1 saved); from there it is finished
+    trained = 3 if hook == "on_before_optimizer_step" else 2
     ckpt = tmp_path / "interrupted.ckpt"
     assert torch.load(ckpt, weights_only=False)["global_step"] == MAGRPO.max_steps_for(trained, 2)
     assert signal.getsignal(signal.SIGINT) is before  # our handlers are gone again
