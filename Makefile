@@ -45,7 +45,7 @@ bench: setup
 	$(PIP) install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/run.py
 
-# The GPU check (issue 16) runs on a machine with its own torch/transformers/lightning and no network, so it
+# The GPU check (placement, learning and speed on one GPU) runs on a machine with its own torch/transformers/lightning and no network, so it
 # does not use the venv: `make gpu-assets` here fills the ignored .gpu/ (wheels, the SmolLM2 GGUF in two
 # parts); `make gpu-check` there installs them into .gpu/site and runs benchmarks/gpu_check.py.
 GPU_PY ?= python3

@@ -1,4 +1,4 @@
-"""Credit-assignment benchmark (issue 15): does per-agent credit learn faster under one shared reward?
+"""Credit-assignment benchmark: does per-agent credit learn faster under one shared reward?
 
 Task: :class:`~comlrl_lightning.envs.toy.TeamTargetsReward`, three agents whose contributions differ
 (agent 0 matters most, agent 1 pays only when agent 0 is close, agent 2 barely matters; max 1.0).
@@ -240,15 +240,19 @@ def llm_cost(quick: bool = False) -> dict[str, Any]:
                    "reward_calls_per_step": calls[mode], "steps": len(t)} for mode, t in times.items()}  # fmt: skip
 
 
-def section(quick: bool, png_path: str) -> dict[str, Any]:
-    """``benchmarks/run.py``'s ``credit`` section: :func:`run`, then the reward-vs-samples plot."""
+def section(quick: bool) -> dict[str, Any]:
+    """``benchmarks/run.py``'s ``credit`` section: :func:`run` and the LLM cost (plotted by :func:`plot_section`)."""
     res = run(quick)
     res["llm_cost"] = llm_cost(quick)
+    return res
+
+
+def plot_section(res: dict[str, Any], png_path: str) -> None:
+    """The reward-vs-samples plot of a :func:`section` result."""
     st = res["setup"]
     curves = {mode: rec["curves"] for mode, rec in res["modes"].items()}
     plot(curves, st["num_agents"] * st["k"] * st["episodes_per_step"], png_path,
          f"credit modes, {len(st['seeds'])} seeds (band: min-max)", st["threshold"])  # fmt: skip
-    return res
 
 
 def _pm(x: dict[str, float] | None, nd: int = 0, scale: float = 1.0) -> str:

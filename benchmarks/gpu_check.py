@@ -1,4 +1,4 @@
-"""The prepared GPU check (``make gpu-check``, issue 16): placement, learning and speed on one GPU, <= 5 min.
+"""The prepared GPU check (``make gpu-check``): placement, learning and speed on one GPU, <= 5 min.
 
     python benchmarks/gpu_check.py --out DIR [--job-seconds 120] [--only tests,main_job,bench,generation]
 

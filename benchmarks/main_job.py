@@ -1,4 +1,4 @@
-"""The main job as a user runs it: step time, clipped ratio and a peak-RSS breakdown (issue 12 §5).
+"""The main job as a user runs it: step time, clipped ratio and a peak-RSS breakdown.
 
     python benchmarks/main_job.py                         # configs/humaneval_smollm2.yaml, max_steps=4
     python benchmarks/main_job.py --max_steps 8 -- --model.init_args.max_new_tokens=64

@@ -1,4 +1,4 @@
-"""Side-by-side benchmarks of comlrl-lightning's MAGRPO (GitHub issue 7). ``make bench`` runs this file.
+"""Side-by-side benchmarks of comlrl-lightning's MAGRPO against CoMLRL, TRL and a floor. ``make bench`` runs this file.
 
     python benchmarks/run.py                   # full run (~5-10 min on 2 CPU cores), writes RESULTS.md
     python benchmarks/run.py --quick           # fast sanity pass (prints, writes nothing unless --write)
@@ -97,10 +97,6 @@ def vs_comlrl(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]
     per_batch = s.batch_size * s.k  # joint actions per batch, both systems
     curves = {name: [sum(r[i : i + per_batch]) / per_batch for i in range(0, len(r) - per_batch + 1, per_batch)]
               for name, r in (("CoMLRL MAGRPOTrainer", cm.rewards), ("ours (MAGRPO)", h.rewards))}  # fmt: skip
-    from credit import plot
-
-    plot({n: [c] for n, c in curves.items()}, s.samples_per_step, os.path.join(HERE, COMLRL_PNG),
-         f"vs CoMLRL: {_desc(s.__dict__)}, one seed", None)  # fmt: skip
     return {
         "reward_curves": curves,
         "setup": s.__dict__,
@@ -255,8 +251,22 @@ def smollm2(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 COMLRL_PNG, CREDIT_PNG = "vs_comlrl_reward.png", "credit_reward.png"
+
+
+def _plot_vs_comlrl(res: dict[str, Any]) -> None:
+    from credit import plot
+
+    s = _setup({}, res["setup"])
+    plot({n: [c] for n, c in res["reward_curves"].items()}, s.samples_per_step, os.path.join(HERE, COMLRL_PNG),
+         f"vs CoMLRL: {_desc(res['setup'])}, one seed", None)  # fmt: skip
+
+
+PLOTS = {"vs_comlrl": _plot_vs_comlrl,
+         "credit": lambda res: __import__("credit").plot_section(res, os.path.join(HERE, CREDIT_PNG))}  # fmt: skip
+"""Drawn after the sections' numbers are written (a plot that fails loses no number)."""
+
 RUNNERS = {"vs_comlrl": vs_comlrl, "vs_trl": vs_trl, "memory": memory, "scaling": scaling, "smollm2": smollm2,
-           "credit": lambda quick, base=None: __import__("credit").section(quick, os.path.join(HERE, CREDIT_PNG)),
+           "credit": lambda quick, base=None: __import__("credit").section(quick),
            "main_job": lambda quick, base=None: __import__("main_job").section(quick)}  # fmt: skip
 
 
@@ -397,6 +407,8 @@ NOTES = """\
 """
 
 GPU_RESULTS = os.path.join(HERE, "gpu_results.md")
+PARTIAL = os.path.join(HERE, "results.partial.json")
+"""Every finished section of the current run, rewritten after each (not tracked)."""
 GPU_PENDING = """\
 `make gpu-check` (`benchmarks/gpu_check.py`: the GPU-marked tests, the main job in bf16, `gpu_bench.py`'s
 CoMLRL/TRL/floor comparison and generation throughput per `generation_backend`) has not run on a GPU yet:
@@ -419,7 +431,7 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
     vers = ", ".join(f"{k} {v}" for k, v in mc["versions"].items())
     extra_sections = ""
     if "credit" in res:
-        extra_sections = f"""## Credit assignment (issue 15)
+        extra_sections = f"""## Credit assignment
 
 {credit.render(res["credit"])}
 
@@ -428,7 +440,7 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
 {credit.NOTES}
 """
     if "main_job" in res:
-        extra_sections += f"\n## The main job: stopping at the code block (issue 12)\n\n{__import__('main_job').render(res['main_job'])}\n"
+        extra_sections += f"\n## The main job: stopping at the code block\n\n{__import__('main_job').render(res['main_job'])}\n"
     comlrl_plot = (
         f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n"
         if "reward_curves" in res.get("vs_comlrl", {})
@@ -495,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
         res[name]["ran"] = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "wall_s": time.time() - ts,
                             "loadavg_start": load, "loadavg_end": os.getloadavg()}  # fmt: skip
         print(f"[bench] {name} done in {time.time() - ts:.0f} s", flush=True)
+        with open(PARTIAL, "w") as fh:  # this section's numbers, before anything later can fail
+            json.dump(res, fh, indent=1, default=str)
     res["wall_s"] = time.time() - t0
     res["loadavg_end"] = os.getloadavg()
     json_path = os.path.join(os.path.dirname(args.results), "results.json")
@@ -510,7 +524,15 @@ def main(argv: list[str] | None = None) -> int:
         with open(json_path, "w") as fh:
             json.dump(res, fh, indent=1, default=str)
         print(f"[bench] wrote {args.results}")
-    return 0
+    failed = []
+    for name in [n for n in only if n in PLOTS]:
+        try:
+            PLOTS[name](res[name])
+        except Exception as err:  # noqa: BLE001 - the numbers are written; say which plot failed
+            failed.append(name)
+            print(f"[bench] {name}: the plot failed ({type(err).__name__}: {err}); its numbers are in {PARTIAL}",
+                  file=sys.stderr)  # fmt: skip
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -5,12 +5,14 @@
 - :class:`GradientCheckpointing`: activation checkpointing on every agent.
 - :class:`AgentCheckpoint`: each agent as a Hugging Face folder, atomically, last k kept.
 - :class:`InterruptCheckpoint`: SIGTERM / Ctrl+C save a resumable checkpoint and exit non-zero.
+- :class:`RichProgress` / :class:`TQDMProgress`: Lightning's progress bars without ``v_num``.
 """
 
 from comlrl_lightning.callbacks.agent_checkpoint import AgentCheckpoint
 from comlrl_lightning.callbacks.completion_logger import CompletionLogger
 from comlrl_lightning.callbacks.gradient_checkpointing import GradientCheckpointing
 from comlrl_lightning.callbacks.interrupt_checkpoint import InterruptCheckpoint
+from comlrl_lightning.callbacks.progress_bar import RichProgress, TQDMProgress
 from comlrl_lightning.callbacks.reward_logger import RewardLogger
 
 __all__ = [
@@ -19,4 +21,6 @@ __all__ = [
     "GradientCheckpointing",
     "InterruptCheckpoint",
     "RewardLogger",
+    "RichProgress",
+    "TQDMProgress",
 ]

@@ -1,8 +1,8 @@
-"""`CompletionLogger`: user turns, completions (as code blocks) and rewards as markdown in TensorBoard."""
+"""`CompletionLogger`: prompts, completions and rewards as a table in TensorBoard's TEXT tab."""
 
 from __future__ import annotations
 
-import re
+import html
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,12 +13,12 @@ from comlrl_lightning.core.advantages import joint_action_indices
 
 
 class CompletionLogger(pl.Callback):
-    """Every ``every_n_steps`` batches, writes turn 0 of the step's rollout as TensorBoard text.
+    """Every ``every_n_steps`` batches, writes turn 0 of the step's rollout as a TensorBoard text table.
 
-    Per episode, each agent's user turn (its prompt as the formatter wrote it, not the rendered
-    chat template), then one entry per joint action: the shared reward first, then each agent's
-    completion as a code block (:func:`completion_report`). Entries run over episodes, then joint
-    actions (aligned: sample ``j`` of every agent; cross: the Cartesian product, as in
+    One row per agent of each joint action: episode, joint action, turn, agent, its user turn (the
+    prompt as the formatter wrote it, not the rendered chat template), its completion and the joint
+    action's shared reward (:func:`completion_report`). Rows run over episodes, then joint actions
+    (aligned: sample ``j`` of every agent; cross: the Cartesian product, as in
     :func:`comlrl_lightning.core.advantages.joint_action_indices`). Prompts and completions are
     cut to ``max_chars`` characters (``…`` marks a cut).
 
@@ -64,13 +64,19 @@ class CompletionLogger(pl.Callback):
             writer.add_text(self.tag, text, global_step=step)
 
 
-def completion_report(out: dict[str, Any], max_rows: int, max_chars: int) -> str:
-    """Markdown of turn 0 of one training step's output dict, for TensorBoard's TEXT tab.
+COLUMNS = ("episode", "joint action", "turn", "agent", "prompt", "completion", "reward")
+"""The columns of :func:`completion_report`'s table."""
 
-    Per episode: each agent's user turn (the formatter's prompt, without the chat template) as a
-    quote, then one entry per joint action that starts with its shared reward, followed by each
-    agent's completion as a fenced code block (fenced with more backticks than the completion holds,
-    so a completion's own fences cannot break out).
+
+def completion_report(out: dict[str, Any], max_rows: int, max_chars: int) -> str:
+    """A markdown table of turn 0 of one training step's output dict, for TensorBoard's TEXT tab.
+
+    Columns :data:`COLUMNS`; one row per agent of each joint action (episode-major, joint actions in
+    order, agents in order). ``prompt`` is the agent's user turn (the formatter's prompt, without
+    the chat template), shown in the episode's first joint action only; ``reward`` is the joint
+    action's shared reward, on each of its rows. Cell text is HTML-escaped, ``|`` cannot end a
+    cell, line breaks become ``<br>`` and a completion keeps its indentation (TensorBoard renders
+    the table as HTML, full width).
 
     Args:
         out: the dict ``MAGRPO.training_step`` returns (``user_prompts`` (else ``prompts``),
@@ -79,7 +85,7 @@ def completion_report(out: dict[str, Any], max_rows: int, max_chars: int) -> str
             completion to this many characters (``…`` marks a cut).
 
     Returns:
-        Markdown text.
+        Markdown text: a header row, a separator row, ``N`` rows per joint action shown.
 
     Raises:
         ValueError: ``J`` is neither ``K`` (aligned) nor ``K^N`` (cross).
@@ -97,35 +103,31 @@ def completion_report(out: dict[str, Any], max_rows: int, max_chars: int) -> str
         joint = joint_action_indices(n, k, "cross")
     else:
         raise ValueError(f"turn0_rewards has {j} joint actions per episode; expected K={k} or K^N={k**n}")
-    parts, rows = [], 0
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    shown = 0
     for e in range(num_episodes):
-        if rows >= max_rows:
-            break
-        parts.append(f"### episode {e}")
-        for i in range(n):
-            prompt = prompts[i][e] if e < len(prompts[i]) else ""
-            parts.append(f"**agent_{i} user turn**\n\n" + _quote(_cut(prompt, max_chars)))
         for a in range(j):
-            if rows >= max_rows:
-                break
-            rows += 1
-            parts.append(f"**reward {float(rewards[e, a]):.4g}** (joint action {a})")
+            if shown >= max_rows:
+                return "\n".join(lines)
+            shown += 1
             for i in range(n):
-                parts.append(
-                    f"agent_{i}:\n\n" + _code_block(_cut(completions[i][e * k + int(joint[a, i])], max_chars))
-                )
-    return "\n\n".join(parts)
+                prompt = (prompts[i][e] if e < len(prompts[i]) else "") if a == 0 else ""
+                completion = completions[i][e * k + int(joint[a, i])]
+                cells = [str(e), str(a), "0", f"agent_{i}", _cell(_cut(prompt, max_chars)),
+                         _cell(_cut(completion, max_chars), code=True), f"{float(rewards[e, a]):.4g}"]  # fmt: skip
+                lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _cut(text: str, max_chars: int) -> str:
     return text[:max_chars] + "…" if len(text) > max_chars else text
 
 
-def _quote(text: str) -> str:
-    return "\n".join("> " + line for line in text.replace("\r\n", "\n").split("\n"))
-
-
-def _code_block(text: str) -> str:
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}\n{text}\n{fence}"
+def _cell(text: str, code: bool = False) -> str:
+    """``text`` as one table cell: escaped, no ``|``, ``<br>`` line breaks; ``code``: leading spaces kept."""
+    # every line boundary markdown could end a table row at (\r, \x0b, \x85, \u2028, ...), not only \n
+    rows = [html.escape(r).replace("|", "&#124;") for r in text.splitlines()] or [""]
+    if code:
+        rows = ["&nbsp;" * (len(r) - len(r.lstrip(" "))) + r.lstrip(" ") for r in rows]
+        return "<code>" + "<br>".join(rows) + "</code>" if text else ""
+    return "<br>".join(rows)

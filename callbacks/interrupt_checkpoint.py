@@ -1,7 +1,8 @@
-"""`InterruptCheckpoint`: SIGTERM or Ctrl+C ends fit at a batch boundary with a resumable checkpoint and a non-zero exit."""
+"""`InterruptCheckpoint`: SIGTERM or Ctrl+C ends fit with the last trained batch's resumable checkpoint and a non-zero exit."""
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import threading
@@ -13,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from comlrl_lightning.infra.checkpoint_io import prepare_checkpoint_dir
+from comlrl_lightning.infra.rng import collect_rng_states
 
 EXIT_SIGTERM = 128 + signal.SIGTERM
 """Exit status after SIGTERM (the shell's convention: 128 + signal number)."""
@@ -21,24 +23,36 @@ EXIT_SIGINT = 128 + signal.SIGINT
 
 
 class InterruptCheckpoint(pl.Callback):
-    """Turns SIGTERM and the first Ctrl+C into "finish this batch, save, exit non-zero".
+    """Turns SIGTERM and the first Ctrl+C into "save the last trained batch's state, exit non-zero".
 
     Lightning alone notes a SIGTERM, stops at the end of the batch with ``SIGTERMException`` (a
-    ``SystemExit`` whose status is 0) and saves nothing. With this callback:
+    ``SystemExit`` whose status is 0) and saves nothing; a signal that lands in a long generation, a
+    hanging reward or a validation epoch waits for all of it. With this callback:
 
-    - SIGTERM: at the end of the current training batch a full checkpoint (agents, optimizers,
-      schedulers, RNG, loop and data position) is written to ``<dirpath>/<filename>.ckpt`` and the
+    - SIGTERM: a full checkpoint (agents, optimizers, schedulers, RNG, loop and data position) of
+      the state after the last trained batch is written to ``<dirpath>/<filename>.ckpt`` and the
       process exits with status 143 (128 + 15). ``fit --ckpt_path <that file>`` resumes exactly.
+    - Where the signal lands: in a batch's generation, reward or backward before its first optimizer
+      step, or in a validation run inside fit, that work is abandoned at once (the handler raises
+      there) and the checkpoint is the batch-end checkpoint of the batch before, the same state a
+      ``ModelCheckpoint(every_n_train_steps)`` writes there. From the batch's first optimizer step
+      to its end (the other agents' backward and steps: no generation left) the batch is finished
+      first and its state saved. Under a multi-process strategy every rank finishes its batch (an abandoned collective
+      would hang the others), then saves.
     - The first Ctrl+C (SIGINT) does the same, with status 130; a second Ctrl+C interrupts at once
       (no checkpoint: the step may be half done, some agents stepped and others not).
+    - A signal before the first batch of this fit ends stops at once and saves nothing (nothing was
+      trained; a resumed fit's own ``ckpt_path`` is still there).
     - Other exceptions save nothing: a step that failed part-way is not a state to resume from.
     - At setup, rank zero checks that this folder and every ``ModelCheckpoint`` folder can be
       written (naming the path) and removes ``*.ckpt.tmp`` files left there by a killed atomic write
       (:func:`~comlrl_lightning.infra.checkpoint_io.prepare_checkpoint_dir`).
 
-    A checkpoint left by an earlier interruption is overwritten by the next one and removed when a
-    fit finishes normally. It is a plain ``Callback``, not a Lightning ``Checkpoint``, so it also
-    works with ``trainer.enable_checkpointing: false`` (the main job's setting).
+    ``comlrl-lightning fit`` adds one to every fit whose config lists none (``--save_on_interrupt
+    false`` leaves it out). A checkpoint left by an earlier interruption is overwritten by the next
+    one and removed when a fit finishes normally. It is a plain ``Callback``, not a Lightning
+    ``Checkpoint``, so it also works with ``trainer.enable_checkpointing: false`` (the main job's
+    setting).
 
     Args:
         dirpath: folder of the checkpoint; default ``<trainer.log_dir>/checkpoints`` (where a
@@ -55,7 +69,11 @@ class InterruptCheckpoint(pl.Callback):
             raise ValueError("InterruptCheckpoint.filename: must not be empty")
         self.dirpath, self.filename = dirpath, filename
         self._exit_code = EXIT_SIGTERM
-        self._previous_sigint: Any = None
+        self._previous: dict[int, Any] = {}
+        self._abandonable = False  # in a batch's generation/reward or in validation: raise at the signal
+        self._pending = False  # a signal came while the work could not be abandoned
+        self._aborted = False  # the handler raised: the live loop state is not a batch end
+        self._last_batch_end: dict[str, Any] | None = None
 
     @property
     def ckpt_path(self) -> str:
@@ -76,43 +94,102 @@ class InterruptCheckpoint(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # here, not in setup: Lightning snapshots the signal handlers after setup and puts that
-        # snapshot back at its teardown, which would re-install this handler after fit
-        self._exit_code = EXIT_SIGTERM
+        # snapshot back at its teardown, which would re-install these handlers after fit
+        self._exit_code, self._pending, self._aborted = EXIT_SIGTERM, False, False
+        self._last_batch_end = None
         if threading.current_thread() is threading.main_thread():
-            self._previous_sigint = signal.signal(signal.SIGINT, self._make_sigint_handler(trainer))
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._make_handler(trainer, signum))
 
-    def _make_sigint_handler(self, trainer: pl.Trainer) -> Any:
-        def handler(signum: int, frame: Any) -> None:
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl+C interrupts at once
-            rank_zero_info(
-                "\nCtrl+C: finishing the current batch, then saving a checkpoint (Ctrl+C again: stop now)"
-            )
-            self._exit_code = EXIT_SIGINT
+    def _make_handler(self, trainer: pl.Trainer, signum: int) -> Any:
+        previous = signal.getsignal(signum)
+
+        def handler(num: int, frame: Any) -> None:
+            if signum == signal.SIGINT:
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl+C interrupts at once
+                self._exit_code = EXIT_SIGINT
+            elif callable(previous):  # Lightning's notifier (kills launched children, tells other ranks)
+                previous(num, frame)
             trainer._signal_connector.received_sigterm = True  # Lightning's own stop-at-batch-end flag
+            if self._abandonable and trainer.world_size == 1:
+                self._stop(trainer, "abandoning the current generation/reward/validation")
+            self._pending = True
+            rank_zero_info(f"\n{signal.Signals(signum).name}: finishing the current batch's updates, then saving a "
+                           "checkpoint" + (" (Ctrl+C again: stop now)" if signum == signal.SIGINT else ""))  # fmt: skip
 
         return handler
+
+    def _stop(self, trainer: pl.Trainer, what: str) -> None:
+        self._aborted, self._abandonable = True, False
+        rank_zero_info(f"\nInterrupted: {what}; saving the state after the last trained batch")
+        raise SIGTERMException(self._exit_code)
+
+    # the phases in which an interrupt abandons the work at once: nothing of the training state moved
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:  # fmt: skip
+        self._abandonable = True
+        if self._pending and trainer.world_size == 1:
+            self._stop(trainer, "stopping before the next batch")
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        # the batch's first parameter change: from here to the batch end it is finished, then saved
+        # (backward before it only fills gradients, which a checkpoint does not hold)
+        self._abandonable = False
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:  # fmt: skip
+        self._abandonable = False
+        # the batch-end state a ModelCheckpoint writes here, less the weights (unchanged until the
+        # next batch's first backward): what an abandoned generation or validation saves
+        self._last_batch_end = {
+            "loops": copy.deepcopy(trainer._checkpoint_connector._get_loops_state_dict()),
+            "rng_states": collect_rng_states(),
+            "epoch": trainer.current_epoch,
+            "global_step": trainer.global_step,
+        }
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn != "fit" or trainer.sanity_checking:
+            return
+        if self._pending and trainer.world_size == 1:
+            self._stop(trainer, "skipping this validation")
+        self._abandonable = True
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._abandonable = False
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        self._restore_sigint()
+        self._abandonable = False
+        self._restore_handlers()
         if not isinstance(exception, SIGTERMException):
             return
-        trainer.save_checkpoint(self.ckpt_path)
+        exception.code = self._exit_code  # SIGTERMException is a SystemExit with status 0: say "stopped"
+        if self._aborted and self._last_batch_end is None:
+            rank_zero_info(
+                "Interrupted before the first batch of this fit ended: nothing trained, nothing saved"
+            )
+            return
+        checkpoint = trainer._checkpoint_connector.dump_checkpoint()
+        if self._aborted:  # mid-batch or mid-validation: the counters and RNG of the batch end before
+            checkpoint.update(self._last_batch_end)
+        trainer.strategy.save_checkpoint(checkpoint, self.ckpt_path)
+        trainer.strategy.barrier("InterruptCheckpoint.on_exception")
         rank_zero_info(
             f"Interrupted: saved {self.ckpt_path}; resume with: fit ... --ckpt_path {self.ckpt_path}"
         )
-        exception.code = (
-            self._exit_code
-        )  # SIGTERMException is a SystemExit with status 0: make it say "stopped"
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._restore_sigint()
+        self._restore_handlers()
         # Lightning calls callbacks' teardown only when fit ends normally (not after an exception)
         if stage == "fit" and self.dirpath is not None and os.path.exists(self.ckpt_path):
             trainer.strategy.remove_checkpoint(self.ckpt_path)
 
-    def _restore_sigint(self) -> None:
-        if self._previous_sigint is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._previous_sigint)
-            self._previous_sigint = None
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, previous in self._previous.items():
+                signal.signal(signum, previous)
+        self._previous = {}

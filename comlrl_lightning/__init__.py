@@ -15,6 +15,7 @@ from comlrl_lightning.core.config import (
 from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
 from comlrl_lightning.envs.rewards import RewardFunction, RewardOutput, RewardProcessor, WeightedReward
+from comlrl_lightning.infra.quiet import silence_start_up_noise
 from comlrl_lightning.infra.strategy import (
     AgentParallelStrategy,  # registers the 'agent_parallel' strategy name
 )
@@ -29,3 +30,5 @@ __all__ = [
     "StepOutput", "AgentStats", "IAC", "MAAC", "ActorCritic", "ActorCriticRolloutConfig", "CriticConfig", "CriticSpec",
 ]  # fmt: skip
 __version__ = "0.1.0"
+
+silence_start_up_noise()  # precise filters for Lightning/transformers start-up noise (infra/quiet.py)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Any
 
@@ -21,6 +23,7 @@ from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.infra.memory import release_freed_memory
+from comlrl_lightning.infra.quiet import silence_start_up_noise
 
 _SUMMARY_KEYS = ("val/pass@*", "val/final/pass@*", M.VAL_REWARD, M.REWARD)
 """The scalars printed after ``fit`` (first and last value); a trailing ``*`` matches any ending."""
@@ -37,6 +40,9 @@ class CoMLRLCLI(LightningCLI):
       silent single optimizer replacing the per-agent ones.
     - ``fit --validate_before_fit true`` runs the validation loop once before training (Lightning's
       sanity check is not logged), so TensorBoard shows the metrics before and after.
+    - Every ``fit`` saves on SIGTERM / Ctrl+C: an :class:`~comlrl_lightning.callbacks.InterruptCheckpoint`
+      (default arguments) is added when the config's ``trainer.callbacks`` lists none, whatever
+      else it lists; ``fit --save_on_interrupt false`` leaves it out.
     - After ``fit`` it prints where the logs are and the logged ``val/pass@1``, ``val/reward`` and
       ``reward`` (first and last value).
 
@@ -47,6 +53,52 @@ class CoMLRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--validate_before_fit", type=bool, default=False,
                             help="fit only: run validation once before training (logged at step 0)")  # fmt: skip
+        parser.add_argument("--save_on_interrupt", type=bool, default=True,
+                            help="fit only: add an InterruptCheckpoint when trainer.callbacks lists none "
+                                 "(SIGTERM / Ctrl+C save <log_dir>/checkpoints/interrupted.ckpt)")  # fmt: skip
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """Parse; a config error ends in one line naming the full key, the value, what is allowed
+        and the closest allowed key or value (:func:`~comlrl_lightning.cli_errors.explain`), printed
+        last, exit status 2 (jsonargparse's own report stays above it, its value dumps left out)."""
+        from jsonargparse import ArgumentError
+
+        from comlrl_lightning.cli_errors import explain, parser_options
+
+        parsers = [parser, *getattr(self, "_subcommand_parsers", {}).values()]
+        for p in parsers:
+            p.exit_on_error = False
+        try:  # LightningCLI.parse_arguments less its warning when both args and sys.argv hold arguments:
+            # main() passes args only when called from Python with its own (sys.argv is the host's then)
+            self.config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
+        except ArgumentError as err:
+            report = [line for line in str(err).splitlines() if not line.strip().startswith("Given value")]
+            print("\n".join(report), file=sys.stderr)
+            options = [o for p in parsers for o in parser_options(p)]
+            print(f"error: {explain(str(err), options) or report[-1].strip()}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
+        """Add an :class:`InterruptCheckpoint` to a fit (see the class docstring) and a progress bar
+        without ``v_num`` (:mod:`~comlrl_lightning.callbacks.progress_bar`), each unless one is listed."""
+        from lightning.pytorch.callbacks import ProgressBar
+
+        from comlrl_lightning.callbacks import InterruptCheckpoint
+        from comlrl_lightning.callbacks.progress_bar import default_progress_bar
+
+        listed = config.get("callbacks") or []
+        given = [*(listed if isinstance(listed, list) else [listed]), *callbacks]
+        if (
+            self.subcommand == "fit"
+            and self.config["fit"].get("save_on_interrupt", True)
+            and not any(isinstance(c, InterruptCheckpoint) for c in given)
+        ):
+            callbacks = [*callbacks, InterruptCheckpoint()]
+        if config.get("enable_progress_bar") is not False and not any(
+            isinstance(c, ProgressBar) for c in given
+        ):
+            callbacks = [*callbacks, default_progress_bar()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
         """Loggers without a ``save_dir`` write under ``trainer.default_root_dir`` (default ``runs``).
@@ -86,8 +138,24 @@ class CoMLRLCLI(LightningCLI):
             raise SystemExit(1) from None
 
     def before_fit(self) -> None:
-        if self.config["fit"].get("validate_before_fit"):
+        """``--validate_before_fit``: validate once; SIGTERM / Ctrl+C there stop at once (nothing is
+        trained yet, so nothing is saved), with status 143 / 130."""
+        if not self.config["fit"].get("validate_before_fit"):
+            return
+        previous = {}
+
+        def stop(signum: int, frame: Any) -> None:
+            print(f"\n{signal.Signals(signum).name} in the validation before fit: stopping, nothing trained to save",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(128 + signum)
+
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
             self.trainer.validate(self.model, datamodule=self.datamodule)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
 
     def after_fit(self) -> None:
         if not self.trainer.is_global_zero:
@@ -125,14 +193,16 @@ def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, lis
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning``."""
+    """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning`` (``args``: default
+    ``sys.argv[1:]``)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     release_freed_memory()  # freed activations and gradients leave the resident set (infra/memory.py)
-    args = sys.argv[1:] if args is None else args
-    if args and args[0] == "coordinate":  # not a Trainer function: the coordinator owns its round loop
+    silence_start_up_noise()  # again: ahead of any warning filter set since the import
+    argv = sys.argv[1:] if args is None else args
+    if argv and argv[0] == "coordinate":  # not a Trainer function: the coordinator owns its round loop
         from comlrl_lightning.coordinator.cli import main as coordinate
 
-        coordinate(args[1:])
+        coordinate(argv[1:])
         return
     CoMLRLCLI(
         CoMLRLModule,  # any algorithm: model.class_path names it (MAGRPO, its aliases, ...)
@@ -143,9 +213,9 @@ def main(args: list[str] | None = None) -> None:
         save_config_kwargs={"overwrite": True},
         trainer_defaults={"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
                                      "init_args": {"save_dir": SAVE_DIR_MARK}}},
-        args=args,
+        args=args,  # None: parsed from sys.argv
     )  # fmt: skip
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -17,28 +18,36 @@ from comlrl_lightning.envs.rewards import RewardFunction, WeightedReward
 _LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-def load_rows(source: Any, split: str = "train") -> Any:
-    """Rows from a hub dataset name, a local json/jsonl/parquet/csv file, a ``datasets.Dataset`` or a list.
+def load_rows(source: Any, split: str = "train", field: str = "data.dataset") -> Any:
+    """Rows from a hub dataset name, a local json/jsonl/parquet/csv file or data folder, a
+    ``datasets.Dataset`` or a list. ``field`` names the config field in messages.
+
+    A string that starts with ``/``, ``./``, ``../`` or ``~``, has more than one ``/``, or ends in
+    a data file extension is a local path (a Hub id is ``name`` or ``owner/name``).
 
     Raises:
-        ValueError: an unsupported local file extension, or a local file with no rows.
-        FileNotFoundError/ConnectionError: from ``datasets`` when a hub name cannot be reached.
+        FileNotFoundError: a local path that does not exist.
+        ValueError: an unsupported local file extension; a local file with no rows; a ``.jsonl``
+            line that is not a JSON object (naming the file and line); a Hub name the Hub (or the
+            offline cache) cannot give.
     """
     if not isinstance(source, (str, os.PathLike)):
         return source
     import datasets
 
-    path = os.fspath(source)
+    path = os.path.expanduser(os.fspath(source))
     stem = path.removesuffix(".gz")
     ext = os.path.splitext(stem)[1]
-    if ext in _LOCAL_FORMATS and not os.path.exists(path):
-        raise FileNotFoundError(
-            f"data.dataset: no file {os.path.abspath(path)!r} (a local {ext} path was given)"
-        )
+    local = ext in _LOCAL_FORMATS or path.startswith(("/", "./", "../", "~")) or path.count("/") > 1
+    if local and not os.path.exists(path):
+        raise FileNotFoundError(f"{field}: no file or folder {os.path.abspath(path)!r} ({os.fspath(source)!r} is a "
+                                "local path; a Hub dataset id is 'name' or 'owner/name')")  # fmt: skip
+    if os.path.isdir(path):
+        return datasets.load_dataset(path, split=split)
     if os.path.exists(path):
         if ext not in _LOCAL_FORMATS:
             raise ValueError(
-                f"dataset: unsupported file {path!r}; allowed extensions: {sorted(_LOCAL_FORMATS)} (+ .gz)"
+                f"{field}: unsupported file {path!r}; allowed extensions: {sorted(_LOCAL_FORMATS)} (+ .gz)"
             )
         try:
             return datasets.load_dataset(_LOCAL_FORMATS[ext], data_files=path, split="train")
@@ -46,9 +55,36 @@ def load_rows(source: Any, split: str = "train") -> Any:
             if isinstance(err, ValueError) and "no data" not in str(err):
                 raise
             raise ValueError(
-                f"data.dataset: {os.path.abspath(path)!r} has no rows; give a file with at least one"
+                f"{field}: {os.path.abspath(path)!r} has no rows; give a file with at least one"
             ) from None
-    return datasets.load_dataset(path, split=split)
+        except Exception:  # datasets' DatasetGenerationError buries the line; name it, message last
+            problem = _json_lines_problem(path, field) if path.endswith(".jsonl") else None
+            if problem is not None:
+                raise ValueError(problem) from None
+            raise
+    try:
+        return datasets.load_dataset(path, split=split)
+    except Exception as err:  # noqa: BLE001 - a Hub name: say what was tried, message last
+        raise ValueError(f"{field}: {path!r} is no local file or folder, and the Hugging Face Hub (or, with "
+                         f"HF_HUB_OFFLINE=1, its cache) has no dataset of that name: {type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''}") from None  # fmt: skip
+
+
+def _json_lines_problem(path: str, field: str) -> str | None:
+    """What is wrong with the first line of a ``.jsonl`` file that is not one JSON object (None: nothing)."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            where = f"{field}: {os.path.abspath(path)}, line {number}"
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                return (f"{where}: not valid JSON ({err.msg}, column {err.colno}); a .jsonl file holds one JSON "
+                        "object per line")  # fmt: skip
+            if not isinstance(row, dict):
+                return f"{where}: a JSON {type(row).__name__}, not an object; a .jsonl file holds one JSON object per line"
+    return None
 
 
 class DecPOMDPDataModule(pl.LightningDataModule):
@@ -71,12 +107,16 @@ class DecPOMDPDataModule(pl.LightningDataModule):
         shuffle: shuffle training episodes each epoch (seeded).
         seed: seed of the split and the shuffle.
         num_workers: DataLoader workers.
+        reward_timeout_s: seconds one reward function may take to score one batch of joint actions
+            (> 0; default None: no limit). A call still running then is abandoned in its worker
+            thread and its joint actions get ``invalid_reward``, counted in ``rewards/errors``, as
+            with ``WeightedReward(skip_invalid=True)`` (see :attr:`WeightedReward.timeout_s`).
 
     Raises:
-        ValueError: formatter count ≠ ``num_agents``, a bad fraction/size/cap, or a template
+        ValueError: formatter count ≠ ``num_agents``, a bad fraction/size/cap/timeout, or a template
             ``str.format`` cannot parse, naming the field. At ``setup`` (before any model loads): an
-            empty split, or a formatter that fails on the first row of a split, naming
-            ``data.formatters[i]``.
+            empty split, a formatter that fails on the first row of a split, or a template field
+            that a later row lacks (row index given), naming ``data.formatters[i]``.
         TypeError: a formatter that is not callable, or (at ``setup``) returns no ``str``.
     """
 
@@ -98,6 +138,7 @@ class DecPOMDPDataModule(pl.LightningDataModule):
         shuffle: bool = True,
         seed: int = 0,
         num_workers: int = 0,
+        reward_timeout_s: float | None = None,
     ) -> None:
         super().__init__()
         if num_agents is not None and len(formatters) != num_agents:
@@ -112,12 +153,17 @@ class DecPOMDPDataModule(pl.LightningDataModule):
             if cap is not None and cap < 1:
                 raise ValueError(f"data.{name}: got {cap}, must be >= 1 or None (all rows); to skip validation "
                                  "set trainer.limit_val_batches=0")  # fmt: skip
+        if reward_timeout_s is not None and not reward_timeout_s > 0:
+            raise ValueError(
+                f"data.reward_timeout_s: got {reward_timeout_s!r}, must be > 0 seconds or None (no limit)"
+            )
         if reward is None:
             raise ValueError("data.reward: give a reward function (or a list, or a WeightedReward)")
         try:
             self.env = DecPOMDP(formatters, reward, transition)
         except (ValueError, TypeError) as err:
             raise type(err)(f"data.{err}") from None
+        self.env.reward_fn.timeout_s = reward_timeout_s
         self.dataset, self.val_dataset = dataset, val_dataset
         self.train_split, self.val_split = train_split, val_split
         self.val_fraction, self.seed = val_fraction, seed
@@ -133,7 +179,7 @@ class DecPOMDPDataModule(pl.LightningDataModule):
         """``(train_rows, val_rows)``; subclasses override this to build task data."""
         rows = load_rows(self.dataset, self.train_split)
         if self.val_dataset is not None:
-            return rows, load_rows(self.val_dataset, self.val_split)
+            return rows, load_rows(self.val_dataset, self.val_split, "data.val_dataset")
         if self.val_fraction > 0:
             n_val = max(1, round(len(rows) * self.val_fraction))
             if hasattr(rows, "train_test_split"):
@@ -169,6 +215,11 @@ class DecPOMDPDataModule(pl.LightningDataModule):
             if not isinstance(text, str):
                 raise TypeError(f"data.formatters[{i}] ({fmt!r}) returned a {type(text).__name__} on the first "
                                  f"{split} row; a formatter returns the prompt text (str)")  # fmt: skip
+            for name in getattr(fmt, "fields", ()):  # a template: every row must have its fields
+                index = _first_missing(rows, name)
+                if index is not None:
+                    raise ValueError(f"data.formatters[{i}] ({fmt!r}) uses the field {name!r}, which {split} row "
+                                     f"{index} lacks (or has as None); fill or drop such rows")  # fmt: skip
 
     def train_dataloader(self) -> DataLoader:
         ds = EpisodeDataset(self.train_rows)
@@ -208,6 +259,17 @@ class DecPOMDPDataModule(pl.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume_batches = int(state_dict.get("batches_in_epoch", 0))
+
+
+def _first_missing(rows: Any, name: str) -> int | None:
+    """The index of the first row without a (non-None) ``name`` field; None when every row has it."""
+    if hasattr(rows, "column_names"):  # a datasets table: one column read, not a row loop
+        if name not in rows.column_names:
+            return 0
+        values: Any = rows[name]
+    else:
+        values = (row.get(name) if hasattr(row, "get") else None for row in rows)
+    return next((j for j, value in enumerate(values) if value is None), None)
 
 
 def _cap(rows: Any, n: int | None) -> Any:

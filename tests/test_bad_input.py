@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from experiments import experiment
+from test_coordinator import RowEpisodes, coordinator
 
 from comlrl_lightning import MAGRPO, AgentSpec
 from comlrl_lightning.cli import main
@@ -57,19 +58,45 @@ def test_callable_formatter_that_raises_is_named_at_setup():
         dm.setup("fit")
 
 
-def test_a_row_missing_a_field_is_refused_not_rendered_as_the_text_none(tmp_path):
-    # datasets fills a field that a later row lacks with None; the template must not print "None"
-    dm = DecPOMDPDataModule(jsonl(tmp_path, [{"topic": "a"}, {"other": 1}]), ["{topic}"], TargetLengthReward(4),
-                            shuffle=False)  # fmt: skip
-    dm.setup("fit")
-    ep0, ep1 = next(iter(dm.train_dataloader()))
-    assert dm.env.observe(ep0, 0) == "a"
-    with pytest.raises(ValueError, match="field 'topic' is None"):
-        dm.env.observe(ep1, 0)
+def test_a_row_missing_a_field_is_refused_at_setup_naming_the_row(tmp_path):
+    # datasets fills a field that a later row lacks with None; every row is checked at setup (not at its batch)
+    rows = [{"topic": "a"}] * 3 + [{"other": 1}]
+    dm = DecPOMDPDataModule(jsonl(tmp_path, rows), ["{topic}"], TargetLengthReward(4), shuffle=False)
+    with pytest.raises(ValueError, match=r"data\.formatters\[0\] .*uses the field 'topic', which training row 3 "
+                                         r"lacks"):  # fmt: skip
+        dm.setup("fit")
+    listed = DecPOMDPDataModule([{"topic": "a"}, {"topic": None}], ["{topic}"], TargetLengthReward(4))
+    with pytest.raises(ValueError, match="training row 1 lacks"):
+        listed.setup("fit")
     first_missing = DecPOMDPDataModule(jsonl(tmp_path, [{"other": 1}, {"topic": "a"}], "b.jsonl"), ["{topic}"],
                                        TargetLengthReward(4))  # fmt: skip
     with pytest.raises(ValueError, match=r"data\.formatters\[0\].*field 'topic' is None"):
         first_missing.setup("fit")
+
+
+@pytest.mark.parametrize("path", ["./nope_dir", "../nope/data", "~/nope_dir", "a/b/c"])
+def test_a_missing_local_path_without_an_extension_is_named_not_a_hub_error(path):
+    with pytest.raises(
+        FileNotFoundError, match=r"^data\.dataset: no file or folder '.*' \(.* is a local path"
+    ):
+        load_rows(path)
+
+
+def test_an_unknown_hub_dataset_offline_says_what_was_tried():
+    with pytest.raises(ValueError, match=r"^data\.val_dataset: 'no-such-dataset-xyz' is no local file or folder, and "
+                                         r"the Hugging Face Hub"):  # fmt: skip
+        load_rows("no-such-dataset-xyz", field="data.val_dataset")
+
+
+@pytest.mark.parametrize(
+    "bad,why", [('{"topic": "b"', "not valid JSON"), ('["b"]', "a JSON list, not an object")]
+)
+def test_a_malformed_jsonl_line_is_named_with_its_file_and_line_last(tmp_path, bad, why):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"topic": "a"}\n\n' + bad + '\n{"topic": "c"}\n')
+    with pytest.raises(ValueError, match=rf"^data\.dataset: {path}, line 3: {why}") as info:
+        load_rows(str(path))
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # the message is printed last
 
 
 @pytest.mark.parametrize("content", ["", "\n\n"])
@@ -210,8 +237,68 @@ def test_a_reward_of_the_wrong_arity_is_refused_from_yaml(tmp_path, monkeypatch,
     with pytest.raises(SystemExit) as info:
         main(["fit", "--config", "configs/selfplay_grpo.yaml", "--data.init_args.reward=user_rewards.two_args",
               "--print_config"])  # fmt: skip
-    assert info.value.code != 0
-    assert "does not implement protocol RewardFunction" in capsys.readouterr().err
+    assert info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: data.init_args.reward: user_rewards.two_args(joint_actions, episodes) cannot be "
+                           "a reward: a reward is called as fn(joint_actions, episodes, turn)")  # fmt: skip
+    assert "TRLReward" in last
+
+
+def trl_style(prompts, completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def test_a_reward_of_the_wrong_signature_is_refused_at_construction_through_the_python_api():
+    no_model = DecPOMDPDataModule  # the datamodule is built before any model
+    with pytest.raises(TypeError, match=r"^data\.reward\[1\]: two_args\(joint_actions, episodes\) cannot be called as "
+                                        r"fn\(joint_actions, episodes, turn\)"):  # fmt: skip
+        no_model([{"q": "x"}], ["{q}"], [TargetLengthReward(4), lambda_two_args])
+    with pytest.raises(TypeError, match=r"reward\[0\]: trl_style\(prompts, completions, \*\*kwargs\).*It looks like a "
+                                        r"TRL reward: use comlrl_lightning\.envs\.TRLReward"):  # fmt: skip
+        no_model([{"q": "x"}], ["{q}"], trl_style)
+
+
+def lambda_two_args(joint_actions, episodes):
+    return [0.0] * len(joint_actions)
+
+
+lambda_two_args.__name__ = "two_args"
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["--data.init_args.batch_sise=3"], "data.init_args.batch_sise: no such key of "
+         "comlrl_lightning.datamodules.DecPOMDPDataModule; did you mean 'batch_size'?"),
+        (["--model.init_args.learning_rat=0.1"], "model.init_args.learning_rat: no such key of comlrl_lightning.MAGRPO; "
+         "did you mean 'learning_rate'?"),
+        (["--model.init_args.loss.loss_type=grpoo"], "model.init_args.loss.loss_type: got 'grpoo'; allowed: "
+         "'sequence_sum', 'grpo', 'dr_grpo', 'dapo', 'bnpo', 'sequence_mean', 'token_mean'; did you mean 'grpo'?"),
+        (["--trainer.max_stepz=3"], "--trainer.max_stepz: not an option; did you mean '--trainer.max_steps'?"),
+        (["--optimizer=torch.optim.SGD"], "--optimizer: a top-level optimizer/lr_scheduler would replace the per-agent "
+         "ones: give the factory as model.init_args.optimizer"),
+        ("yaml-optimizer", "optimizer.class_path: a top-level optimizer/lr_scheduler would replace the per-agent ones"),
+        ("yaml-typo", "data.init_args.batch_sise: no such key of comlrl_lightning.datamodules.DecPOMDPDataModule; "
+         "did you mean 'batch_size'?"),
+    ],
+    ids=["cli-key", "cli-model-key", "literal", "trainer-flag", "cli-optimizer", "yaml-optimizer", "yaml-key"],
+)  # fmt: skip
+def test_a_config_error_ends_in_one_line_naming_the_key_and_the_closest_allowed(tmp_path, monkeypatch, capsys,
+                                                                                 args, line):  # fmt: skip
+    no_model_loads(monkeypatch)
+    os.chdir(ROOT)
+    if args == "yaml-optimizer":
+        (tmp_path / "c.yaml").write_text("optimizer:\n  class_path: torch.optim.SGD\n")
+        args = ["--config", str(tmp_path / "c.yaml")]
+    elif args == "yaml-typo":
+        (tmp_path / "c.yaml").write_text("data:\n  init_args:\n    batch_sise: 3\n")
+        args = ["--config", str(tmp_path / "c.yaml")]
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", "configs/selfplay_grpo.yaml", *args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"error: {line}")
+    assert "Given value" not in err
 
 
 def test_an_init_error_is_printed_once_with_the_message_last(monkeypatch, capsys):
@@ -225,3 +312,51 @@ def test_an_init_error_is_printed_once_with_the_message_last(monkeypatch, capsys
     assert err.count(message) == 1
     assert err.strip().splitlines()[-1].startswith(f"ValueError: {message}")
     assert "Namespace(" not in err and "direct cause" not in err
+
+
+# ------------------------------------------------------------------ rewards, coordinator (before any model loads)
+@pytest.mark.parametrize("value", [0, -1.5])
+def test_a_non_positive_reward_timeout_is_refused(value):
+    with pytest.raises(
+        ValueError, match=rf"^data\.reward_timeout_s: got {value}, must be > 0 seconds or None"
+    ):
+        DecPOMDPDataModule([{"q": "x"}], ["{q}"], TargetLengthReward(4), reward_timeout_s=value)
+
+
+def only_text(text):
+    return [0.0]
+
+
+def test_trl_reward_arguments_are_checked():
+    from comlrl_lightning.envs import TRLReward
+
+    with pytest.raises(
+        ValueError, match="^TRLReward.agent: got 'all'; allowed: 'each', 'joined' or an agent index"
+    ):
+        TRLReward(trl_style, agent="all")
+    with pytest.raises(
+        TypeError, match=r"^TRLReward.function: only_text\(text\) cannot be called as fn\(prompts="
+    ):
+        TRLReward(only_text)
+
+
+def test_a_missing_coordinator_ckpt_path_is_named_before_any_learner_loads(tmp_path):
+    with pytest.raises(
+        FileNotFoundError, match=r"^ckpt_path: no coordinator checkpoint '.*nope\.pt'; give a round-"
+    ):
+        coordinator(tmp_path, ckpt_path=str(tmp_path / "nope.pt"))
+
+
+def test_a_coordinator_stage_field_missing_in_a_later_row_fails_at_setup_before_any_learner_loads(tmp_path):
+    rows = [
+        {"topic": "p"},
+        {"topic": "q"},
+        {"topic": "r"},
+        {"other": 1},
+    ]  # row 3 is first drawn after round 0
+    c = coordinator(tmp_path, episodes=RowEpisodes(rows))
+    with pytest.raises(
+        ValueError, match=r"rounds\.stages\[0\]\.prompt: uses \{topic\}, which episode 3 .* lacks"
+    ):
+        c.setup()
+    assert c.learners == {}

@@ -158,36 +158,54 @@ def test_reward_logger_logs_each_step_and_aggregates_the_epoch(tmp_path):
 
 
 # --------------------------------------------------------------- CompletionLogger
-def test_completion_report_shows_the_user_turn_the_reward_first_and_code_blocks():
+def table_rows(text):
+    lines = text.split("\n")
+    assert lines[0] == "| episode | joint action | turn | agent | prompt | completion | reward |"
+    assert lines[1] == "|---|---|---|---|---|---|---|"
+    return [line[2:-2].split(" | ") for line in lines[2:]]
+
+
+def test_completion_report_is_a_table_of_episode_turn_agent_prompt_completion_reward():
     out = fake_output([0.1, 0.2, 0.3, 0.4], [[1] * 4] * 2, [[False] * 4] * 2,
-                      texts=[["x|y", "```python\nf()\n```", "c", "d"], ["A" * 50, "B", "C", "D"]])  # fmt: skip
+                      texts=[["x|y", "if a:\n    b<2", "c", "d"], ["A" * 50, "B", "C", "D"]])  # fmt: skip
     out["prompts"] = [["<|im_start|>user\nq0<|im_end|>"] * 2] * 2  # rendered: must not be shown
     out["user_prompts"] = [["helper for\nq0", "helper for q1"], ["main q0", "main q1"]]
     text = completion_report(out, max_rows=3, max_chars=20)
     assert "im_start" not in text
-    parts = text.split("\n\n")
-    assert parts[:4] == [
-        "### episode 0",
-        "**agent_0 user turn**",
-        "> helper for\n> q0",
-        "**agent_1 user turn**",
-    ]
-    assert parts[5] == "**reward 0.1** (joint action 0)"
-    assert parts[6:10] == ["agent_0:", "```\nx|y\n```", "agent_1:", "```\n" + "A" * 20 + "…\n```"]
+    rows = table_rows(text)
+    assert len(rows) == 3 * 2  # max_rows joint actions, one row per agent
+    assert rows[0] == ["0", "0", "0", "agent_0", "helper for<br>q0", "<code>x&#124;y</code>", "0.1"]
+    assert rows[1] == ["0", "0", "0", "agent_1", "main q0", "<code>" + "A" * 20 + "…</code>", "0.1"]
+    # the prompt only in the episode's first joint action; a completion keeps its indentation, escaped
+    assert rows[2] == ["0", "1", "0", "agent_0", "", "<code>if a:<br>&nbsp;&nbsp;&nbsp;&nbsp;b&lt;2</code>",
+                       "0.2"]  # fmt: skip
+    assert rows[4][:5] == ["1", "0", "0", "agent_0", "helper for q1"] and rows[4][6] == "0.3"
+
+
+def test_tensorboards_own_renderer_makes_the_report_an_html_table():
+    from tensorboard.plugin_util import markdown_to_safe_html
+
+    out = fake_output([0.5, 1.0], [[1, 2], [3, 4]], [[False] * 2] * 2,
+                      texts=[["<b>x</b>", "a | b"], ["if a:\n  b", "c\rd\u2028e\x0bf"]])  # fmt: skip
+    rendered = markdown_to_safe_html(completion_report(out, 10, 100))
     assert (
-        parts[12] == "````\n```python\nf()\n```\n````"
-    )  # a longer fence: the completion's own cannot close it
-    assert text.count("**reward") == 3  # max_rows joint actions
-    assert "### episode 1" in text and "**reward 0.3**" in text and "**reward 0.4**" not in text
+        rendered.startswith("<table>") and rendered.count("<tr>") == 1 + 2 * 2
+    )  # header + N rows per joint action
+    assert "<td><code>&lt;b&gt;x&lt;/b&gt;</code></td>" in rendered  # a completion's HTML is shown, not run
+    assert (
+        "<td><code>a &#124; b</code></td>" in rendered and "<code>if a:<br>&nbsp;&nbsp;b</code>" in rendered
+    )
+    assert "<code>c<br>d<br>e<br>f</code>" in rendered  # any line boundary stays inside its cell
 
 
 def test_completion_report_cross_mode_pairs_every_sample_of_each_agent():
     out = fake_output([0.0, 0.1, 0.2, 0.3], [[1, 1], [1, 1]], [[False] * 2] * 2, k=2)
     out["turn0_rewards"] = torch.tensor([[0.0, 0.1, 0.2, 0.3]])  # one episode, K^N = 4 joint actions
     out["completions"] = [["a0", "a1"], ["b0", "b1"]]
-    blocks = [p for p in completion_report(out, 10, 100).split("\n\n") if p.startswith("```")]
-    pairs = [(blocks[2 * r][4:-4], blocks[2 * r + 1][4:-4]) for r in range(4)]
-    assert pairs == [("a0", "b0"), ("a0", "b1"), ("a1", "b0"), ("a1", "b1")]
+    rows = table_rows(completion_report(out, 10, 100))
+    pairs = [(rows[2 * r][5], rows[2 * r + 1][5]) for r in range(4)]
+    assert pairs == [(f"<code>{a}</code>", f"<code>{b}</code>") for a, b in
+                     [("a0", "b0"), ("a0", "b1"), ("a1", "b0"), ("a1", "b1")]]  # fmt: skip
 
 
 def test_completion_logger_writes_text_on_the_batch_axis_from_rank_zero(tmp_path):
@@ -199,7 +217,10 @@ def test_completion_logger_writes_text_on_the_batch_axis_from_rank_zero(tmp_path
     events = acc.Tensors("completions/text_summary")
     assert [e.step for e in events] == [1, 3]  # batches 2 and 4, scalars' x-axis
     text = events[0].tensor_proto.string_val[0].decode()
-    assert "**reward 0**" in text and "```\na0-0\n```" in text and "**reward 1**" not in text  # max_rows=1
+    rows = table_rows(text)
+    assert [r[5] for r in rows] == ["<code>a0-0</code>", "<code>a1-0</code>"] and rows[0][
+        6
+    ] == "0"  # max_rows=1
     with pytest.raises(ValueError, match="every_n_steps"):
         CompletionLogger(every_n_steps=0)
 
@@ -363,3 +384,20 @@ def test_toy_config_fit_writes_all_metrics_text_and_agent_folders(tmp_path):
     assert sorted(os.listdir(log_dir / "agents")) == ["step_4"]
     assert sorted(os.listdir(log_dir / "agents" / "step_4")) == ["agent_0", "agent_1"]
     assert (log_dir / "checkpoints" / "last.ckpt").exists()
+
+
+# ----------------------------------------------------------- progress bar
+def test_the_progress_bar_shows_no_v_num_and_no_negative_epoch_count(tmp_path):
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from comlrl_lightning.callbacks import RichProgress, TQDMProgress
+
+    for bar in (RichProgress(), TQDMProgress()):
+        trainer = pl.Trainer(max_epochs=-1, max_steps=1, callbacks=[bar], logger=TensorBoardLogger(str(tmp_path)),
+                             enable_model_summary=False, enable_checkpointing=False, limit_val_batches=0)  # fmt: skip
+        model = BoringModel()
+        trainer.fit(model)
+        assert "v_num" not in bar.get_metrics(trainer, model)
+    rich = RichProgress()
+    rich._trainer = trainer
+    assert rich._get_train_description(1).strip() == "Epoch 1"  # Lightning's: "Epoch 1/-2"

@@ -123,3 +123,11 @@ def test_default_root_dir_moves_the_logs_of_a_shipped_config(tmp_path):
     main(["fit", *experiment("toy_grpo.yaml"), "--trainer.enable_progress_bar=false", "--trainer.max_steps=1",
           "--trainer.limit_val_batches=0", f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
     assert glob.glob(str(tmp_path / "toy_grpo" / "version_0" / "events.out.tfevents.*"))
+
+
+def test_hparams_yaml_lists_the_agents(tmp_path):
+    fit("toy_length_ratio.yaml", tmp_path, "--trainer.max_steps=2", "--trainer.limit_val_batches=0")
+    (path,) = glob.glob(str(tmp_path / "**" / "hparams.yaml"), recursive=True)
+    hparams = yaml.safe_load(open(path))
+    assert [a["model"] for a in hparams["agents"]] == ["builtin:tiny-gpt2"] * 2
+    assert hparams["rollout"]["num_generations"] == 4

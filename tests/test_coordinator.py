@@ -199,3 +199,27 @@ def test_a_non_finite_gradient_is_never_stepped_and_a_non_finite_weight_never_sa
     with pytest.raises(FloatingPointError, match="non-finite weight"):
         a.save(0)
     assert not os.path.exists(a.checkpoint_path(0))
+
+
+def scalar_steps(folder, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def test_a_moved_run_folder_resumes_and_replayed_rounds_write_no_duplicate_points(tmp_path):
+    first = coordinator(tmp_path / "run", num_rounds=3, checkpoint_every=1, keep_last=3)
+    first.fit()
+    moved = tmp_path / "moved"
+    os.rename(tmp_path / "run", moved)
+    ckpt = moved / "coordinator" / "checkpoints" / "round-000001.pt"
+    assert all(
+        not os.path.isabs(p) for p in torch.load(ckpt, weights_only=False)["learner_checkpoints"].values()
+    )
+    resumed = coordinator(moved, num_rounds=3, ckpt_path=str(ckpt))
+    resumed.fit()  # rounds 1 and 2 again, from the moved folder
+    assert [h["round"] for h in resumed.history] == [0, 1, 2]
+    assert scalar_steps(moved / "coordinator", "reward") == [0, 1, 2]
+    assert scalar_steps(moved / "learners" / "a", "reward") == [0, 1, 2]

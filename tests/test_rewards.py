@@ -98,3 +98,49 @@ def test_pass_at_1_is_the_declared_metric_not_a_name_suffix():
     solved.name, plain.name = "s", "p"
     assert WeightedReward([plain, solved])([["x"], ["y"]], EPS, 0).pass_at_1.tolist() == [1.0, 0.0]
     assert WeightedReward([plain])([["x"], ["y"]], EPS, 0).pass_at_1 is None
+
+
+# ------------------------------------------------------------------ TRL-style rewards
+def test_trl_rewards_get_trl_keyword_arguments_and_map_agents_as_documented():
+    from comlrl_lightning.envs import Episode, TRLReward
+    from comlrl_lightning.envs.rewards import WeightedReward
+
+    calls = []
+
+    def accuracy(prompts, completions, completion_ids, answer, **kwargs):
+        calls.append({"prompts": prompts, "completions": completions, "ids": completion_ids, "answer": answer,
+                      **kwargs})  # fmt: skip
+        return [float(c == a) if a is not None else None for c, a in zip(completions, answer)]
+
+    episodes = [Episode(0, {"prompt": "2+2?", "answer": "4", "level": 1}),
+                Episode(1, {"prompt": "3+3?", "answer": None, "level": 2})]  # fmt: skip
+    joint = [["4", "5"], ["6", "6"]]
+    each = WeightedReward([TRLReward(accuracy)])(joint, episodes, 0)
+    assert each.total.tolist() == [[1.0, 0.0], [0.0, 0.0]]  # [J, N]: agent i's column; None -> 0.0
+    assert calls[0] == {"prompts": ["2+2?", "3+3?"], "completions": ["4", "6"], "ids": None, "answer": ["4", None],
+                        "level": [1, 2]}  # fmt: skip
+    assert calls[1]["completions"] == ["5", "6"]
+    assert TRLReward(accuracy, agent=1)(joint, episodes, 0) == [0.0, 0.0]
+    assert calls[-1]["completions"] == ["5", "6"]
+    TRLReward(accuracy, agent="joined", separator="|")(joint, episodes, 0)
+    assert calls[-1]["completions"] == ["4|5", "6|6"]
+    chat = [Episode(0, {"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4"})]
+    TRLReward(accuracy, agent=0)([["4", "x"]], chat, 0)
+    assert calls[-1]["completions"] == [[{"role": "assistant", "content": "4"}]]  # TRL's conversational form
+    with pytest.raises(IndexError, match="TRLReward.agent: got 2; the joint actions have 2 agents"):
+        TRLReward(accuracy, agent=2)(joint, episodes, 0)
+
+
+def test_trl_reward_completion_ids_come_from_the_given_tokenizer():
+    from comlrl_lightning.envs import Episode, TRLReward
+    from comlrl_lightning.team.builtin import resolve_model_spec
+
+    seen = []
+
+    def length(prompts, completions, completion_ids, **kwargs):
+        seen.append(completion_ids)
+        return [float(len(ids)) for ids in completion_ids]
+
+    reward = TRLReward(length, agent=0, tokenizer=resolve_model_spec("builtin:gpt2-tokenizer"))
+    assert reward([["hello world", "x"]], [Episode(0, {"prompt": "p"})], 0) == [2.0]
+    assert seen[0] == [[31373, 995]]  # GPT-2 BPE: "hello", " world"

@@ -125,6 +125,9 @@ class CoMLRLModule(AgentOptimization):
         self.hparams["agents"] = [asdict(s) for s in self.specs]
         for name, cfg in groups.items():
             self.hparams[name] = asdict(cfg)
+        self._hparams_initial = copy.deepcopy(
+            self._hparams
+        )  # what loggers write (hparams.yaml) sees them too
 
     @property
     def uses_reference_model(self) -> bool:

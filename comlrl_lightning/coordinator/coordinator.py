@@ -62,7 +62,14 @@ from lightning.fabric.utilities.seed import seed_everything
 from tqdm.auto import tqdm
 
 from comlrl_lightning.coordinator.learner import Learner, LearnerConfig
-from comlrl_lightning.coordinator.rounds import JointMode, RoundOutput, Stage, check_stages, play_round
+from comlrl_lightning.coordinator.rounds import (
+    JointMode,
+    RoundOutput,
+    Stage,
+    check_stage_fields,
+    check_stages,
+    play_round,
+)
 from comlrl_lightning.coordinator.schedule import Alternate, Schedule, scheduled
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import RewardFunction, WeightedReward, as_weighted_reward
@@ -168,6 +175,9 @@ class Coordinator:
             if not ok:
                 raise ValueError(f"{name}: got {value!r}, must be {allowed}")
         check_stages(stages, {c.name: c for c in learners}, joint_mode)
+        if ckpt_path not in (None, "last") and not os.path.isfile(ckpt_path):
+            raise FileNotFoundError(f"ckpt_path: no coordinator checkpoint {os.path.abspath(ckpt_path)!r}; give a "
+                                    f"round-*.pt file of <root_dir>/coordinator/checkpoints, or 'last'")  # fmt: skip
         self.configs, self.names, self.stages = learners, names, stages
         self.reward = as_weighted_reward(reward)
         self.schedule = schedule if schedule is not None else Alternate()
@@ -214,11 +224,20 @@ class Coordinator:
         devices = self.device_plan()
         seed_everything(self.seed, verbose=False)
         self.episodes = self._episodes_source.episodes()
+        check_stage_fields(self.stages, self.episodes)  # every round's rows, before any learner loads
+        path = self._latest() if self.ckpt_path == "last" else self.ckpt_path
+        resumed_round = (
+            int(torch.load(path, map_location="cpu", weights_only=False)["round"]) if path else None
+        )
         for c, dev in zip(self.configs, devices):
             shared = self.learners[c.share_weights_with] if c.share_weights_with else None
             self.learners[c.name] = Learner(c, dev, os.path.join(self.root_dir, "learners", c.name), shared)
-        path = self._latest() if self.ckpt_path == "last" else self.ckpt_path
         if path:
+            # the rounds after the checkpoint are played again: TensorBoard drops their earlier points
+            for logger in self.fabric.loggers + [
+                lg for x in self.learners.values() for lg in x.fabric.loggers
+            ]:
+                purge_from(logger, resumed_round)
             self.load(path)
 
     def episodes_for(self, round: int) -> list[Episode]:
@@ -291,11 +310,12 @@ class Coordinator:
 
     def save(self) -> str:
         """Checkpoint the whole system after ``self.round`` rounds: learners first, then the coordinator."""
-        paths = {name: learner.save(self.round) for name, learner in self.learners.items()}
+        path = self.checkpoint_path(self.round)
+        paths = {name: os.path.relpath(learner.save(self.round), os.path.dirname(path))  # a moved run folder resumes
+                 for name, learner in self.learners.items()}  # fmt: skip
         state = {"round": self.round, "rng_states": collect_rng_states(), "history": self.history,
                  "buffers": {x: lr.buffer for x, lr in self.learners.items()}, "learner_checkpoints": paths,
                  "names": self.names, "episodes_seen": self.round * self.batch_size}  # fmt: skip
-        path = self.checkpoint_path(self.round)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_torch_save(state, path)
         self._prune()
@@ -308,8 +328,10 @@ class Coordinator:
         )  # our own file: buffers are dataclasses
         if state["names"] != self.names:
             raise ValueError(f"ckpt_path: {path} holds learners {state['names']}, this run has {self.names}")
-        for name, learner in self.learners.items():
-            learner.load(learner.checkpoint_path(state["round"]))
+        for name, learner in self.learners.items():  # next to the coordinator file (relative in newer files)
+            saved = state.get("learner_checkpoints", {}).get(name)
+            near = os.path.join(os.path.dirname(path), saved) if saved and not os.path.isabs(saved) else None
+            learner.load(near if near and os.path.exists(near) else learner.checkpoint_path(state["round"]))
             learner.buffer = state["buffers"][name]
         self.round, self.history = state["round"], state["history"]
         set_rng_states(state["rng_states"])
@@ -328,6 +350,13 @@ class Coordinator:
             for learner in self.learners.values():
                 if os.path.exists(learner.checkpoint_path(round)):
                     os.remove(learner.checkpoint_path(round))
+
+
+def purge_from(logger: Any, step: int | None) -> None:
+    """Make a Fabric ``TensorBoardLogger`` whose writer is not open yet drop the events at ``step``
+    and later from earlier runs in its folder (``SummaryWriter(purge_step=...)``)."""
+    if step is not None and isinstance(logger, TensorBoardLogger) and logger._experiment is None:
+        logger._kwargs["purge_step"] = step
 
 
 def _mean_return(out: RoundOutput, name: str) -> float:

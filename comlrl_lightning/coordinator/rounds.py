@@ -170,6 +170,31 @@ def check_stages(stages: Sequence[Stage], players: Mapping[str, Player], joint_m
                          f"learner needs the same K; got {ks} (use joint_mode='cross' for different K)")  # fmt: skip
 
 
+def check_stage_fields(stages: Sequence[Stage], episodes: Sequence[Episode]) -> None:
+    """Every template stage's fields exist for every episode (row fields, or an earlier stage's
+    learner name), so a row that lacks one fails before any learner loads, not in the round that
+    first draws it.
+
+    Raises:
+        ValueError: naming the stage, the field and the first episode without it.
+    """
+    import string
+
+    for s, st in enumerate(stages):
+        if callable(st.prompt):
+            continue
+        earlier = {x.learner for x in stages[:s]}
+        fields = {
+            name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(st.prompt) if name
+        }
+        for ep in episodes:
+            missing = sorted(f for f in fields - earlier if ep.data.get(f) is None)
+            if missing:
+                raise ValueError(f"rounds.stages[{s}].prompt: uses {{{missing[0]}}}, which episode {ep.index} (row "
+                                 f"fields {sorted(ep.data)}) lacks and no earlier stage answers; fill or drop such "
+                                 "rows")  # fmt: skip
+
+
 def play_round(
     round: int,
     stages: Sequence[Stage],

@@ -9,6 +9,7 @@ agents separately; actor-critic trainers use each agent's column, MAGRPO groups 
 from __future__ import annotations
 
 import numbers
+import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,6 +73,44 @@ class RewardError(RuntimeError):
     """A reward function raised, returned the wrong number of values, or returned NaN/inf."""
 
 
+class RewardTimeout(RewardError):
+    """A reward function did not return within :attr:`WeightedReward.timeout_s`."""
+
+
+def _call_with_timeout(fn: Any, args: tuple[Any, ...], timeout_s: float | None) -> Any:
+    """``fn(*args)``; with a ``timeout_s``, in a daemon thread abandoned after ``timeout_s`` seconds.
+
+    The worker runs under the caller's grad mode (torch's is per thread: a reward model's forward
+    would otherwise record a graph). The main thread waits in an interruptible wait, so a signal
+    (SIGTERM, Ctrl+C) is handled while a reward hangs.
+
+    Raises:
+        RewardTimeout: the call did not return in time.
+        Exception: whatever ``fn`` raised.
+    """
+    if timeout_s is None:
+        return fn(*args)
+    result: list[Any] = []
+    error: list[BaseException] = []
+    grad = torch.is_grad_enabled()
+
+    def work() -> None:
+        try:
+            with torch.set_grad_enabled(grad):
+                result.append(fn(*args))
+        except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+            error.append(err)
+
+    worker = threading.Thread(target=work, name=f"reward-{reward_name(fn)}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise RewardTimeout(f"did not return within reward_timeout_s={timeout_s} s (abandoned)")
+    if error:
+        raise error[0]
+    return result[0]
+
+
 @dataclass
 class RewardProcessor:
     """Affine transform then clip, applied to the weighted total: ``clip(scale * r + shift)``.
@@ -93,6 +132,33 @@ class RewardProcessor:
         if self.clip_min is not None or self.clip_max is not None:
             out = out.clamp(min=self.clip_min, max=self.clip_max)
         return out
+
+
+def check_reward_signature(fn: object, where: str) -> None:
+    """Refuse, naming ``where``, a reward that cannot be called as ``fn(joint_actions, episodes, turn)``.
+
+    Raises:
+        TypeError: not callable, or its signature does not take three positional arguments; a
+            TRL-style signature (``prompts``/``completions``) is pointed to :class:`~comlrl_lightning.envs.TRLReward`.
+    """
+    if not callable(fn):
+        raise TypeError(
+            f"{where}: got a {type(fn).__name__}; a reward is a callable fn(joint_actions, episodes, turn)"
+        )
+    import inspect
+
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the first call will tell
+        return
+    try:
+        signature.bind(None, None, None)
+    except TypeError:
+        trl = {"prompts", "completions"} & set(signature.parameters)
+        hint = (" It looks like a TRL reward: use comlrl_lightning.envs.TRLReward(fn) (agents' completions "
+                "mapped as its docstring says)." if trl else "")  # fmt: skip
+        raise TypeError(f"{where}: {reward_name(fn)}{signature} cannot be called as fn(joint_actions, episodes, "
+                        f"turn), the RewardFunction protocol.{hint}") from None  # fmt: skip
 
 
 def reward_name(fn: object) -> str:
@@ -149,8 +215,20 @@ class WeightedReward:
             :attr:`num_invalid`, and the first fault of each kind per function is shown as a warning.
         invalid_reward: reward given to joint actions with an invalid value when ``skip_invalid``.
 
+    Attributes:
+        timeout_s: seconds one call of one reward function may take (None: no limit, the default).
+            Set from :attr:`DecPOMDPDataModule.reward_timeout_s
+            <comlrl_lightning.datamodules.decpomdp.DecPOMDPDataModule>` (declared there). With a
+            limit each call runs in a daemon worker thread; a call still running at the limit is
+            abandoned (the thread is left to finish or hang on its own, it cannot block the exit)
+            and its joint actions are treated as with ``skip_invalid``: ``invalid_reward``, counted
+            in ``rewards/errors``, first timeout per function shown as a warning, whatever
+            ``skip_invalid`` says.
+
     Raises:
         ValueError: ``weights`` has a different length than ``functions``, or no function given.
+        TypeError: a function that cannot be called as ``fn(joint_actions, episodes, turn)``
+            (:func:`check_reward_signature`).
     """
 
     def __init__(
@@ -164,6 +242,8 @@ class WeightedReward:
         self.functions = list(functions)
         if not self.functions:
             raise ValueError("WeightedReward.functions: give at least one reward function")
+        for i, fn in enumerate(self.functions):
+            check_reward_signature(fn, f"reward[{i}]")
         self.weights = [1.0] * len(self.functions) if weights is None else [float(w) for w in weights]
         if len(self.weights) != len(self.functions):
             raise ValueError(
@@ -173,6 +253,7 @@ class WeightedReward:
         self.skip_invalid = skip_invalid
         self.invalid_reward = invalid_reward
         self.num_invalid = 0
+        self.timeout_s: float | None = None
         self._warned: set[tuple[str, str]] = set()
 
     def __call__(
@@ -188,22 +269,25 @@ class WeightedReward:
         for fn, w in zip(self.functions, self.weights):
             name = reward_name(fn)
             extras: dict[str, Sequence[float]] = {}
+            timed_out = False
             try:
-                out = fn(joint_actions, episodes, turn)
+                out = _call_with_timeout(fn, (joint_actions, episodes, turn), self.timeout_s)
                 if isinstance(out, RewardResult):
                     out, extras = out.values, out.metrics
                 values = _as_values(out, n, num_agents)
             except Exception as err:  # noqa: BLE001 - re-raised with context below
-                if not self.skip_invalid:
+                if not self.skip_invalid and not isinstance(err, RewardTimeout):
                     raise RewardError(
                         f"reward function {name!r} failed at step {step}, turn {turn}: {err}"
                     ) from err
-                self._warn_once(name, "raised", f"reward function {name!r} failed at step {step}, turn {turn}: "
+                timed_out = isinstance(err, RewardTimeout)
+                kind = "timeout" if timed_out else "raised"
+                self._warn_once(name, kind, f"reward function {name!r} failed at step {step}, turn {turn}: "
                                       f"{type(err).__name__}: {err}")  # fmt: skip
                 values = torch.full((n,), float("nan"))
             bad = ~torch.isfinite(values)
             bad = bad.any(-1) if bad.dim() == 2 else bad  # one bad agent value spoils the joint action
-            if bad.any() and not self.skip_invalid:
+            if bad.any() and not self.skip_invalid and not timed_out:
                 raise RewardError(
                     f"reward function {name!r} returned a non-finite value at step {step}, turn {turn} "
                     f"(joint actions {bad.nonzero().flatten().tolist()})"
@@ -226,7 +310,7 @@ class WeightedReward:
             total += weighted[:, None] if total.dim() == 2 and weighted.dim() == 1 else weighted
         if self.processor is not None:
             total = self.processor(total)
-        if self.skip_invalid:
+        if self.skip_invalid or self.timeout_s is not None:
             components[ERRORS] = invalid.float()
         if invalid.any():
             self.num_invalid += int(invalid.sum())
@@ -237,7 +321,8 @@ class WeightedReward:
         # skipped faults are counted in rewards/errors; the first of each kind per function is also shown
         if (name, kind) not in self._warned:
             self._warned.add((name, kind))
-            warnings.warn(f"{message} (skip_invalid=True: such joint actions get invalid_reward and are counted "
+            why = "skip_invalid=True" if self.skip_invalid else "a timeout"
+            warnings.warn(f"{message} ({why}: such joint actions get invalid_reward and are counted "
                           f"in the metric rewards/{ERRORS}; further such faults are not shown)", stacklevel=3)  # fmt: skip
 
 

@@ -22,7 +22,9 @@ Lightning's own writer.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from typing import Any
 
 import fsspec
@@ -51,7 +53,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         Raises:
             TypeError: ``storage_options`` was given.
             OSError: naming ``path`` (a full disk, a read-only folder), after removing ``<path>.tmp``;
-                an earlier file at ``path`` is untouched. Other errors of ``torch.save`` as they are.
+                an earlier file at ``path`` is untouched. A full disk (``ENOSPC``, or torch's
+                "unexpected pos" write failure) says how many bytes the checkpoint needs and how
+                many are left. Other errors of ``torch.save`` as they are.
         """
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__}.save_checkpoint does not take storage_options")
@@ -60,12 +64,45 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path)
         try:
             atomic_torch_save(checkpoint, local)
-        except (
-            OSError
-        ) as err:  # torch's own message ("unexpected pos ...", "file write failed") names no path
-            raise OSError(err.errno, f"could not write the checkpoint {os.path.abspath(local)!r}: "
-                          f"{err.strerror or err}") from err  # fmt: skip
+        except (OSError, RuntimeError) as err:  # torch's own ("unexpected pos ...") names no path
+            full = getattr(err, "errno", None) == errno.ENOSPC or any(
+                m in str(err) for m in _TORCH_WRITE_FAILED
+            )
+            if not full and not isinstance(err, OSError):
+                raise
+            target = os.path.abspath(local)
+            if full:
+                folder = os.path.dirname(target)
+                free = shutil.disk_usage(folder).free
+                raise OSError(errno.ENOSPC, f"could not write the checkpoint {target!r}: no space left on the device "
+                              f"(it needs about {_size(tensor_bytes(checkpoint))}, {_size(free)} left in {folder!r})"
+                              ) from err  # fmt: skip
+            raise OSError(
+                err.errno, f"could not write the checkpoint {target!r}: {err.strerror or err}"
+            ) from err
         return None
+
+
+_TORCH_WRITE_FAILED = ("unexpected pos", "file write failed")
+"""What torch's zip writer says when a write fails part-way (a full disk), instead of an OSError."""
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a nested checkpoint (dicts, lists, tuples): what ``torch.save`` writes, less
+    the small metadata."""
+    if isinstance(obj, torch.Tensor):
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _size(num_bytes: int) -> str:
+    return (
+        f"{num_bytes} bytes" if num_bytes < 1024**2 else f"{num_bytes / 1024**2:,.1f} MiB ({num_bytes} bytes)"
+    )
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
