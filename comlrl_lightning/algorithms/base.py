@@ -10,6 +10,7 @@ then the algorithm's :meth:`CoMLRLModule.score_turns`.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -125,9 +126,8 @@ class CoMLRLModule(AgentOptimization):
         self.hparams["agents"] = [asdict(s) for s in self.specs]
         for name, cfg in groups.items():
             self.hparams[name] = asdict(cfg)
-        self._hparams_initial = copy.deepcopy(
-            self._hparams
-        )  # what loggers write (hparams.yaml) sees them too
+        # what loggers write (hparams.yaml) sees them too
+        self._hparams_initial = copy.deepcopy(self._hparams)
 
     @property
     def uses_reference_model(self) -> bool:
