@@ -253,12 +253,182 @@ def calibrate(tasks: Sequence[str] = tuple(TASKS)) -> dict[str, Any]:
     return out
 
 
+# --------------------------------------------------------------------------- training runs
+RUNS_FILE = os.path.join(HERE, "learning_runs.jsonl")
+"""One JSON line per finished run (written as each run ends, so a failure keeps the finished ones)."""
+PNG = "learning_curves.png"
+CONFIG: dict[str, Any] = {  # the same task, samples and sampling for every algorithm
+    "batch_size": 4,  # episodes per batch
+    "k": 4,  # num_generations: samples per agent per episode
+    "batches": 24,
+    "eval_every": 6,  # batches between held-out evaluations (plus one before training)
+    "learning_rate": 2e-5,
+    "critic_learning_rate": 1e-4,  # IAC/MAAC critics (value heads start from scratch)
+    "temperature": 1.0,
+}
+ALGORITHMS = ("magrpo", "iac", "maac")
+TASK = "mul_1d_last8"
+"""The task :data:`TASK_RULE` chose (``learning_calibration_2.json``: untrained greedy held-out success
+add_1d_last8 0.60, add_2d_last8 0.00, mul_1d_last8 0.42 -> closest to 0.35 in [0.10, 0.60])."""
+
+
+def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
+    """The algorithm through the library's public API: two SmolLM2 agents, the config's knobs."""
+    from comlrl_lightning import (
+        IAC,
+        MAAC,
+        MAGRPO,
+        ActorCriticRolloutConfig,
+        CriticConfig,
+        RolloutConfig,
+        SamplingConfig,
+    )
+    from comlrl_lightning.team.agents import AgentSpec
+
+    agents = [AgentSpec(model=SMOLLM2), AgentSpec(model=SMOLLM2)]
+    sampling = SamplingConfig(max_new_tokens=TASKS[task].get("max_new_tokens", MAX_NEW_TOKENS),
+                              temperature=cfg["temperature"])  # fmt: skip
+    if algorithm == "magrpo":
+        return MAGRPO(agents=agents, rollout=RolloutConfig(num_generations=cfg["k"]), sampling=sampling,
+                      learning_rate=cfg["learning_rate"])  # fmt: skip
+    cls = {"iac": IAC, "maac": MAAC}[algorithm]
+    return cls(agents=agents, rollout=ActorCriticRolloutConfig(num_generations=cfg["k"]), sampling=sampling,
+               critic=CriticConfig(critic_learning_rate=cfg["critic_learning_rate"]),
+               learning_rate=cfg["learning_rate"])  # fmt: skip
+
+
+def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) -> dict[str, Any]:
+    """Train ``algorithm`` from the untrained team for ``cfg["batches"]`` batches with ``seed``;
+    held-out success (greedy, every problem) before training and every ``eval_every`` batches."""
+    pl.seed_everything(seed, workers=True, verbose=False)
+    module = build_module(algorithm, task, cfg)
+    dm = datamodule(task, cfg["batch_size"], seed)
+    per_batch = cfg["batch_size"] * cfg["k"] * 2
+    rec = HeldOut(per_batch)
+    n_critics = 1 if algorithm == "maac" else 0
+    steps = (
+        module.max_steps_for(cfg["batches"], 2, 1, n_critics)
+        if n_critics
+        else module.max_steps_for(cfg["batches"], 2)
+    )
+    trainer = _quiet_trainer(callbacks=[rec], max_steps=steps, val_check_interval=cfg["eval_every"],
+                             check_val_every_n_epoch=None, num_sanity_val_steps=0)  # fmt: skip
+    t0, load0 = time.time(), os.getloadavg()
+    trainer.validate(module, datamodule=dm, verbose=False)
+    trainer.fit(module, datamodule=dm)
+    return {"algorithm": algorithm, "task": task, "seed": seed, "config": cfg, "samples_per_batch": per_batch,
+            "history": rec.history, "final_texts": rec.texts, "wall_s": time.time() - t0,
+            "loadavg_start": load0, "loadavg_end": os.getloadavg(),
+            "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+
+
+def recorded_runs(task: str, cfg: dict[str, Any] = CONFIG) -> list[dict[str, Any]]:
+    """The finished runs of ``task`` under ``cfg`` in :data:`RUNS_FILE`."""
+    if not os.path.exists(RUNS_FILE):
+        return []
+    with open(RUNS_FILE) as fh:
+        runs = [json.loads(line) for line in fh if line.strip()]
+    return [r for r in runs if r["task"] == task and r["config"] == cfg]
+
+
+def run_missing(
+    task: str, algorithms: Sequence[str], seeds: Sequence[int], cfg: dict[str, Any] = CONFIG
+) -> None:
+    """Run every (algorithm, seed) not yet in :data:`RUNS_FILE`, appending each as it finishes."""
+    done = {(r["algorithm"], r["seed"]) for r in recorded_runs(task, cfg)}
+    for algorithm in algorithms:
+        for seed in seeds:
+            if (algorithm, seed) in done:
+                continue
+            print(f"[learning] {algorithm} seed {seed} ...", flush=True)
+            r = run_one(algorithm, task, seed, cfg)
+            with open(RUNS_FILE, "a") as fh:
+                fh.write(json.dumps(r) + "\n")
+            h = r["history"]
+            print(f"[learning] {algorithm} seed {seed}: {[round(sum(x['solved']) / len(x['solved']), 3) for x in h]} "
+                  f"in {r['wall_s']:.0f} s", flush=True)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- statistics
+def hierarchical_bootstrap(
+    per_seed: Sequence[Sequence[float]], reps: int = 10000, seed: int = 0
+) -> tuple[float, float]:
+    """95% percentile interval of the mean: resample seeds with replacement, then problems with
+    replacement within each drawn seed (``per_seed``: one list of per-problem values per seed)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    data = np.asarray(per_seed, dtype=float)  # [S, E]
+    s, e = data.shape
+    seeds = rng.integers(0, s, size=(reps, s))
+    probs = rng.integers(0, e, size=(reps, s, e))
+    means = data[seeds[..., None], probs].mean(axis=(1, 2))
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per algorithm: held-out success before and after (mean, 95% interval), the gain and its
+    interval, the smallest gain detectable at 80% power (2.8 x the bootstrap SE), the curve."""
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    for algorithm in dict.fromkeys(r["algorithm"] for r in runs):
+        rs = sorted((r for r in runs if r["algorithm"] == algorithm), key=lambda r: r["seed"])
+        before = [r["history"][0]["solved"] for r in rs]
+        after = [r["history"][-1]["solved"] for r in rs]
+        gain = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
+        g = np.asarray(gain)
+        se = float(np.std([g[np.random.default_rng(i).integers(0, len(g), len(g))][:, np.random.default_rng(
+            10_000 + i).integers(0, g.shape[1], g.shape[1])].mean() for i in range(2000)]))  # fmt: skip
+        curve = [[sum(h["solved"]) / len(h["solved"]) for h in r["history"]] for r in rs]
+        out[algorithm] = {
+            "seeds": [r["seed"] for r in rs], "n_problems": len(before[0]),
+            "samples": rs[0]["history"][-1]["samples"],
+            "before": float(np.mean(before)), "before_ci": hierarchical_bootstrap(before),
+            "after": float(np.mean(after)), "after_ci": hierarchical_bootstrap(after),
+            "gain": float(np.mean(gain)), "gain_ci": hierarchical_bootstrap(gain), "gain_se": se,
+            "min_detectable_gain": 2.8 * se,
+            "curve_samples": [h["samples"] for h in rs[0]["history"]], "curves": curve,
+            "wall_s": sum(r["wall_s"] for r in rs), "wall_s_per_seed": [r["wall_s"] for r in rs],
+            "loadavg": [min(r["loadavg_start"][0] for r in rs), max(r["loadavg_end"][0] for r in rs)],
+            "final_texts": rs[-1]["final_texts"],
+        }  # fmt: skip
+    return out
+
+
+def plot(summary: dict[str, Any], path: str, title: str) -> None:
+    """Held-out success against samples: mean over seeds per algorithm, thin lines per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n, (name, s) in enumerate(summary.items()):
+        x = s["curve_samples"]
+        color = f"C{n}"
+        for c in s["curves"]:
+            ax.plot(x, c, color=color, alpha=0.3, linewidth=0.8)
+        mean = [sum(c[i] for c in s["curves"]) / len(s["curves"]) for i in range(len(x))]
+        ax.plot(x, mean, color=color, linewidth=2, label=f"{name} (mean of {len(s['curves'])} seeds)")
+    ax.set_xlabel("training samples (completions, both agents)")
+    ax.set_ylabel(f"held-out success (greedy, {NUM_HELD_OUT} problems)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["calibrate"]:
         res = calibrate(ROUNDS[int(sys.argv[2]) - 1] if len(sys.argv) > 2 else tuple(TASKS))
-        with open(
-            os.path.join(HERE, f"learning_calibration_{sys.argv[2] if len(sys.argv) > 2 else 'all'}.json"),
-            "w",
-        ) as fh:
+        name = f"learning_calibration_{sys.argv[2] if len(sys.argv) > 2 else 'all'}.json"
+        with open(os.path.join(HERE, name), "w") as fh:
             json.dump(res, fh, indent=1)
         print("chosen:", res["chosen"])
+    elif sys.argv[1:2] == ["run"]:  # learning.py run magrpo,iac 0,1,2
+        algos = sys.argv[2].split(",") if len(sys.argv) > 2 else list(ALGORITHMS)
+        seeds = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [0, 1, 2]
+        run_missing(TASK, algos, seeds)
