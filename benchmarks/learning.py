@@ -204,7 +204,7 @@ class HeldOut(pl.Callback):
         self.batches += 1
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
-        self._cur = {}
+        self._cur, self.texts = {}, []
 
     def on_validation_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
@@ -354,44 +354,45 @@ def run_missing(
 
 
 # --------------------------------------------------------------------------- statistics
+def bootstrap_means(per_seed: Sequence[Sequence[float]], reps: int = 10000, seed: int = 0) -> torch.Tensor:
+    """``[reps]`` hierarchical-bootstrap means: resample seeds with replacement, then problems with
+    replacement within each drawn seed (``per_seed``: one list of per-problem values per seed)."""
+    data = torch.as_tensor(per_seed, dtype=torch.float64)  # [S, E]
+    s, e = data.shape
+    gen = torch.Generator().manual_seed(seed)
+    seeds = torch.randint(0, s, (reps, s, 1), generator=gen).expand(reps, s, e)
+    probs = torch.randint(0, e, (reps, s, e), generator=gen)
+    return data[seeds, probs].mean(dim=(1, 2))
+
+
 def hierarchical_bootstrap(
     per_seed: Sequence[Sequence[float]], reps: int = 10000, seed: int = 0
 ) -> tuple[float, float]:
-    """95% percentile interval of the mean: resample seeds with replacement, then problems with
-    replacement within each drawn seed (``per_seed``: one list of per-problem values per seed)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    data = np.asarray(per_seed, dtype=float)  # [S, E]
-    s, e = data.shape
-    seeds = rng.integers(0, s, size=(reps, s))
-    probs = rng.integers(0, e, size=(reps, s, e))
-    means = data[seeds[..., None], probs].mean(axis=(1, 2))
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(lo), float(hi)
+    """95% percentile interval of the mean over seeds and problems (:func:`bootstrap_means`)."""
+    q = torch.quantile(
+        bootstrap_means(per_seed, reps, seed), torch.tensor([0.025, 0.975], dtype=torch.float64)
+    )
+    return float(q[0]), float(q[1])
 
 
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per algorithm: held-out success before and after (mean, 95% interval), the gain and its
     interval, the smallest gain detectable at 80% power (2.8 x the bootstrap SE), the curve."""
-    import numpy as np
-
     out: dict[str, Any] = {}
     for algorithm in dict.fromkeys(r["algorithm"] for r in runs):
         rs = sorted((r for r in runs if r["algorithm"] == algorithm), key=lambda r: r["seed"])
         before = [r["history"][0]["solved"] for r in rs]
         after = [r["history"][-1]["solved"] for r in rs]
         gain = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
-        g = np.asarray(gain)
-        se = float(np.std([g[np.random.default_rng(i).integers(0, len(g), len(g))][:, np.random.default_rng(
-            10_000 + i).integers(0, g.shape[1], g.shape[1])].mean() for i in range(2000)]))  # fmt: skip
+        se = float(bootstrap_means(gain).std())
         curve = [[sum(h["solved"]) / len(h["solved"]) for h in r["history"]] for r in rs]
+        mean = lambda xs: sum(map(sum, xs)) / sum(map(len, xs))  # noqa: E731
         out[algorithm] = {
             "seeds": [r["seed"] for r in rs], "n_problems": len(before[0]),
             "samples": rs[0]["history"][-1]["samples"],
-            "before": float(np.mean(before)), "before_ci": hierarchical_bootstrap(before),
-            "after": float(np.mean(after)), "after_ci": hierarchical_bootstrap(after),
-            "gain": float(np.mean(gain)), "gain_ci": hierarchical_bootstrap(gain), "gain_se": se,
+            "before": mean(before), "before_ci": hierarchical_bootstrap(before),
+            "after": mean(after), "after_ci": hierarchical_bootstrap(after),
+            "gain": mean(gain), "gain_ci": hierarchical_bootstrap(gain), "gain_se": se,
             "min_detectable_gain": 2.8 * se,
             "curve_samples": [h["samples"] for h in rs[0]["history"]], "curves": curve,
             "wall_s": sum(r["wall_s"] for r in rs), "wall_s_per_seed": [r["wall_s"] for r in rs],
