@@ -219,6 +219,8 @@ class HeldOut(pl.Callback):
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         solved = [self._cur[i] for i in sorted(self._cur)]
         self.history.append({"samples": self.batches * self.samples_per_batch, "solved": solved})
+        print(f"[learning]   after {self.batches} batches: held-out {sum(solved) / max(len(solved), 1):.3f} "
+              f"({time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
 
 
 def _quiet_trainer(**kw: Any) -> pl.Trainer:
@@ -258,11 +260,11 @@ RUNS_FILE = os.path.join(HERE, "learning_runs.jsonl")
 """One JSON line per finished run (written as each run ends, so a failure keeps the finished ones)."""
 PNG = "learning_curves.png"
 CONFIG: dict[str, Any] = {  # the same task, samples and sampling for every algorithm
-    "batch_size": 4,  # episodes per batch
+    "batch_size": 2,  # episodes per batch
     "k": 4,  # num_generations: samples per agent per episode
-    "batches": 24,
-    "eval_every": 6,  # batches between held-out evaluations (plus one before training)
-    "learning_rate": 2e-5,
+    "batches": 12,
+    "eval_every": 4,  # batches between held-out evaluations (plus one before training)
+    "learning_rate": 5e-5,
     "critic_learning_rate": 1e-4,  # IAC/MAAC critics (value heads start from scratch)
     "temperature": 1.0,
 }
