@@ -264,9 +264,9 @@ CONFIG: dict[str, Any] = {  # the same task, samples and sampling for every algo
     "k": 4,  # num_generations: samples per agent per episode
     "batches": 12,
     "eval_every": 4,  # batches between held-out evaluations (plus one before training)
-    "learning_rate": 5e-5,
+    "learning_rate": 1e-5,
     "critic_learning_rate": 1e-4,  # IAC/MAAC critics (value heads start from scratch)
-    "temperature": 1.0,
+    "temperature": 0.7,
 }
 ALGORITHMS = ("magrpo", "iac", "maac")
 TASK = "mul_1d_last8"
@@ -441,11 +441,16 @@ def _load_calibration() -> dict[str, Any]:
 
 
 def section(
-    quick: bool, png: str, algorithms: Sequence[str] = ALGORITHMS, seeds: Sequence[int] = (0, 1, 2)
+    quick: bool,
+    png: str,
+    algorithms: Sequence[str] = ALGORITHMS,
+    seeds: Sequence[int] = (0, 1, 2),
+    run: bool = True,
 ) -> dict[str, Any]:
     """Run the (algorithm, seed) pairs not yet recorded in :data:`RUNS_FILE` (each appended as it
     ends), summarise every recorded one, then plot (numbers first: a failing plot loses none).
-    ``quick``: one 2-batch MAGRPO run in a scratch file, a check that the harness runs."""
+    ``quick``: one 2-batch MAGRPO run in a scratch file, a check that the harness runs; ``run=False``:
+    summarise what is recorded, run nothing."""
     if quick:
         path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "learning_quick_runs.jsonl")
         if os.path.exists(path):
@@ -453,7 +458,8 @@ def section(
         run_missing(TASK, ["magrpo"], [0], QUICK, path)
         runs = recorded_runs(TASK, QUICK, path)
     else:
-        run_missing(TASK, algorithms, seeds)
+        if run:
+            run_missing(TASK, algorithms, seeds)
         runs = recorded_runs(TASK)
     out = {"task": TASK, "rule": TASK_RULE, "calibration": _load_calibration(), "config": QUICK if quick else CONFIG,
            "summary": summarize(runs), "png": os.path.basename(png)}  # fmt: skip
@@ -535,6 +541,20 @@ if __name__ == "__main__":
         with open(os.path.join(HERE, name), "w") as fh:
             json.dump(res, fh, indent=1)
         print("chosen:", res["chosen"])
+    elif sys.argv[1:2] == ["record"]:  # the recorded runs into results.json and RESULTS.md, running nothing
+        import run as bench
+
+        json_path = os.path.join(HERE, "results.json")
+        with open(json_path) as fh:
+            res = json.load(fh)
+        res["learning"] = section(False, os.path.join(HERE, PNG), run=False)
+        runs = recorded_runs(TASK)
+        res["learning"]["ran"] = {"date": max(r["date"] for r in runs), "wall_s": sum(r["wall_s"] for r in runs),
+                                  "loadavg_start": min((r["loadavg_start"] for r in runs), key=lambda x: x[0]),
+                                  "loadavg_end": max((r["loadavg_end"] for r in runs), key=lambda x: x[0])}  # fmt: skip
+        with open(json_path, "w") as fh:
+            json.dump(res, fh, indent=1, default=str)
+        sys.exit(bench.main(["--render"]))
     elif sys.argv[1:2] == ["run"]:  # learning.py run magrpo,iac 0,1,2
         algos = sys.argv[2].split(",") if len(sys.argv) > 2 else list(ALGORITHMS)
         seeds = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [0, 1, 2]
