@@ -348,8 +348,11 @@ def run_missing(
                 continue
             print(f"[learning] {algorithm} seed {seed} ...", flush=True)
             r = run_one(algorithm, task, seed, cfg)
-            with open(path, "a") as fh:
-                fh.write(json.dumps(r) + "\n")
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:  # one write of the whole line: runs in parallel processes may share the file
+                os.write(fd, (json.dumps(r) + "\n").encode())
+            finally:
+                os.close(fd)
             h = r["history"]
             print(f"[learning] {algorithm} seed {seed}: {[round(sum(x['solved']) / len(x['solved']), 3) for x in h]} "
                   f"in {r['wall_s']:.0f} s", flush=True)  # fmt: skip
