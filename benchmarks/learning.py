@@ -324,8 +324,9 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
             "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
 
 
-def recorded_runs(task: str, cfg: dict[str, Any] = CONFIG, path: str = RUNS_FILE) -> list[dict[str, Any]]:
-    """The finished runs of ``task`` under ``cfg`` in ``path``."""
+def recorded_runs(task: str, cfg: dict[str, Any] = CONFIG, path: str | None = None) -> list[dict[str, Any]]:
+    """The finished runs of ``task`` under ``cfg`` in ``path`` (default :data:`RUNS_FILE`)."""
+    path = path or RUNS_FILE
     if not os.path.exists(path):
         return []
     with open(path) as fh:
@@ -477,7 +478,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _ci(ci: Sequence[float]) -> str:
+def _ci(ci: Sequence[float], pts: bool = False) -> str:
+    if pts:
+        return f"[{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
     return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
 
 
@@ -490,7 +493,7 @@ def render(res: dict[str, Any]) -> str:
     for name, s in summ.items():
         excl = " **excludes 0**" if s["gain_ci"][0] > 0 or s["gain_ci"][1] < 0 else ""
         lines.append(f"| {name.upper()} | {len(s['seeds'])} | {s['samples']} | {_pct(s['before'])} {_ci(s['before_ci'])} | "
-                     f"{_pct(s['after'])} {_ci(s['after_ci'])} | {100 * s['gain']:+.1f} pts {_ci(s['gain_ci'])}{excl} | "
+                     f"{_pct(s['after'])} {_ci(s['after_ci'])} | {100 * s['gain']:+.1f} pts {_ci(s['gain_ci'], True)}{excl} | "
                      f"{100 * s['min_detectable_gain']:.1f} pts | {s['wall_s'] / 60:.1f} min | "
                      f"{s['loadavg'][0]:.1f}-{s['loadavg'][1]:.1f} |")  # fmt: skip
     missing = [a for a in ALGORITHMS if a not in summ]
