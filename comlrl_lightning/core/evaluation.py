@@ -105,7 +105,7 @@ def pass_at_ks(solved: torch.Tensor, num_samples: int, ks: Sequence[int]) -> dic
 def wilson_interval(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson score interval (default 95%) of a mean ``p`` in [0, 1] over ``n`` problems.
 
-    Exact-coverage-ish for one 0/1 outcome per problem (greedy pass@1); for pass@k from several
+    Close to nominal coverage for one 0/1 outcome per problem (greedy pass@1); for pass@k from several
     samples per problem the per-problem values lie in [0, 1] with variance <= p(1 - p), so the
     interval is conservative (wider than needed). It varies only the problems, not the training run.
 
