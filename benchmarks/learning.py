@@ -563,7 +563,12 @@ if __name__ == "__main__":
             res = json.load(fh)
         res["learning"] = section(False, os.path.join(HERE, PNG), run=False)
         runs = recorded_runs(TASK)
-        res["learning"]["ran"] = {"date": max(r["date"] for r in runs), "wall_s": sum(r["wall_s"] for r in runs),
+        import datetime
+
+        ends = [datetime.datetime.strptime(r["date"], "%Y-%m-%d %H:%M") for r in runs]
+        first = min(e - datetime.timedelta(seconds=r["wall_s"]) for e, r in zip(ends, runs))
+        res["learning"]["ran"] = {"date": max(ends).strftime("%Y-%m-%d %H:%M"),  # elapsed: runs overlapped
+                                  "wall_s": (max(ends) - first).total_seconds(),
                                   "loadavg_start": min((r["loadavg_start"] for r in runs), key=lambda x: x[0]),
                                   "loadavg_end": max((r["loadavg_end"] for r in runs), key=lambda x: x[0])}  # fmt: skip
         with open(json_path, "w") as fh:
