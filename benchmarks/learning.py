@@ -437,10 +437,13 @@ QUICK = {**CONFIG, "batches": 2, "eval_every": 1, "k": 2}
 
 
 def _load_calibration() -> dict[str, Any]:
-    out = {}
+    out: dict[Any, Any] = {}
     for r in (1, 2):
         with open(os.path.join(HERE, f"learning_calibration_{r}.json")) as fh:
-            out[r] = {t: v["success"] for t, v in json.load(fh)["tasks"].items()}
+            tasks = json.load(fh)["tasks"]
+        out[r] = {t: v["success"] for t, v in tasks.items()}
+        if TASK in tasks:
+            out["untrained_texts"] = tasks[TASK]["examples"]
     return out
 
 
@@ -498,10 +501,13 @@ def render(res: dict[str, Any]) -> str:
                      f"{s['loadavg'][0]:.1f}-{s['loadavg'][1]:.1f} |")  # fmt: skip
     missing = [a for a in ALGORITHMS if a not in summ]
     n = next(iter(summ.values()))["n_problems"] if summ else NUM_HELD_OUT
-    cal = "; ".join(
-        f"round {r}: " + ", ".join(f"`{t}` {v:.2f}" for t, v in c.items())
-        for r, c in res["calibration"].items()
-    )
+    cal = "; ".join(f"round {r}: " + ", ".join(f"`{t}` {v:.2f}" for t, v in c.items())
+                    for r, c in res["calibration"].items() if str(r).isdigit())  # fmt: skip
+    shown = [("untrained", res["calibration"].get("untrained_texts"))]
+    shown += [(f"after {name.upper()} (seed {s['seeds'][-1]})", s["final_texts"]) for name, s in summ.items()]
+    examples = "\n".join(f"  - {who}: " + "; ".join(f"agent {i}: " + ", ".join(f"`{t.strip()}`" for t in texts[:3])
+                                                   for i, texts in enumerate(agents))
+                         for who, agents in shown if agents)  # fmt: skip
     figure = (
         f"![held-out success vs samples]({res['png']})"
         if "plot_error" not in res
@@ -519,6 +525,8 @@ def render(res: dict[str, Any]) -> str:
   only.", operands 2-9); the team solves a problem when *both* agents' last stated integer is right (exact match),
   at most {TASKS[res["task"]].get("max_new_tokens", MAX_NEW_TOKENS)} new tokens. Shared training reward: the fraction of agents right. The
   untrained team fails mostly by starting a sentence ("To solve this problem, we need to") or by a wrong product.
+- **Greedy held-out completions** (the first three held-out problems, per agent):
+{examples}
 - **Task rule, fixed before training**: {res["rule"]} Untrained greedy held-out success: {cal}.
 - **Held-out**: {n} problems (seed {HELD_OUT_SEED}), never trained on (training problems are drawn excluding them);
   success is greedy decoding of every held-out problem, measured before training and every {cfg["eval_every"]} batches.
