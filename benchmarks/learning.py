@@ -414,13 +414,17 @@ def run_missing(
 
 # --------------------------------------------------------------------------- statistics
 def bootstrap_means(per_seed: Sequence[Sequence[float]], reps: int = 10000, seed: int = 0) -> torch.Tensor:
-    """``[reps]`` hierarchical-bootstrap means: resample seeds with replacement, then problems with
-    replacement within each drawn seed (``per_seed``: one list of per-problem values per seed)."""
+    """``[reps]`` two-level bootstrap means over seeds and held-out problems (``per_seed``: one list
+    of per-problem values per seed, the same problems in the same order in every seed).
+
+    Each replicate draws the problems with replacement once and applies that draw to every seed
+    (the seeds score the *same* problems, so drawing them independently per seed would count each
+    problem once per seed and narrow the interval), and draws the seeds with replacement."""
     data = torch.as_tensor(per_seed, dtype=torch.float64)  # [S, E]
     s, e = data.shape
     gen = torch.Generator().manual_seed(seed)
     seeds = torch.randint(0, s, (reps, s, 1), generator=gen).expand(reps, s, e)
-    probs = torch.randint(0, e, (reps, s, e), generator=gen)
+    probs = torch.randint(0, e, (reps, 1, e), generator=gen).expand(reps, s, e)
     return data[seeds, probs].mean(dim=(1, 2))
 
 
@@ -619,9 +623,10 @@ def render(res: dict[str, Any]) -> str:
   agent per node too, critic baseline), temperature {cfg["temperature"]}, actor learning rate {cfg["learning_rate"]:g},
   critic learning rate {cfg["critic_learning_rate"]:g} (IAC: value heads on the agents' trunks; MAAC: a third SmolLM2 as
   the centralised critic), library defaults otherwise (`sequence_sum` loss, AdamW).
-- **Intervals**: 95% percentile intervals of a hierarchical bootstrap (10,000 resamples: seeds with replacement,
-  then held-out problems with replacement within each drawn seed); n = seeds × {n} problems. The greedy
-  "before" is the same untrained model in every seed, so its interval is problem sampling only. Smallest
+- **Intervals**: 95% percentile intervals of a two-level bootstrap (10,000 resamples: the {n} held-out problems
+  with replacement — one draw shared by all seeds, since every seed scores the same problems — and the seeds
+  with replacement); n = seeds × {n} problem outcomes, {n} distinct problems. The greedy "before" is the same
+  untrained model in every seed, so its interval is problem sampling only. Smallest
   detectable gain: 2.8 × the bootstrap standard error of the gain (two-sided 5% test, 80% power).
 - **Wall time and load**: all seeds of one algorithm together, on the shared 2-core machine (other developers'
   jobs ran alongside; the load range is the 1-minute average at the runs' starts and ends). One run = one

@@ -34,16 +34,15 @@ def test_exact_match_needs_every_agent_right_and_checks_the_stated_integer():
     assert split.values == [1.0, 0.0, 0.0]
 
 
-def test_hierarchical_bootstrap_interval_is_centred_and_as_wide_as_binomial_noise():
-    # 3 seeds x 200 problems of 0/1 outcomes, 30% each: the interval of the mean must contain 0.3 and have
-    # about the width of the binomial standard error sqrt(p(1-p)/n) (seeds alike: little seed variance)
-    per_seed = [[1.0 if (i * 7 + s) % 10 < 3 else 0.0 for i in range(200)] for s in range(3)]
-    lo, hi = L.hierarchical_bootstrap(per_seed, reps=4000)
-    se = math.sqrt(0.3 * 0.7 / 600)
+def test_bootstrap_counts_each_held_out_problem_once_however_many_seeds_score_it():
+    # 200 problems of 0/1 outcomes, 30% solved, scored identically by 3 seeds: the interval of the mean must
+    # have the width of 200 problems' binomial noise, sqrt(p(1-p)/200), not of 600 independent ones
+    problems = [1.0 if (i * 7) % 10 < 3 else 0.0 for i in range(200)]
+    lo, hi = L.hierarchical_bootstrap([problems] * 3, reps=4000)
     assert lo < 0.3 < hi
-    assert (hi - lo) == pytest.approx(2 * 1.96 * se, rel=0.25)
+    assert (hi - lo) == pytest.approx(2 * 1.96 * math.sqrt(0.3 * 0.7 / 200), rel=0.15)
     assert L.hierarchical_bootstrap([[0.5] * 10] * 3, reps=100) == (0.5, 0.5)  # no variation: no width
-    # seeds that disagree widen it beyond the within-seed noise
+    # seeds that disagree widen it beyond the problems' noise
     lo2, hi2 = L.hierarchical_bootstrap([[0.0] * 200, [0.3] * 200, [0.6] * 200], reps=4000)
     assert hi2 - lo2 > 0.3
 
