@@ -616,6 +616,9 @@ def render(res: dict[str, Any]) -> str:
   untrained team fails mostly by starting a sentence ("To solve this problem, we need to") or by a wrong product.
 - **Greedy held-out completions** (the first three held-out problems, per agent):
 {examples}
+- **What the gain is**: untrained, agent 1 mostly starts "To solve this problem, we need to" and runs out of
+  tokens; trained agents state "a × b = c" at once, and some wrong products become right (7 × 3: 18 -> 21 above).
+  The benchmark does not separate the format from the arithmetic: both count as exact answers within the tokens.
 - **Task rule, fixed before training**: {res["rule"]} Untrained greedy held-out success: {cal}.
 - **Held-out**: {n} problems (seed {HELD_OUT_SEED}), never trained on (training problems are drawn excluding them);
   success is greedy decoding of every held-out problem, measured before training and every {cfg["eval_every"]} batches.
