@@ -617,7 +617,7 @@ def render(res: dict[str, Any]) -> str:
 - **Greedy held-out completions** (the first three held-out problems, per agent):
 {examples}
 - **What the gain is**: untrained, agent 1 mostly starts "To solve this problem, we need to" and runs out of
-  tokens; trained agents state "a × b = c" at once, and some wrong products become right (7 × 3: 18 -> 21 above).
+  tokens; trained agents state "a × b = c" at once, and some wrong products become right (untrained: 7 × 3 = 18).
   The benchmark does not separate the format from the arithmetic: both count as exact answers within the tokens.
 - **Task rule, fixed before training**: {res["rule"]} Untrained greedy held-out success: {cal}.
 - **Held-out**: {n} problems (seed {HELD_OUT_SEED}), never trained on (training problems are drawn excluding them);
