@@ -638,8 +638,9 @@ def render(res: dict[str, Any]) -> str:
   cost ~1.3 min a batch at load 6-7 (stopped after 6 batches, unmeasured); 12 batches of 2 problems at learning rate
   5e-5, temperature 1.0 dropped MAGRPO seed 0's held-out success 0.42 -> 0.12 after 4 batches (stopped). Both are
   left out of the table; the recorded runs all use the configuration above.
-- **How the recorded runs ran**: MAGRPO's seeds in one process and IAC's in another, at the same time, one torch
-  thread each (`OMP_NUM_THREADS=1`); `make learn` runs them one after another in one process.
+- **How the recorded runs ran**: two runs at a time in separate processes, one torch thread each
+  (`OMP_NUM_THREADS=1`): MAGRPO's seeds alongside IAC's, then MAAC's seeds 0 and 1 together and seed 2 after
+  seed 0; `make learn` runs them one after another in one process.
 - **CI**: not run there (one run is ~15 min at load ~10); `tests/test_learning_bench.py` checks the pieces
   (held-out split, exact-match reward, bootstrap, table).
 - **Not in this table**: MADPO, MARLHF and centralized MAGRPO have not landed; the coordinator
