@@ -634,7 +634,7 @@ def render(res: dict[str, Any]) -> str:
 - **Wall time and load**: all seeds of one algorithm together, on the shared 2-core machine (other developers'
   jobs ran alongside; the load range is the 1-minute average at the runs' starts and ends). One run = one
   held-out evaluation before training, {cfg["batches"]} training batches and {cfg["batches"] // cfg["eval_every"]} evaluations.
-- **Settings tried before these runs** (the task was already fixed): 24 batches of 4 problems at temperature 1.0
+- **Settings tried before these runs** (the task was already fixed): 24 batches of 4 problems at learning rate 2e-5, temperature 1.0
   cost ~1.3 min a batch at load 6-7 (stopped after 6 batches, unmeasured); 12 batches of 2 problems at learning rate
   5e-5, temperature 1.0 dropped MAGRPO seed 0's held-out success 0.42 -> 0.12 after 4 batches (stopped). Both are
   left out of the table; the recorded runs all use the configuration above.
