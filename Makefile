@@ -9,7 +9,7 @@ CONFIG ?= configs/humaneval_smollm2.yaml
 # an experiment combines the shared blocks it names in its header with its own file
 BLOCKS = $(shell sed -n 's/^\#.*comlrl-lightning fit \(.*\) --config [^ ]*$$/\1/p' $(1))
 
-.PHONY: setup run toy coordinate lint test test-fast bench gpu-assets gpu-check clean
+.PHONY: setup run toy coordinate lint test test-fast bench learn gpu-assets gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -44,6 +44,10 @@ test-fast: setup lint
 bench: setup
 	$(PIP) install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/run.py
+
+learn: setup  ## held-out success before/after training, MAGRPO/IAC/MAAC x 3 seeds (benchmarks/learning.py; ~2-2.5 h on 2 shared cores)
+	$(PIP) install -q -r benchmarks/requirements.txt
+	$(PY) benchmarks/run.py --only learning --write
 
 # The GPU check (placement, learning and speed on one GPU) runs on a machine with its own torch/transformers/lightning and no network, so it
 # does not use the venv: `make gpu-assets` here fills the ignored .gpu/ (wheels, the SmolLM2 GGUF in two

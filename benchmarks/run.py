@@ -9,7 +9,9 @@ GRPOTrainer + the floor, N=1), ``memory`` (peak RSS and parameter bytes, separat
 in child processes), ``scaling`` (N = 1, 2, 4 and K = 2, 4, 8, with the floor), ``smollm2`` (one
 SmolLM2-135M row with the floor), ``credit`` (credit-assignment modes on a three-agent task, several
 seeds; ``benchmarks/credit.py``), ``main_job`` (the main job's training batches without and with
-``stop_after_code_block``, back to back; ``benchmarks/main_job.py``, ~10 min). ``--only X --write`` replaces section X in ``results.json`` and
+``stop_after_code_block``, back to back; ``benchmarks/main_job.py``, ~10 min), ``learning`` (held-out
+success of two SmolLM2 agents before and after MAGRPO/IAC/MAAC, several seeds; ``benchmarks/learning.py``,
+``make learn``; resumes from ``benchmarks/learning_runs.jsonl``). ``--only X --write`` replaces section X in ``results.json`` and
 regenerates RESULTS.md from every recorded section. Within a section every system trains on the same batch in turn
 (A B A B ...), from the same initial weights, in this one process; numbers are medians after two
 warm-up steps, ratios come from the same run.
@@ -49,7 +51,7 @@ from bench_lib import (  # noqa: E402
 
 from comlrl_lightning.core.generation import has_chat_template, render_prompt  # noqa: E402
 
-SECTIONS = ("vs_comlrl", "vs_trl", "memory", "scaling", "smollm2", "credit", "main_job")
+SECTIONS = ("vs_comlrl", "vs_trl", "memory", "scaling", "smollm2", "credit", "main_job", "learning")
 
 
 def _r(x: float, nd: int = 3) -> str:
@@ -250,7 +252,7 @@ def smollm2(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
-COMLRL_PNG, CREDIT_PNG = "vs_comlrl_reward.png", "credit_reward.png"
+COMLRL_PNG, CREDIT_PNG, LEARNING_PNG = "vs_comlrl_reward.png", "credit_reward.png", "learning_curves.png"
 
 
 def _plot_vs_comlrl(res: dict[str, Any]) -> None:
@@ -262,12 +264,14 @@ def _plot_vs_comlrl(res: dict[str, Any]) -> None:
 
 
 PLOTS = {"vs_comlrl": _plot_vs_comlrl,
-         "credit": lambda res: __import__("credit").plot_section(res, os.path.join(HERE, CREDIT_PNG))}  # fmt: skip
+         "credit": lambda res: __import__("credit").plot_section(res, os.path.join(HERE, CREDIT_PNG)),
+         "learning": lambda res: __import__("learning").plot_section(res, os.path.join(HERE, LEARNING_PNG))}  # fmt: skip
 """Drawn after the sections' numbers are written (a plot that fails loses no number)."""
 
 RUNNERS = {"vs_comlrl": vs_comlrl, "vs_trl": vs_trl, "memory": memory, "scaling": scaling, "smollm2": smollm2,
            "credit": lambda quick, base=None: __import__("credit").section(quick),
-           "main_job": lambda quick, base=None: __import__("main_job").section(quick)}  # fmt: skip
+           "main_job": lambda quick, base=None: __import__("main_job").section(quick),
+           "learning": lambda quick, base=None: __import__("learning").section(quick)}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- report
@@ -441,6 +445,8 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
 """
     if "main_job" in res:
         extra_sections += f"\n## The main job: stopping at the code block\n\n{__import__('main_job').render(res['main_job'])}\n"
+    if "learning" in res:
+        extra_sections += f"\n## Learning you can see: held-out success of a pretrained team\n\n{__import__('learning').render(res['learning'])}\n"
     comlrl_plot = (
         f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n"
         if "reward_curves" in res.get("vs_comlrl", {})

@@ -85,7 +85,25 @@ def test_validate_before_fit_logs_validation_at_step_zero(tmp_path, capsys):
     acc.Reload()
     steps = [e.step for e in acc.Scalars("val/reward")]
     assert steps[0] == 0 and len(steps) >= 2
-    assert "TensorBoard logs:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "TensorBoard logs:" in out
+    # every reward term's start -> end is printed, and it is the logged first and last value
+    terms = sorted(t for t in acc.Tags()["scalars"] if t.startswith("val/rewards/"))
+    assert terms
+    for t in terms:
+        first, last = acc.Scalars(t)[0].value, acc.Scalars(t)[-1].value
+        assert f"  {t}: {first:.3f} -> {last:.3f} ({last - first:+.3f}, {len(steps)} points)" in out
+
+
+def test_summary_line_gives_pass_at_k_a_wilson_interval_over_the_problems():
+    from comlrl_lightning.cli import summary_line
+    from comlrl_lightning.core.evaluation import wilson_interval
+
+    line = summary_line("val/pass@2", [0.0, 0.25], 40)
+    lo, hi = wilson_interval(0.25, 40)
+    assert line.startswith("val/pass@2: 0.000 -> 0.250 (+0.250, 2 points)")
+    assert f"over 40 problems: [0.000, {wilson_interval(0.0, 40)[1]:.3f}] -> [{lo:.3f}, {hi:.3f}]" in line
+    assert "interval" not in summary_line("val/reward", [0.5, 0.75], 40)
 
 
 def test_saved_config_keeps_template_formatters_verbatim(tmp_path):

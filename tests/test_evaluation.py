@@ -121,3 +121,18 @@ def test_multi_turn_validation_also_reports_pass_at_k_after_revision():
     final = {e: max(SOLVED_AT_0[e], SOLVED_AT_1[e]) for e in range(3)}
     assert logged["val/final/pass@1"] == pytest.approx(sum(c / N for c in final.values()) / 3)
     assert logged["val/final/pass@4"] == pytest.approx(sum(exact(N, c, 4) for c in final.values()) / 3)
+
+
+def test_wilson_interval_endpoints_solve_the_score_equation_and_match_known_values():
+    from comlrl_lightning.core.evaluation import wilson_interval
+
+    z = 1.96
+    for p, n in ((0.042, 12), (0.3, 50), (0.5, 100), (0.9, 20)):
+        lo, hi = wilson_interval(p, n)
+        assert lo < p < hi
+        for end in (lo, hi):  # the Wilson endpoints are the roots of (p - e)^2 = z^2 e (1 - e) / n
+            assert (p - end) ** 2 == pytest.approx(z * z * end * (1 - end) / n, rel=1e-9)
+    assert wilson_interval(0.0, 12) == (0.0, pytest.approx(0.2425, abs=1e-4))  # textbook 0/12
+    assert wilson_interval(0.5, 100) == (pytest.approx(0.4038, abs=1e-4), pytest.approx(0.5962, abs=1e-4))
+    with pytest.raises(ValueError, match="n=0"):
+        wilson_interval(0.5, 0)

@@ -102,6 +102,23 @@ def pass_at_ks(solved: torch.Tensor, num_samples: int, ks: Sequence[int]) -> dic
     return {k: pass_at_k(num_samples, correct, k) for k in ks}
 
 
+def wilson_interval(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval (default 95%) of a mean ``p`` in [0, 1] over ``n`` problems.
+
+    Close to nominal coverage for one 0/1 outcome per problem (greedy pass@1); for pass@k from several
+    samples per problem the per-problem values lie in [0, 1] with variance <= p(1 - p), so the
+    interval is conservative (wider than needed). It varies only the problems, not the training run.
+
+    Raises:
+        ValueError: ``n < 1`` or ``p`` outside [0, 1].
+    """
+    if n < 1 or not 0.0 <= p <= 1.0:
+        raise ValueError(f"wilson_interval: got p={p}, n={n}; need p in [0, 1] and n >= 1")
+    centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    scale = 1 + z * z / n
+    return max(0.0, (centre - half) / scale), min(1.0, (centre + half) / scale)
+
+
 class Metric(NamedTuple):
     """One validation scalar: its name, value (``[]``), weight in the epoch mean and whether the
     progress bar shows it."""
