@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from comlrl_lightning.sandbox import plain
-from comlrl_lightning.sandbox.api import SandboxConfig, SandboxResult, _end_result, _result
 from comlrl_lightning.sandbox.launch import SandboxError, launch
+from comlrl_lightning.sandbox.results import SandboxConfig, SandboxResult, end_result, record_result
 
 
 @dataclass
@@ -84,7 +84,7 @@ def run_calls(
         "probe": probe,
     }
     raw = launch(fields, cfg)
-    end = _end_result(raw, cfg)
+    end = end_result(raw, cfg)
     outputs: list[dict | None] = [None] * len(calls)
     seen: list[list[str] | None] = [None] * len(calls)
     direct: list[dict | None] = [None] * len(calls)
@@ -104,7 +104,7 @@ def run_calls(
         ):
             iso.append(rec["items"])
         if rec.get("k") == "program" and program_res is None:
-            program_res = _result(rec, cfg.max_message_chars)
+            program_res = record_result(rec, cfg.max_message_chars)
         v, i = rec.get("v"), rec.get("i")
         if v == 0 and type(i) is int and 0 <= i < len(calls) and outputs[i] is None:
             outputs[i] = _output(rec)
@@ -153,13 +153,14 @@ def run_record(
     raw = launch(fields, cfg)
     recs = [r for r in map(_json_line, raw.res["records"]) if isinstance(r, dict)]
     program_res = next(
-        (_result(r, cfg.max_message_chars) for r in recs if r.get("k") == "program"), _end_result(raw, cfg)
+        (record_result(r, cfg.max_message_chars) for r in recs if r.get("k") == "program"),
+        end_result(raw, cfg),
     )
     tests_out = [r for r in recs if r.get("k") == "test"]
     if program_res.passed and len(tests_out) != len(tests):
         raise SandboxError(
             f"recording {entry_point}: {len(tests_out)} of {len(tests)} tests reported "
-            f"({_end_result(raw, cfg).message}); stderr: {raw.stderr[-500:]}"
+            f"({end_result(raw, cfg).message}); stderr: {raw.stderr[-500:]}"
         )
     return program_res, tests_out
 

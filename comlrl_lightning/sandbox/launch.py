@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from comlrl_lightning.sandbox import isolation
 
 if TYPE_CHECKING:
-    from comlrl_lightning.sandbox.api import SandboxConfig
+    from comlrl_lightning.sandbox.results import SandboxConfig
 
 log = logging.getLogger(__name__)
 _RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
