@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +43,7 @@ from comlrl_lightning.tasks.coding.code_text import (  # noqa: F401 - ERROR_REAS
     parse_code,
     prompt_preamble,
     strip_fences,
+    textual_return,
     without_definitions_of,
 )
 from comlrl_lightning.tasks.coding.data import (  # noqa: F401 - re-exported (public names of this module)
@@ -57,6 +57,7 @@ from comlrl_lightning.tasks.coding.data import (  # noqa: F401 - re-exported (pu
 )
 from comlrl_lightning.tasks.coding.judge import Judge
 from comlrl_lightning.tasks.coding.prompts import HelperPrompt, MainPrompt, SinglePrompt  # noqa: F401
+from comlrl_lightning.tasks.coding.standin import STAND_INS, is_wrapper, stand_in_programs
 from comlrl_lightning.tasks.coding.verdict import evaluate
 
 AUX = "aux"
@@ -85,6 +86,7 @@ class _Plan:
     calls_aux: bool = False
     trivial: bool = True
     redefined: bool = False
+    stand_ins: dict[str, str] | None = None  # run programs by kind (standin.py); "real" is `program`
     error: str | None = None
 
 
@@ -142,7 +144,6 @@ class _CodeRewardBase:
                     self.config,
                     main=plans[i].main,
                     protected=plans[i].protected,
-                    probe=AUX if plans[i].calls_aux else "",
                 )
                 for i in todo
             ]
@@ -152,34 +153,34 @@ class _CodeRewardBase:
                 self._reports.popitem(last=False)
         return [None if k is None else self._reports[k] for k in keys]
 
-    def _score(self, plans: list[_Plan], rows: list[dict[str, Any]]) -> RewardResult:
+    def _score(self, plans: list[_Plan], rows: list[dict[str, Any]], turn: int = 0) -> RewardResult:
         reports = self._evaluate(plans, rows)
-        levels = [self._finish(p, rep) for p, rep in zip(plans, reports)]
+        levels = [self._finish(p, rep, turn) for p, rep in zip(plans, reports)]
         attribute = [
             i
             for i, (p, rep) in enumerate(zip(plans, reports))
-            if p.calls_aux and rep is not None and rep.num_passed > 0
+            if p.calls_aux and p.stand_ins and rep is not None and rep.num_passed > 0
         ]
-        if attribute:  # which passing tests fail without the helper: fresh runs, indistinguishable jobs
-            variants = [
+        if attribute:  # the counterfactual: fresh runs with the helper's values replaced (standin.py)
+            flat = self._evaluate(  # every stand-in run of the call at once (one thread pool)
                 [
-                    dataclasses.replace(
-                        plans[i], program=guarded(_with_stub, plans[i], body)[0] or plans[i].program
-                    )
+                    dataclasses.replace(plans[i], program=plans[i].stand_ins[kind])
+                    for kind in STAND_INS
                     for i in attribute
-                ]
-                for body in STUB_BODIES
-            ]
-            stubbed = [self._evaluate(v, [rows[i] for i in attribute]) for v in variants]
+                ],
+                [rows[i] for _ in STAND_INS for i in attribute],
+            )
+            n = len(attribute)
+            runs = [flat[s * n : (s + 1) * n] for s in range(len(STAND_INS))]
             for k, i in enumerate(attribute):
-                needed = [
-                    t.passed and not any(runs[k].tests[j].passed for runs in stubbed)
-                    for j, t in enumerate(reports[i].tests)
-                ]
-                if any(needed) and getattr(reports[i], "helper_varies", False):  # aux input-dependent
+                real, pert, first = reports[i], runs[0][k], runs[1][k]
+                passed = [j for j, t in enumerate(real.tests) if t.passed]
+                needed = pert is not None and any(not pert.tests[j].passed for j in passed)
+                varies = first is not None and any(not first.tests[j].passed for j in passed)
+                if needed and varies:
                     levels[i]["coop_calls_aux"] = 0.5
-                    mirrors = getattr(reports[i], "helper_mirrors", False)
-                    levels[i]["coop_nontrivial"] = 0.0 if plans[i].trivial or mirrors else 0.5
+                    wrapper = plans[i].trivial or is_wrapper(real.outputs, pert.outputs)
+                    levels[i]["coop_nontrivial"] = 0.0 if wrapper else 0.5
         metrics = {k: [c[k] for c in levels] for k in self.LEVELS}
         metrics[PASS_AT_1] = [float(r is not None and r.all_passed) for r in reports]
         for name, idx in (("tests_visible_passed", True), ("tests_hidden_passed", False)):
@@ -196,10 +197,18 @@ class _CodeRewardBase:
         metrics["main_redefined_protected"] = [float(p.redefined) for p in plans]
         return RewardResult([sum(c.values()) for c in levels], metrics)
 
-    def _finish(self, plan: _Plan, report: TestReport | None) -> dict[str, float]:
+    def _finish(self, plan: _Plan, report: TestReport | None, turn: int = 0) -> dict[str, float]:
+        """The levels of one plan; the test term is ``TEST_WEIGHT`` times the fraction passed of all
+        tests at turn 0 and of the *hidden* tests only on revisions (turn >= 1: the visible ones
+        were quoted in feedback, so answering them pays nothing; no hidden test, no test term)."""
         c = dict(plan.components)
         if report is not None and "tests" in c:
-            c["tests"] = self.TEST_WEIGHT * report.fraction_passed
+            if turn < 1:
+                c["tests"] = self.TEST_WEIGHT * report.fraction_passed
+            else:
+                shown = set(visible_tests(report.num_tests))
+                hidden = [t.passed for j, t in enumerate(report.tests) if j not in shown]
+                c["tests"] = self.TEST_WEIGHT * sum(hidden) / len(hidden) if hidden else 0.0
         return c
 
     TEST_WEIGHT = 1.5
@@ -214,26 +223,6 @@ class _CodeRewardBase:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_executor": None, "_judge": None, "_reports": OrderedDict()}
-
-
-STUB_BODIES = ("raise RuntimeError('aux is unavailable')", "return None")
-"""Attribution: the helper's body replaced (signature kept) by one that raises, and one returning ``None``."""
-
-
-def _with_stub(plan: _Plan, body: str) -> str:
-    """The plan's program with ``aux``'s body replaced by ``body``: the job then looks like any other run
-    (nothing in the sandboxed process says it is an attribution run)."""
-    tree, fn = parse_code(plan.helper), find_function(plan.helper, AUX)
-    if tree is None or fn is None:  # no helper `aux` to stub: the run is the real one (no bonus)
-        return plan.program
-    for node in tree.body:
-        if (
-            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.name == AUX
-            and (node.lineno, node.col_offset) == (fn.lineno, fn.col_offset)
-        ):
-            node.body = ast.parse(body).body
-    return "\n\n".join(p for p in (plan.preamble, ast.unparse(tree)) if p.strip()) + "\n"
 
 
 def _check_agents(
@@ -297,7 +286,7 @@ class CooperativeCodeReward(_CodeRewardBase):
     ) -> RewardResult:
         _check_agents(joint_actions, episodes, 2, self.name)
         rows = [ep.data for ep in episodes]
-        return self._score([self.plan(ja, row) for ja, row in zip(joint_actions, rows)], rows)
+        return self._score([self.plan(ja, row) for ja, row in zip(joint_actions, rows)], rows, turn)
 
     def program_for(self, joint_action: Sequence[str], row: dict[str, Any]) -> str | None:
         """The whole program a joint action makes (``None`` if it does not get as far as compiling)."""
@@ -324,7 +313,7 @@ class CooperativeCodeReward(_CodeRewardBase):
             isinstance(n, ast.Return) and n.value is not None for n in ast.walk(fn)
         )
         if fn is None and parse_code(aux) is None:  # unparseable helper: textual check
-            has_return = bool(re.search(r"^def\s+aux\s*\([^\n]*\n(.*\n)*?\s+return\b", aux + "\n", re.M))
+            has_return = textual_return(aux, AUX)
         st.components["aux_defined"] = 0.4 if has_return else 0.0
         if not defines(main, entry):
             return self._filled(st)
@@ -339,7 +328,9 @@ class CooperativeCodeReward(_CodeRewardBase):
         if not compiles(program + "\n\n" + main + "\n"):
             return self._filled(st)
         st.components["syntax"] = 0.5
-        st.program, st.main, st.protected = program, main, tuple(sorted(protected))
+        st.stand_ins = stand_in_programs(preamble, aux, AUX)
+        st.program = program if st.stand_ins is None else st.stand_ins["real"]
+        st.main, st.protected = main, tuple(sorted(protected))
         st.preamble, st.helper = preamble, aux
         main_fn = find_function(main, entry)
         if main_fn is not None:

@@ -1,0 +1,140 @@
+"""The cooperation bonus's counterfactual: the helper's values replaced by a trusted stand-in.
+
+Whether the entry point *needs* the helper is decided from separate fresh sandbox runs of the
+same program, judged by the trusted judge from plain outputs only (nothing the candidate's
+process says about itself counts):
+
+- ``real``: the program as written;
+- ``perturbed``: every value ``aux`` returns is replaced by :func:`perturbed` of it (same type,
+  another value: ``not`` a bool, ``+1`` an int, one more character on a str, the last item of a
+  list/tuple/dict perturbed, ``None`` stays ``None``), so an ``is None`` / type check or a
+  truthiness gate on an int cannot tell it from the real helper;
+- ``first``: every value ``aux`` returns is replaced by (a fresh copy of) the first value it
+  returned in the run, so a helper whose output does not vary (a constant used as a gate) behaves
+  exactly as in the real run.
+
+All three runs load the same helper code: its own ``return E`` statements become
+``return _aux_value(E)`` in each of them, and only the body of the top-level ``_aux_value``
+differs (identity in the real run). A test *needs* the helper when it passes in the real run and
+fails in both stand-in runs. The entry point is a *wrapper* of the helper when every call whose
+output changed under ``perturbed`` changed to exactly :func:`perturbed` of its real output (the
+wrapper's output is the helper's output). Limits (a main that reads the stand-in's code, or a
+helper/main pair pre-arranged to check each other's exact values): ``docs/attacks.md``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Sequence
+
+from comlrl_lightning.tasks.coding.code_text import parse_code
+
+_PERTURBED = """
+def {name}(v):
+    t = type(v)
+    if t is bool:
+        return not v
+    if t is int:
+        return v + 1
+    if t is float:
+        return v + 1.0 + abs(v) if abs(v) < 1e300 else 0.5
+    if t is str:
+        return v + "0"
+    if (t is list or t is tuple) and v:
+        return v[:-1] + t([{name}(v[-1])])
+    if t is dict and v:
+        out = dict(v)
+        last = list(out)[-1]
+        out[last] = {name}(out[last])
+        return out
+    return v
+"""
+_FIRST = """
+def {name}(v):
+    box = {name}.__dict__.setdefault("first", [])
+    if not box:
+        box.append(v)
+    try:
+        return __import__("copy").deepcopy(box[0])
+    except Exception:
+        return box[0]
+"""
+_IDENTITY = """
+def {name}(v):
+    return v
+"""
+BODIES = {"real": _IDENTITY, "perturbed": _PERTURBED, "first": _FIRST}
+"""The stand-in kinds and the source of their ``_aux_value``."""
+STAND_INS = ("perturbed", "first")
+"""The kinds a needed test must fail under."""
+
+_ns: dict = {}
+exec(compile(_PERTURBED.format(name="perturbed"), "<perturbed>", "exec"), _ns)  # the very code the run uses
+perturbed = _ns["perturbed"]
+perturbed.__doc__ = "The ``perturbed`` stand-in's value for a helper output ``v`` (same type, another value)."
+
+
+class _Returns(ast.NodeTransformer):
+    """``return E`` -> ``return name(E)`` in one function's own scope (not in nested scopes)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def visit_FunctionDef(self, node: ast.AST) -> ast.AST:
+        return node  # a nested scope: its returns are not the helper's
+
+    visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = visit_FunctionDef
+
+    def visit_Return(self, node: ast.Return) -> ast.Return:
+        if node.value is not None:
+            node.value = ast.Call(ast.Name(self.name, ast.Load()), [node.value], [])
+        return node
+
+
+def _fresh_name(source: str) -> str:
+    name = "_aux_value"
+    while name in source:
+        name += "_"
+    return name
+
+
+def stand_in_programs(preamble: str, helper: str, aux: str = "aux") -> dict[str, str] | None:
+    """The run programs (``preamble + helper``) of every kind in :data:`BODIES`, keyed by kind;
+    ``None`` when the helper has no top-level ``def aux`` to rewrite (no bonus then)."""
+    tree = parse_code(helper)
+    if tree is None:
+        return None
+    target = [
+        n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == aux
+    ]
+    if not target:
+        return None
+    name = _fresh_name(preamble + "\n" + helper)
+    fn = target[-1]
+    fn.body = [_Returns(name).visit(s) for s in fn.body]
+    ast.fix_missing_locations(tree)
+    helper_src = ast.unparse(tree)
+    out = {}
+    for kind, body in BODIES.items():
+        parts = (preamble, body.format(name=name).strip("\n"), helper_src)
+        out[kind] = "\n\n".join(p for p in parts if p.strip()) + "\n"
+    return out
+
+
+def _key(value: object) -> str:
+    from comlrl_lightning.sandbox import plain
+
+    return json.dumps(plain.encode(value), sort_keys=True)
+
+
+def is_wrapper(real: Sequence[dict | None], pert: Sequence[dict | None]) -> bool:
+    """Whether every call whose plain output changed between the ``real`` and the ``perturbed`` run
+    changed to :func:`perturbed` of the real output (and at least one did): the entry point
+    returns what the helper returned."""
+    changed = [
+        (a["o"], b["o"])
+        for a, b in zip(real, pert)
+        if a is not None and b is not None and "o" in a and "o" in b and _key(a["o"]) != _key(b["o"])
+    ]
+    return bool(changed) and all(_key(perturbed(a)) == _key(b) for a, b in changed)
