@@ -53,9 +53,20 @@ DENIED_SYSCALLS = (
     "bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load", "init_module", "finit_module",
     "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl", "open_by_handle_at",
     "name_to_handle_at", "syslog", "iopl", "ioperm",
+    "inotify_init", "inotify_init1", "fanotify_init", "epoll_create", "epoll_create1",
 )  # fmt: skip
 CLONE_NEW_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x80)
 """CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME."""
+
+
+DEVICES = ("null", "zero", "full", "random", "urandom")
+"""The host device nodes bound into the sandbox's private ``/dev`` (a small read-only tmpfs)."""
+DEV_LINKS = (
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+)
 
 
 def bwrap_binary() -> str | None:
@@ -69,8 +80,9 @@ def bwrap_binary() -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def seccomp_filter() -> str | None:
-    """Path of the compiled BPF filter (see the module docstring); ``None`` without libseccomp."""
+def seccomp_filter() -> bytes | None:
+    """The compiled BPF filter (see the module docstring), kept in memory (each run writes it into
+    its own control folder, removed with it); ``None`` without libseccomp."""
     try:
         import pyseccomp as sc
 
@@ -88,10 +100,14 @@ def seccomp_filter() -> str | None:
         filt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # its flags are behind a pointer
     except Exception:  # noqa: BLE001
         pass
-    path = os.path.join(tempfile.mkdtemp(prefix="comlrl_seccomp_"), "filter.bpf")
-    with open(path, "wb") as f:
-        filt.export_bpf(f)
-    return path
+    fd, path = tempfile.mkstemp(prefix="comlrl_seccomp_")
+    try:
+        with os.fdopen(fd, "w+b") as f:
+            filt.export_bpf(f)
+            f.seek(0)
+            return f.read()
+    finally:
+        os.unlink(path)
 
 
 @functools.lru_cache(maxsize=1)
@@ -200,8 +216,16 @@ def _bwrap_spec(scratch_mb: int) -> dict | None:
         "--ro-bind",
         "{view}/harness/plain.py",
         "/sandbox/plain.py",
-        "--dev",
+        "--size",
+        str(1 << 16),
+        "--tmpfs",
         "/dev",
+    ]
+    for dev in DEVICES:  # no ptmx/pts (ptys count against a kernel-wide limit), no shm, no tty
+        argv += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
+    for name, target in DEV_LINKS:
+        argv += ["--symlink", target, f"/dev/{name}"]
+    argv += [
         "--proc",
         "/proc",
         "--size",
