@@ -250,8 +250,8 @@ def test_cooperation_bonus_needs_a_helper_that_really_contributes(coop, rows):
                 "    for i, a in enumerate(numbers):\n        for j, b in enumerate(numbers):\n"
                 "            if i != j and aux(a, b, threshold):\n                return True\n    return False\n"
             ),
-            4.0,
-        ),
+            3.5,  # a bool output: the wrapper test cannot tell (docs/attacks.md); 4.0 on a float in
+        ),  # tests/test_adversarial_coop.py::test_genuine_cooperation_earns_the_bonus
     }
     eps = [Episode(0, rows[0]) for _ in mains]
     res = coop([[a, m] for a, m, _ in mains.values()], eps, 0)

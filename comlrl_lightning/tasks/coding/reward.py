@@ -9,9 +9,11 @@ entry-point function, which may call ``aux``; both agents get one level-gated sh
 Every level past the static ones is earned from what ran, judged outside the process that ran
 it (:mod:`comlrl_lightning.tasks.coding.judge`): the candidate's program is called on the inputs
 the problem's tests use and returns plain outputs; the trusted judge replays the tests on them.
-The cooperation bonus needs tests that pass with the helper and fail when ``aux`` is replaced by
-a stub (one that raises, one that returns ``None``) and a helper whose outputs vary, so a dead or
-decorative call, or a constant helper used as a gate, earns nothing (limits: docs/attacks.md). The main agent's code cannot replace names the prompt or the helper define (its
+The cooperation bonus is decided counterfactually, from fresh runs of the same program with the
+helper's values replaced by a trusted stand-in (:mod:`comlrl_lightning.tasks.coding.standin`),
+judged like the real run from plain outputs only, so a dead or decorative call, a gate on the
+helper's type or ``None``-ness, a constant helper used as a gate, or anything the candidate's process
+says about its helper, earns nothing (limits: docs/attacks.md). The main agent's code cannot replace names the prompt or the helper define (its
 top-level definitions of them are dropped, and they are restored after it loads). Parsing,
 cleaning and static checks never raise: a pathological completion (deep nesting, 100k
 characters, NUL bytes, invalid UTF-8, huge literals) scores the static levels it reached and
@@ -159,7 +161,7 @@ class _CodeRewardBase:
         attribute = [
             i
             for i, (p, rep) in enumerate(zip(plans, reports))
-            if p.calls_aux and p.stand_ins and rep is not None and rep.num_passed > 0
+            if p.calls_aux and p.stand_ins and rep is not None and rep.all_passed
         ]
         if attribute:  # the counterfactual: fresh runs with the helper's values replaced (standin.py)
             flat = self._evaluate(  # every stand-in run of the call at once (one thread pool)
@@ -173,10 +175,9 @@ class _CodeRewardBase:
             n = len(attribute)
             runs = [flat[s * n : (s + 1) * n] for s in range(len(STAND_INS))]
             for k, i in enumerate(attribute):
-                real, pert, first = reports[i], runs[0][k], runs[1][k]
-                passed = [j for j, t in enumerate(real.tests) if t.passed]
-                needed = pert is not None and any(not pert.tests[j].passed for j in passed)
-                varies = first is not None and any(not first.tests[j].passed for j in passed)
+                real, pert, first = reports[i], runs[0][k], runs[1][k]  # every test passed in `real`
+                needed = pert is not None and not pert.all_passed
+                varies = first is not None and not first.all_passed
                 if needed and varies:
                     levels[i]["coop_calls_aux"] = 0.5
                     wrapper = plans[i].trivial or is_wrapper(real.outputs, pert.outputs)
@@ -247,15 +248,17 @@ class CooperativeCodeReward(_CodeRewardBase):
        ``+0.6`` if ``main`` defines the entry point, else stop.
     2. syntax: ``+0.5`` if ``preamble + aux + main`` compiles (no code is run), else stop.
     3. tests: ``+1.5 * fraction`` of the problem's tests passed, as judged by the trusted judge
-       (visible and hidden tests alike; both counts are logged).
-    4. cooperation: ``+0.5`` if the entry point calls ``aux`` and at least one test passes with the
-       helper but fails when ``aux`` is replaced by a stub that raises and by one that returns
-       ``None``, and ``aux`` is input-dependent (its outputs in the entry point's calls, recorded
-       in the same run, are not all equal: a constant helper used as a gate earns nothing);
-       ``+0.5`` more if the entry point is not a trivial wrapper: neither a sole
-       ``return aux(...)`` nor, by behaviour, a function whose output equals ``aux``'s own output
-       (``aux`` called alone on the same arguments, in the same sandbox run) on every recorded
-       input where both return.
+       (visible and hidden tests alike at turn 0; on revisions, turn >= 1, the hidden tests only,
+       since the visible ones were quoted in feedback; both counts are logged).
+    4. cooperation (only when every test passed and the entry point calls ``aux``; two more
+       sandbox runs, see :mod:`~comlrl_lightning.tasks.coding.standin`): ``+0.5`` if some test
+       fails when every value ``aux`` returns is *perturbed* (same type, another value: a type
+       or ``None`` check cannot tell) and some test fails when every value is frozen to the
+       *first* one it returned (so a constant helper used as a gate earns nothing); ``+0.5``
+       more if the entry point is not a wrapper: neither a sole ``return aux(...)`` nor a
+       function whose outputs, wherever the perturbation changed them, changed to exactly the
+       perturbed real output (it returns what ``aux`` returned). On a bool output any change is
+       that one, so there a main that aggregates the helper's bools earns the first half only.
 
     Before running, the main part's top-level definitions of the preamble's names and of ``aux``
     are dropped (``main_redefined_protected`` counts it). The joint actions of a call run in
