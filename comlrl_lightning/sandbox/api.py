@@ -20,8 +20,8 @@ read-only view, creates a cgroup per run (memory counting shared memory and memf
 to an unused uid with a fresh session keyring and rlimits (address space, CPU, file size,
 processes, open files, no core dumps), and execs ``bwrap`` (user, PID, mount, network, IPC, UTS,
 cgroup namespaces; only the interpreter, its standard library and the harness visible, no
-site-packages; private ``/dev``; one scratch tmpfs writable; a seccomp filter against new
-namespaces, mounts, keyrings, io_uring, ptrace and SysV/POSIX IPC). Wall-clock deadlines in the
+site-packages; private ``/dev`` without ptys; one scratch tmpfs writable; a seccomp filter against new
+namespaces, mounts, keyrings, io_uring, ptrace, SysV/POSIX IPC, inotify and epoll). Wall-clock deadlines in the
 harness (per call), the launcher (SIGKILL to the namespace's PID 1, then the cgroup) and the parent
 (backstop). Where bubblewrap cannot run, the fallback launcher (:mod:`.nsinit`) applies what the OS
 allows; every report lists the layers applied (:attr:`TestReport.isolation`) and missing

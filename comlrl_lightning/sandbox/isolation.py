@@ -7,14 +7,21 @@ The launcher (:mod:`comlrl_lightning.sandbox.runner`) executes what :func:`bwrap
   needs: ``/usr`` and the ``/lib*`` links (shared libraries; every ``site-packages`` /
   ``dist-packages`` under them masked), the interpreter binary and its standard library (its
   ``site-packages`` masked) and the two harness files; no ``/etc``, no home, no project checkout,
-  no caches. A private ``/dev`` (``null``, ``zero``, ``full``, ``random``, ``urandom``, ``tty``),
-  a fresh ``/proc``; the only writable place is a size-capped scratch tmpfs at ``/tmp``.
+  no caches. A private read-only ``/dev`` holding only ``null``, ``zero``, ``full``, ``random``,
+  ``urandom`` and the ``fd``/``stdin``/``stdout``/``stderr`` links (no ``ptmx``, no ``pts``:
+  ptys count against a kernel-wide limit), a fresh ``/proc``; the only writable place is a
+  size-capped scratch tmpfs at ``/tmp``. bwrap's options reach it through a pipe (``--args``)
+  and it starts with an empty environment, so ``/proc/1`` inside shows no host path.
 - **seccomp** (libseccomp through ``pyseccomp``, compiled once per process to BPF and handed to
   ``bwrap --seccomp``): refuses with ``EPERM`` new namespaces (``unshare``, ``setns``, ``clone``
   with a ``CLONE_NEW*`` flag; ``clone3`` gets ``ENOSYS`` so libc falls back to ``clone``), every
   mount call, ``keyctl``/``add_key``/``request_key``, ``io_uring_*``, ``ptrace`` and
   ``process_vm_*``, SysV IPC (``shm*``, ``msg*``, ``sem*``) and POSIX message queues
-  (``mq_*``), plus ``bpf``, ``perf_event_open``, ``userfaultfd``, module/kexec/reboot/swap calls.
+  (``mq_*``), inotify/fanotify and epoll instances (per-user kernel counters), plus ``bpf``,
+  ``perf_event_open``, ``userfaultfd``, module/kexec/reboot/swap calls. The filter's bytes stay
+  in memory; each run writes them into its own control folder (nothing left in ``$TMPDIR``).
+  Open files are bounded by ``RLIMIT_NOFILE`` (256 per process) and processes by the cgroup's
+  ``pids.max`` and ``RLIMIT_NPROC``.
 - **cgroup** per run (v1 ``memory`` + ``pids`` hierarchies or a v2 tree, where the directory is
   writable): the memory limit counts page cache, tmpfs, shared memory and memfd; ``pids.max``
   bounds fork bombs across uids. Fallback where the host refuses: per-process ``RLIMIT_AS`` and a
@@ -160,7 +167,7 @@ def bwrap_spec(scratch_mb: int) -> dict | None:
 def _bwrap_spec(scratch_mb: int) -> dict | None:
     """The launcher's bubblewrap recipe: ``argv`` (with ``{view}``, ``{job_fd}``, ``{result_fd}``,
     ``{ready_fd}``, ``{seccomp_fd}`` placeholders), ``stage`` (``[source, name]`` bound read-only
-    under ``{view}``), ``seccomp`` (filter path), ``cgroup``, ``layers``; ``None`` without bwrap."""
+    under ``{view}``), ``seccomp`` (the filter's bytes), ``cgroup``, ``layers``; ``None`` without bwrap."""
     bwrap = bwrap_binary()
     if bwrap is None:
         return None
