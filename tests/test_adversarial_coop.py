@@ -12,25 +12,12 @@ from coop_attacks import BASELINE, attacks_for, solo_main
 
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.sandbox import plain
-from comlrl_lightning.tasks.coding.data import load_humaneval_rows
 from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
 from comlrl_lightning.tasks.coding.recorder import recording_for
-from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward, visible_tests
+from comlrl_lightning.tasks.coding.reward import visible_tests
 from comlrl_lightning.tasks.coding.standin import BODIES, is_wrapper, perturbed, stand_in_programs
 
 STATIC = 0.4 + 0.6 + 0.5
-
-
-@pytest.fixture(scope="module")
-def coop():
-    reward = CooperativeCodeReward()
-    yield reward
-    reward.close()
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return load_humaneval_rows()
 
 
 def _values(coop, row, pairs, turn=0):
