@@ -105,6 +105,14 @@ def test_a_wrapper_is_a_main_whose_changed_outputs_are_the_perturbed_helper_outp
     assert not is_wrapper(real, real)  # nothing changed: no evidence either way, no wrapper
 
 
+def test_main_cannot_bind_the_value_function(coop, rows):
+    # a main that defines `_aux_value` itself (to make every run look like the real one, or the
+    # real one like a stand-in) has that definition dropped, like a definition of `aux`
+    main = MAD_MAIN + "_aux_value = lambda v: v\n"
+    res = coop([[MEAN, main]], [Episode(0, rows[4])], 0)
+    assert res.values[0] == pytest.approx(4.0) and res.metrics["main_redefined_protected"] == [1.0]
+
+
 # ----------------------------------------------------------------------------- hard-coded feedback
 def _lookup_main(row, indices):
     """An entry point that answers, from a table, the calls of the given tests only."""

@@ -59,7 +59,7 @@ from comlrl_lightning.tasks.coding.data import (  # noqa: F401 - re-exported (pu
 )
 from comlrl_lightning.tasks.coding.judge import Judge
 from comlrl_lightning.tasks.coding.prompts import HelperPrompt, MainPrompt, SinglePrompt  # noqa: F401
-from comlrl_lightning.tasks.coding.standin import STAND_INS, is_wrapper, stand_in_programs
+from comlrl_lightning.tasks.coding.standin import STAND_INS, is_wrapper, stand_in_programs, value_name
 from comlrl_lightning.tasks.coding.verdict import evaluate
 
 AUX = "aux"
@@ -260,8 +260,8 @@ class CooperativeCodeReward(_CodeRewardBase):
        perturbed real output (it returns what ``aux`` returned). On a bool output any change is
        that one, so there a main that aggregates the helper's bools earns the first half only.
 
-    Before running, the main part's top-level definitions of the preamble's names and of ``aux``
-    are dropped (``main_redefined_protected`` counts it). The joint actions of a call run in
+    Before running, the main part's top-level definitions of the preamble's names, of ``aux`` and
+    of the stand-ins' value function are dropped (``main_redefined_protected`` counts it). The joint actions of a call run in
     parallel. The result's metrics hold each level's value, :data:`PASS_AT_1`,
     ``tests_visible_passed``/``tests_hidden_passed`` and the ``error_<reason>`` counters.
 
@@ -323,7 +323,8 @@ class CooperativeCodeReward(_CodeRewardBase):
         st.components["main_defined"] = 0.6
         preamble = prompt_preamble(row["prompt"], entry)
         protected = set().union(
-            *[_bound_names(n) for n in (parse_code(preamble) or ast.Module([], [])).body], {AUX}
+            *[_bound_names(n) for n in (parse_code(preamble) or ast.Module([], [])).body],
+            {AUX, value_name(preamble, aux)},  # and the stand-ins' value function
         )
         protected.discard(entry)
         main, st.redefined = without_definitions_of(main, protected)

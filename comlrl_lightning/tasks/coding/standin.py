@@ -92,8 +92,10 @@ class _Returns(ast.NodeTransformer):
         return node
 
 
-def _fresh_name(source: str) -> str:
-    name = "_aux_value"
+def value_name(preamble: str, helper: str) -> str:
+    """The name of the value function in the programs of :func:`stand_in_programs` (``_aux_value``,
+    with ``_`` appended until the text does not contain it): a name the main part may not bind."""
+    name, source = "_aux_value", preamble + "\n" + helper
     while name in source:
         name += "_"
     return name
@@ -110,7 +112,7 @@ def stand_in_programs(preamble: str, helper: str, aux: str = "aux") -> dict[str,
     ]
     if not target:
         return None
-    name = _fresh_name(preamble + "\n" + helper)
+    name = value_name(preamble, helper)
     fn = target[-1]
     fn.body = [_Returns(name).visit(s) for s in fn.body]
     ast.fix_missing_locations(tree)
