@@ -33,6 +33,7 @@ TRIVIAL = "def aux(x):\n    return x\n"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", default="", help="comma-separated row indices (default: all 164)")
+    ap.add_argument("--only", default="", help="comma-separated attack names (default: every attack)")
     args = ap.parse_args()
     rows = load_humaneval_rows()
     tasks = [int(t) for t in args.tasks.split(",") if t] or list(range(len(rows)))
@@ -42,7 +43,7 @@ def main() -> None:
     names = []
     for idx in tasks:
         row = rows[idx]
-        atks = attacks_for(row)
+        atks = [a for a in attacks_for(row) if not args.only or a.name in args.only.split(",")]
         names = names or [(a.cls, a.name, a.baseline) for a in atks]
         pairs = [(TRIVIAL, solo_main(row)), (helper_solves(row), wrapper_main(row, "return aux({args})"))]
         pairs += [(a.aux, a.main) for a in atks]

@@ -221,6 +221,13 @@ def attacks_for(row: dict) -> list[Attack]:
         ),
         Attack(
             "wrapper",
+            "rounded",
+            helper_solves(row),
+            wrapper_main(row, "r = aux({args})\nreturn round(r, 12) if type(r) is float else r"),
+            "wrapper",
+        ),
+        Attack(
+            "wrapper",
             "extra_first_argument",
             helper_solves(row, extra_param="_mode"),
             wrapper_main(row, "return aux(0, {args})"),

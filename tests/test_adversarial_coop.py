@@ -103,6 +103,8 @@ def test_a_wrapper_is_a_main_whose_changed_outputs_are_the_perturbed_helper_outp
     assert is_wrapper(real, [{"o": 2}, {"o": [1, 3]}, {"o": 5}, {"o": 1}])
     assert not is_wrapper(real, [{"o": 3}, {"o": [1, 3]}, None, None])  # one output is not perturbed(real)
     assert not is_wrapper(real, real)  # nothing changed: no evidence either way, no wrapper
+    assert is_wrapper([{"o": 0.25}], [{"o": 1.5 + 1e-9}])  # a finely rounded float is the same output
+    assert not is_wrapper([{"o": 0.25}], [{"o": 1.51}])
 
 
 def test_main_cannot_bind_the_value_function(coop, rows):

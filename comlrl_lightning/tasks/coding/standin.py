@@ -15,10 +15,10 @@ process says about itself counts):
 
 All three runs load the same helper code: its own ``return E`` statements become
 ``return _aux_value(E)`` in each of them, and only the body of the top-level ``_aux_value``
-differs (identity in the real run). A test *needs* the helper when it passes in the real run and
-fails in both stand-in runs. The entry point is a *wrapper* of the helper when every call whose
-output changed under ``perturbed`` changed to exactly :func:`perturbed` of its real output (the
-wrapper's output is the helper's output). Limits (a main that reads the stand-in's code, or a
+differs (identity in the real run). Once every test passes in the real run, the helper counts
+when some test fails in each stand-in run (judged from plain outputs). The entry point is a *wrapper* of the helper when every call whose
+output changed under ``perturbed`` changed to :func:`perturbed` of its real output (floats within
+``1e-6``: the wrapper's output is the helper's output). Limits (a main that reads the stand-in's code, or a
 helper/main pair pre-arranged to check each other's exact values): ``docs/attacks.md``.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 from collections.abc import Sequence
 
 from comlrl_lightning.tasks.coding.code_text import parse_code
@@ -139,4 +140,18 @@ def is_wrapper(real: Sequence[dict | None], pert: Sequence[dict | None]) -> bool
         for a, b in zip(real, pert)
         if a is not None and b is not None and "o" in a and "o" in b and _key(a["o"]) != _key(b["o"])
     ]
-    return bool(changed) and all(_key(perturbed(a)) == _key(b) for a, b in changed)
+    return bool(changed) and all(_close(perturbed(a), b) for a, b in changed)
+
+
+def _close(a: object, b: object) -> bool:
+    """Plain values equal, floats within ``1e-6`` (relative or absolute, HumanEval's usual
+    tolerance), so a wrapper that rounds the helper's float finely is still a wrapper."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is float:
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) or a != a and b != b
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if type(a) is dict:
+        return list(a) == list(b) and all(_close(a[k], b[k]) for k in a)
+    return a == b
