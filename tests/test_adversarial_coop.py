@@ -43,7 +43,9 @@ def test_no_attack_class_earns_more_than_the_honest_answer_it_imitates(coop, row
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", [0, 29, 32])  # a bool, a list and a float with a helper in the prompt
+@pytest.mark.parametrize(
+    "task", [0, 29, 32, 55]
+)  # a bool, a list, a float with a helper in the prompt, a recursion
 def test_no_attack_class_pays_on_other_output_types(coop, rows, task):
     _check_problem(coop, rows[task])
 

@@ -5,7 +5,8 @@ same program, judged by the trusted judge from plain outputs only (nothing the c
 process says about itself counts):
 
 - ``real``: the program as written;
-- ``perturbed``: every value ``aux`` returns is replaced by :func:`perturbed` of it (same type,
+- ``perturbed``: every value ``aux`` returns to its caller (not to itself, when it recurses) is
+  replaced by :func:`perturbed` of it (same type,
   another value: ``not`` a bool, ``+1`` an int, one more character on a str, the last item of a
   list/tuple/dict perturbed, ``None`` stays ``None``), so an ``is None`` / type check or a
   truthiness gate on an int cannot tell it from the real helper;
@@ -27,12 +28,13 @@ from __future__ import annotations
 import ast
 import json
 import math
+import textwrap
 from collections.abc import Sequence
 
 from comlrl_lightning.tasks.coding.code_text import parse_code
 
-_PERTURBED = """
-def {name}(v):
+_CHANGE = """
+def {change}(v):
     t = type(v)
     if t is bool:
         return not v
@@ -43,17 +45,29 @@ def {name}(v):
     if t is str:
         return v + "0"
     if (t is list or t is tuple) and v:
-        return v[:-1] + t([{name}(v[-1])])
+        return v[:-1] + t([{change}(v[-1])])
     if t is dict and v:
         out = dict(v)
         last = list(out)[-1]
-        out[last] = {name}(out[last])
+        out[last] = {change}(out[last])
         return out
     return v
 """
-_FIRST = """
-def {name}(v):
-    box = {name}.__dict__.setdefault("first", [])
+_GUARD = """
+    f = __import__("sys")._getframe(1)
+    if f.f_back is not None and f.f_back.f_code is f.f_code:
+        return v  # aux called by aux: only what aux returns to its caller is replaced
+"""
+_PERTURBED = (
+    "\ndef {name}(v):"
+    + _GUARD
+    + textwrap.indent(_CHANGE.format(change="change").strip("\n"), "    ")
+    + "\n    return change(v)\n"
+)
+_FIRST = (
+    "\ndef {name}(v):"
+    + _GUARD
+    + """    box = {name}.__dict__.setdefault("first", [])
     if not box:
         box.append(v)
     try:
@@ -61,6 +75,7 @@ def {name}(v):
     except Exception:
         return box[0]
 """
+)
 _IDENTITY = """
 def {name}(v):
     return v
@@ -71,7 +86,7 @@ STAND_INS = ("perturbed", "first")
 """The kinds a needed test must fail under."""
 
 _ns: dict = {}
-exec(compile(_PERTURBED.format(name="perturbed"), "<perturbed>", "exec"), _ns)  # the very code the run uses
+exec(compile(_CHANGE.format(change="perturbed"), "<perturbed>", "exec"), _ns)  # the code the runs use
 perturbed = _ns["perturbed"]
 perturbed.__doc__ = "The ``perturbed`` stand-in's value for a helper output ``v`` (same type, another value)."
 
