@@ -6,7 +6,8 @@
 Each tree runs in its own child process (``PYTHONPATH`` puts its package first) on the same
 candidates: for ``--problems`` HumanEval problems, ``--per-problem`` joint actions each (the
 canonical solution with a trivial helper, a wrong solution, one calling the helper, and one that
-raises), every program text made unique so no cache can answer. Rounds alternate A B A B; the
+raises), every program text made unique (a constant after the helper) so no cache can answer;
+``--mix coop`` makes two of the four reach the cooperation level (and pay its extra runs). Rounds alternate A B A B; the
 median round gives candidates/s and the ratio ``after / before`` is printed. The first round of
 each tree also pays one-off costs (the new design's recording of each problem's calls), reported
 separately as ``cold``.
@@ -36,7 +37,11 @@ def joint(row, j, salt):
     e, body = row["entry_point"], row["prompt"] + row["canonical_solution"]
     mains = [body, f"def {{e}}(*a):\n    return None\n", f"def {{e}}(*a):\n    return aux(*a)\n",
              f"def {{e}}(*a):\n    raise ValueError('x')\n"]
-    return [f"def aux(x):\n    return x  # {{salt}}\n", mains[j % 4]]
+    helper = "def aux(x):\n    return x\n"
+    if {mix!r} == "coop" and j % 4 in (1, 2):  # the helper solves: cooperation level, its extra runs
+        helper = R.helper_as_aux(body) + "\n"
+        mains[1] = f"def {{e}}(*a):\n    r = aux(*a)\n    return r\n"
+    return [helper + f"_SALT = {{salt!r}}\n", mains[j % 4]]  # a constant: kept by every rewrite
 out = []
 for rnd in range({rounds}):
     jas = [joint(r, j, f"{{rnd}}-{{i}}-{{j}}") for i, r in enumerate(rows) for j in range({per})]
@@ -51,7 +56,12 @@ print("RESULT " + json.dumps(out))
 
 def run_tree(path: str, args: argparse.Namespace) -> list[list[float]]:
     code = CHILD.format(
-        path=path, problems=args.problems, workers=args.workers, rounds=args.rounds, per=args.per_problem
+        path=path,
+        problems=args.problems,
+        workers=args.workers,
+        rounds=args.rounds,
+        per=args.per_problem,
+        mix=args.mix,
     )
     env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
@@ -71,6 +81,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--pairs", type=int, default=2, help="A B repetitions (each a fresh child process)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument(
+        "--mix",
+        choices=("shipped", "coop"),
+        default="shipped",
+        help="shipped: the four candidates above; coop: two of the four reach the cooperation level "
+        "(the helper is the canonical solution, main returns its result), so they pay its extra runs",
+    )
     args = ap.parse_args()
     trees = ([("before", os.path.abspath(args.before))] if args.before else []) + [("after", ROOT)]
     warm: dict[str, list[float]] = {n: [] for n, _ in trees}
@@ -82,7 +99,7 @@ def main() -> None:
             warm[name] += [n / s for n, s, _ in rounds[1:]]
     print(
         f"load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} cores, workers={args.workers}, "
-        f"{args.problems} problems x {args.per_problem} candidates per round"
+        f"{args.problems} problems x {args.per_problem} candidates per round, mix={args.mix}"
     )
     for name, _ in trees:
         print(

@@ -25,3 +25,21 @@ def tiny_trainer(max_steps: int, **kwargs) -> pl.Trainer:
 @pytest.fixture
 def trainer_factory():
     return tiny_trainer
+
+
+@pytest.fixture(scope="module")
+def coop():
+    """The cooperative coding reward (one per test module: its judge and its cache of reports)."""
+    from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward
+
+    reward = CooperativeCodeReward()
+    yield reward
+    reward.close()
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """The 164 HumanEval rows."""
+    from comlrl_lightning.tasks.coding.data import load_humaneval_rows
+
+    return load_humaneval_rows()

@@ -10,10 +10,9 @@ from __future__ import annotations
 import pytest
 
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.tasks.coding.data import load_humaneval_rows
 from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
 from comlrl_lightning.tasks.coding.recorder import recording_for
-from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward, visible_tests
+from comlrl_lightning.tasks.coding.reward import visible_tests
 
 HEAD = "def has_close_elements(numbers, threshold):\n"
 SOLUTION_BODY = (
@@ -23,18 +22,6 @@ SOLUTION_BODY = (
 TRIVIAL_AUX = "def aux(x):\n    return x\n"
 HELPER_SOLVES = "def aux(numbers, threshold):\n" + SOLUTION_BODY
 NO_BONUS = 0.4 + 0.6 + 0.5 + 1.5  # correct main, no cooperation bonus
-
-
-@pytest.fixture(scope="module")
-def coop():
-    reward = CooperativeCodeReward()
-    yield reward
-    reward.close()
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return load_humaneval_rows()
 
 
 def _values(coop, rows, pairs):

@@ -11,9 +11,8 @@ from __future__ import annotations
 import pytest
 
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.tasks.coding.data import humaneval_path, load_humaneval_rows
+from comlrl_lightning.tasks.coding.data import humaneval_path
 from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
-from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward
 
 TRIVIAL_AUX = "def aux(x):\n    return x\n"
 STATIC = 0.4 + 0.6 + 0.5
@@ -111,18 +110,6 @@ def armed(name: str, code: str) -> str:
     """``code`` run at import time (after an import, a top-level assignment survives completion
     cleaning; a bare statement would not), announcing itself on stdout first so a test can see it ran."""
     return f"import os\n_attack = exec({('import os; os.write(1, b' + repr(name + ' ran;') + ')' + chr(10) + code)!r})\n"
-
-
-@pytest.fixture(scope="module")
-def coop():
-    reward = CooperativeCodeReward()
-    yield reward
-    reward.close()
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return load_humaneval_rows()
 
 
 def _score(coop, rows, mains, aux=TRIVIAL_AUX, task=0):
@@ -250,8 +237,8 @@ def test_cooperation_bonus_needs_a_helper_that_really_contributes(coop, rows):
                 "    for i, a in enumerate(numbers):\n        for j, b in enumerate(numbers):\n"
                 "            if i != j and aux(a, b, threshold):\n                return True\n    return False\n"
             ),
-            4.0,
-        ),
+            3.5,  # a bool output: the wrapper test cannot tell (docs/attacks.md); 4.0 on a float in
+        ),  # tests/test_adversarial_coop.py::test_genuine_cooperation_earns_the_bonus
     }
     eps = [Episode(0, rows[0]) for _ in mains]
     res = coop([[a, m] for a, m, _ in mains.values()], eps, 0)

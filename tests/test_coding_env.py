@@ -162,8 +162,11 @@ def test_cooperation_bonus_only_when_aux_is_called(coop, he0):
         "            if i != j and aux(x, y) < threshold:\n                return True\n    return False\n"
     )
     comp = coop.score_joint_action(aux, calls, he0)
-    assert comp["coop_calls_aux"] == 0.5 and comp["coop_nontrivial"] == 0.5
-    assert sum(comp.values()) == pytest.approx(4.0)
+    # a bool output: any changed output is the perturbed one, so the wrapper test cannot credit the
+    # second half here (docs/attacks.md, "Bool outputs"); a float problem earns 4.0 in
+    # tests/test_adversarial_coop.py::test_genuine_cooperation_earns_the_bonus
+    assert comp["coop_calls_aux"] == 0.5 and comp["coop_nontrivial"] == 0.0
+    assert sum(comp.values()) == pytest.approx(3.5)
     full_aux = "def aux(numbers, threshold):\n" + he0["canonical_solution"]
     wrapper = "def has_close_elements(numbers, threshold):\n    return aux(numbers, threshold)\n"
     comp = coop.score_joint_action(full_aux, wrapper, he0)

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from comlrl_lightning.sandbox import plain
-from comlrl_lightning.sandbox.api import SandboxConfig, SandboxResult, _end_result, _result
 from comlrl_lightning.sandbox.launch import SandboxError, launch
+from comlrl_lightning.sandbox.results import SandboxConfig, SandboxResult, end_result, record_result
 
 
 @dataclass
@@ -21,15 +21,13 @@ class CallsReport:
     Attributes:
         program: result of loading the program (``passed``: the entry point exists).
         outputs: one per call: ``{"o": value}`` (a plain value, decoded by the
-            trusted side), ``{"x": exception type name}`` (``"Timeout"``, ``"UnsupportedOutput"``
-            included) or ``None`` (no output: the process died, exited or ran out of time first).
+            trusted side), ``{"x": exception type name}`` (the candidate raised), ``{"t": "timeout" |
+            "unsupported"}`` (the harness's categories: a call over its time, an output that is
+            not plain data) or ``None`` (no output: the process died, exited or ran out of time first).
         end: how the run ended (explains ``None`` outputs).
         stdout, stderr: bounded tails of the child's output.
         duration_s: wall-clock seconds of the whole run.
         isolation, missing: layers applied / not applied (see :class:`TestReport`).
-        helper_seen: with a ``probe``, per call, the helper's outputs (JSON text) in that call.
-        helper_direct: with a ``probe``, per call, the helper's own output on the same input
-            (as ``outputs``).
     """
 
     program: SandboxResult
@@ -40,8 +38,6 @@ class CallsReport:
     duration_s: float = 0.0
     isolation: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
-    helper_seen: list[list[str] | None] = field(default_factory=list)
-    helper_direct: list[dict | None] = field(default_factory=list)
 
 
 def run_calls(
@@ -51,7 +47,6 @@ def run_calls(
     *,
     main: str = "",
     protected: Sequence[str] = (),
-    probe: str = "",
     config: SandboxConfig | None = None,
     **overrides: object,
 ) -> CallsReport:
@@ -63,8 +58,6 @@ def run_calls(
         calls: inputs, each ``plain.dumps([args, kwargs])``.
         main: untrusted source loaded after ``program``; afterwards the names in ``protected``
             are restored to what ``program`` bound (or removed), so ``main`` cannot replace them.
-        probe: a helper's name: also record its outputs in each call and call it alone on each
-            input (:attr:`CallsReport.helper_seen`, :attr:`CallsReport.helper_direct`).
         config, **overrides: limits, as for :func:`run_tests` (``test_timeout_s`` is per call).
 
     Returns:
@@ -81,13 +74,10 @@ def run_calls(
         "protected": list(protected),
         "entry_point": entry_point,
         "calls": list(calls),
-        "probe": probe,
     }
     raw = launch(fields, cfg)
-    end = _end_result(raw, cfg)
+    end = end_result(raw, cfg)
     outputs: list[dict | None] = [None] * len(calls)
-    seen: list[list[str] | None] = [None] * len(calls)
-    direct: list[dict | None] = [None] * len(calls)
     program_res, iso = None, []
     for line in raw.res["records"]:
         rec = _json_line(line)
@@ -104,21 +94,14 @@ def run_calls(
         ):
             iso.append(rec["items"])
         if rec.get("k") == "program" and program_res is None:
-            program_res = _result(rec, cfg.max_message_chars)
-        v, i = rec.get("v"), rec.get("i")
-        if v == 0 and type(i) is int and 0 <= i < len(calls) and outputs[i] is None:
+            program_res = record_result(rec, cfg.max_message_chars)
+        i = rec.get("i")
+        if rec.get("k") is None and type(i) is int and 0 <= i < len(calls) and outputs[i] is None:
             outputs[i] = _output(rec)
-            a = rec.get("a")
-            if probe and type(a) is list and all(type(x) is str for x in a):
-                seen[i] = [x[:200] for x in a[:8]]
-        if v == 1 and probe and type(i) is int and 0 <= i < len(calls) and direct[i] is None:
-            direct[i] = _output(rec)
     if program_res is None:
         program_res = replace(end)
     applied, missing = raw.layers([x for items in iso for x in items])
-    return CallsReport(
-        program_res, outputs, end, raw.stdout, raw.stderr, raw.duration_s, applied, missing, seen, direct
-    )
+    return CallsReport(program_res, outputs, end, raw.stdout, raw.stderr, raw.duration_s, applied, missing)
 
 
 def run_record(
@@ -153,13 +136,14 @@ def run_record(
     raw = launch(fields, cfg)
     recs = [r for r in map(_json_line, raw.res["records"]) if isinstance(r, dict)]
     program_res = next(
-        (_result(r, cfg.max_message_chars) for r in recs if r.get("k") == "program"), _end_result(raw, cfg)
+        (record_result(r, cfg.max_message_chars) for r in recs if r.get("k") == "program"),
+        end_result(raw, cfg),
     )
     tests_out = [r for r in recs if r.get("k") == "test"]
     if program_res.passed and len(tests_out) != len(tests):
         raise SandboxError(
             f"recording {entry_point}: {len(tests_out)} of {len(tests)} tests reported "
-            f"({_end_result(raw, cfg).message}); stderr: {raw.stderr[-500:]}"
+            f"({end_result(raw, cfg).message}); stderr: {raw.stderr[-500:]}"
         )
     return program_res, tests_out
 
@@ -171,11 +155,19 @@ def _json_line(line: str) -> object:
         return None
 
 
+RESERVED_NAMES = frozenset({"Timeout", "UnsupportedOutput", "CallMismatch", "JudgeTimeout"})
+"""Names of the harness's and the judge's own categories: a candidate exception of that name is
+reported as ``"Exception"``, so no class name can make a failure read as one of them."""
+
+
 def _output(rec: dict) -> dict:
     if "o" in rec:
         try:
             return {"o": plain.decode(rec["o"])}
         except (plain.PlainDataError, RecursionError):
-            return {"x": "UnsupportedOutput"}
+            return {"t": "unsupported"}
+    if rec.get("t") in ("timeout", "unsupported"):
+        return {"t": rec["t"]}
     name = rec.get("x")
-    return {"x": name[:100] if type(name) is str else "UnsupportedOutput"}
+    name = name[:100] if type(name) is str else "Exception"
+    return {"x": "Exception" if name in RESERVED_NAMES else name}

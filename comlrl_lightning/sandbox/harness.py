@@ -191,9 +191,9 @@ def run_calls(job: dict, wfd: int) -> None:
     """Load ``program`` then ``main`` (names in ``protected`` are restored to the program's
     objects after ``main``), then call ``entry_point`` on each of ``calls`` (``plain.dumps`` of
     ``[args, kwargs]``). Writes ``program``, one record per call and ``done``, then ``os._exit(0)``.
-    With ``job["probe"]`` (a helper's name): each call's record also holds ``"a"``, the helper's
-    outputs (JSON text, at most 8) in the calls that call made, and after every call a second
-    pass (``"v": 1``) calls the helper itself on the same inputs."""
+    A call's record is ``{"i", "o": output}``, ``{"i", "x": exception type}`` (the candidate
+    raised) or ``{"i", "t": "timeout" | "unsupported"}`` (this harness's own categories, which no
+    exception name can produce)."""
     _block_sockets()
     write, dumps, setitimer, _type, _callable = os.write, json.dumps, signal.setitimer, type, callable
     encode, loads, limit, timeout = plain.encode, plain.loads, job["max_message_chars"], job["test_timeout_s"]
@@ -218,44 +218,26 @@ def run_calls(job: dict, wfd: int) -> None:
     if err is None and not _callable(ns.get(entry)):
         err = {"s": "error", "e": "NameError", "m": f"{entry!r} is not defined"[:limit]}
     emit({"k": "program", **(err or {"s": "passed", "e": None, "m": ""})})
-    fn, probe, seen = ns.get(entry), job.get("probe"), []
-    helper = ns.get(probe) if probe and err is None else None
-    if _callable(helper):  # record the helper's outputs in the calls the entry point makes (plain data)
-
-        def traced(*args, **kwargs):
-            out = helper(*args, **kwargs)
-            if len(seen) < 8:
-                try:
-                    seen.append(dumps(encode(out), sort_keys=True, separators=(",", ":"))[:200])
-                except BaseException:  # noqa: BLE001 - a non-plain value: one more distinct output
-                    seen.append(f"?{len(seen)}")
-            return out
-
-        ns[probe] = traced
-    # pass 0: the entry point on each input; pass 1 (with a probe): the helper called the same way
-    for v in ((0, 1) if _callable(helper) else (0,)) if err is None else ():
-        for i in range(len(calls)):
+    fn = ns.get(entry)
+    for i in range(len(calls)) if err is None else ():
+        try:
+            args, kwargs = loads(calls[i])
+            setitimer(signal.ITIMER_REAL, timeout)
             try:
-                args, kwargs = loads(calls[i])
-                del seen[:]
-                setitimer(signal.ITIMER_REAL, timeout)
-                try:
-                    out = (helper if v else fn)(*args, **kwargs)
-                finally:
-                    setitimer(signal.ITIMER_REAL, 0)
-                rec = {"v": v, "i": i, "o": encode(out)}
-                if probe and not v:
-                    rec["a"] = list(seen)
-            except _StepTimeout:
-                rec = {"v": v, "i": i, "x": "Timeout"}
-            except plain.PlainDataError:
-                rec = {"v": v, "i": i, "x": "UnsupportedOutput"}
-            except BaseException as e:  # noqa: BLE001 - the candidate's failure is an output
-                rec = {"v": v, "i": i, "x": str(_type(e).__name__)[:100]}
-            try:
-                emit(rec)
-            except BaseException:  # noqa: BLE001 - e.g. an output too large for the channel
-                emit({"v": v, "i": i, "x": "UnsupportedOutput"})
+                out = fn(*args, **kwargs)
+            finally:
+                setitimer(signal.ITIMER_REAL, 0)
+            rec = {"i": i, "o": encode(out)}
+        except _StepTimeout:
+            rec = {"i": i, "t": "timeout"}
+        except plain.PlainDataError:
+            rec = {"i": i, "t": "unsupported"}
+        except BaseException as e:  # noqa: BLE001 - the candidate's failure is an output
+            rec = {"i": i, "x": str(_type(e).__name__)[:100]}
+        try:
+            emit(rec)
+        except BaseException:  # noqa: BLE001 - e.g. an output too large for the channel
+            emit({"i": i, "t": "unsupported"})
     emit({"k": "done"})
     _flush_and_exit()
 

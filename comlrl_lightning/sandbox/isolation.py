@@ -7,14 +7,21 @@ The launcher (:mod:`comlrl_lightning.sandbox.runner`) executes what :func:`bwrap
   needs: ``/usr`` and the ``/lib*`` links (shared libraries; every ``site-packages`` /
   ``dist-packages`` under them masked), the interpreter binary and its standard library (its
   ``site-packages`` masked) and the two harness files; no ``/etc``, no home, no project checkout,
-  no caches. A private ``/dev`` (``null``, ``zero``, ``full``, ``random``, ``urandom``, ``tty``),
-  a fresh ``/proc``; the only writable place is a size-capped scratch tmpfs at ``/tmp``.
+  no caches. A private read-only ``/dev`` holding only ``null``, ``zero``, ``full``, ``random``,
+  ``urandom`` and the ``fd``/``stdin``/``stdout``/``stderr`` links (no ``ptmx``, no ``pts``:
+  ptys count against a kernel-wide limit), a fresh ``/proc``; the only writable place is a
+  size-capped scratch tmpfs at ``/tmp``. bwrap's options reach it through a pipe (``--args``)
+  and it starts with an empty environment, so ``/proc/1`` inside shows no host path.
 - **seccomp** (libseccomp through ``pyseccomp``, compiled once per process to BPF and handed to
   ``bwrap --seccomp``): refuses with ``EPERM`` new namespaces (``unshare``, ``setns``, ``clone``
   with a ``CLONE_NEW*`` flag; ``clone3`` gets ``ENOSYS`` so libc falls back to ``clone``), every
   mount call, ``keyctl``/``add_key``/``request_key``, ``io_uring_*``, ``ptrace`` and
   ``process_vm_*``, SysV IPC (``shm*``, ``msg*``, ``sem*``) and POSIX message queues
-  (``mq_*``), plus ``bpf``, ``perf_event_open``, ``userfaultfd``, module/kexec/reboot/swap calls.
+  (``mq_*``), inotify/fanotify and epoll instances (per-user kernel counters), plus ``bpf``,
+  ``perf_event_open``, ``userfaultfd``, module/kexec/reboot/swap calls. The filter's bytes stay
+  in memory; each run writes them into its own control folder (nothing left in ``$TMPDIR``).
+  Open files are bounded by ``RLIMIT_NOFILE`` (256 per process) and processes by the cgroup's
+  ``pids.max`` and ``RLIMIT_NPROC``.
 - **cgroup** per run (v1 ``memory`` + ``pids`` hierarchies or a v2 tree, where the directory is
   writable): the memory limit counts page cache, tmpfs, shared memory and memfd; ``pids.max``
   bounds fork bombs across uids. Fallback where the host refuses: per-process ``RLIMIT_AS`` and a
@@ -53,9 +60,20 @@ DENIED_SYSCALLS = (
     "bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load", "init_module", "finit_module",
     "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl", "open_by_handle_at",
     "name_to_handle_at", "syslog", "iopl", "ioperm",
+    "inotify_init", "inotify_init1", "fanotify_init", "epoll_create", "epoll_create1",
 )  # fmt: skip
 CLONE_NEW_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x80)
 """CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME."""
+
+
+DEVICES = ("null", "zero", "full", "random", "urandom")
+"""The host device nodes bound into the sandbox's private ``/dev`` (a small read-only tmpfs)."""
+DEV_LINKS = (
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+)
 
 
 def bwrap_binary() -> str | None:
@@ -69,8 +87,9 @@ def bwrap_binary() -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def seccomp_filter() -> str | None:
-    """Path of the compiled BPF filter (see the module docstring); ``None`` without libseccomp."""
+def seccomp_filter() -> bytes | None:
+    """The compiled BPF filter (see the module docstring), kept in memory (each run writes it into
+    its own control folder, removed with it); ``None`` without libseccomp."""
     try:
         import pyseccomp as sc
 
@@ -88,10 +107,14 @@ def seccomp_filter() -> str | None:
         filt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # its flags are behind a pointer
     except Exception:  # noqa: BLE001
         pass
-    path = os.path.join(tempfile.mkdtemp(prefix="comlrl_seccomp_"), "filter.bpf")
-    with open(path, "wb") as f:
-        filt.export_bpf(f)
-    return path
+    fd, path = tempfile.mkstemp(prefix="comlrl_seccomp_")
+    try:
+        with os.fdopen(fd, "w+b") as f:
+            filt.export_bpf(f)
+            f.seek(0)
+            return f.read()
+    finally:
+        os.unlink(path)
 
 
 @functools.lru_cache(maxsize=1)
@@ -144,7 +167,7 @@ def bwrap_spec(scratch_mb: int) -> dict | None:
 def _bwrap_spec(scratch_mb: int) -> dict | None:
     """The launcher's bubblewrap recipe: ``argv`` (with ``{view}``, ``{job_fd}``, ``{result_fd}``,
     ``{ready_fd}``, ``{seccomp_fd}`` placeholders), ``stage`` (``[source, name]`` bound read-only
-    under ``{view}``), ``seccomp`` (filter path), ``cgroup``, ``layers``; ``None`` without bwrap."""
+    under ``{view}``), ``seccomp`` (the filter's bytes), ``cgroup``, ``layers``; ``None`` without bwrap."""
     bwrap = bwrap_binary()
     if bwrap is None:
         return None
@@ -200,8 +223,16 @@ def _bwrap_spec(scratch_mb: int) -> dict | None:
         "--ro-bind",
         "{view}/harness/plain.py",
         "/sandbox/plain.py",
-        "--dev",
+        "--size",
+        str(1 << 16),
+        "--tmpfs",
         "/dev",
+    ]
+    for dev in DEVICES:  # no ptmx/pts (ptys count against a kernel-wide limit), no shm, no tty
+        argv += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
+    for name, target in DEV_LINKS:
+        argv += ["--symlink", target, f"/dev/{name}"]
+    argv += [
         "--proc",
         "/proc",
         "--size",

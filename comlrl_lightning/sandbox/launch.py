@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from comlrl_lightning.sandbox import isolation
 
 if TYPE_CHECKING:
-    from comlrl_lightning.sandbox.api import SandboxConfig
+    from comlrl_lightning.sandbox.results import SandboxConfig
 
 log = logging.getLogger(__name__)
 _RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
@@ -129,6 +129,11 @@ def _launch_once(fields: dict, cfg: SandboxConfig, use_bwrap: bool) -> RawRun:
         if use_bwrap:
             spec = isolation.bwrap_spec(cfg.disk_mb)
             spec["argv"] = [a.replace("{hash_seed}", seed) for a in spec["argv"]]
+            if spec.get("seccomp"):  # the filter's bytes, into this run's folder (removed with it)
+                path = os.path.join(base, "seccomp.bpf")
+                with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as f:
+                    f.write(spec["seccomp"])
+                spec["seccomp"] = path
             job["bwrap"] = spec
         job_path = os.path.join(base, "job.json")
         with open(os.open(job_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:

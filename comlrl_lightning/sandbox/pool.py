@@ -1,4 +1,4 @@
-"""Many sandboxed :func:`~comlrl_lightning.sandbox.api.run_tests` jobs in parallel (threads driving
+"""Many sandboxed :func:`~comlrl_lightning.sandbox.run_tests` jobs in parallel (threads driving
 launcher subprocesses)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from comlrl_lightning.sandbox import api
+from comlrl_lightning.sandbox.results import SandboxConfig, TestReport
+from comlrl_lightning.sandbox.tests_mode import run_tests
 
 
 @dataclass
@@ -32,14 +33,14 @@ class SandboxPool:
     Use as a context manager or call :meth:`close`; the thread pool is created on first use.
     """
 
-    def __init__(self, max_workers: int | None = None, config: api.SandboxConfig | None = None) -> None:
+    def __init__(self, max_workers: int | None = None, config: SandboxConfig | None = None) -> None:
         self.max_workers = max_workers or os.cpu_count() or 1
         if self.max_workers < 1:
             raise ValueError(f"SandboxPool.max_workers: got {max_workers!r}; must be >= 1")
-        self.config = config or api.SandboxConfig()
+        self.config = config or SandboxConfig()
         self._executor: ThreadPoolExecutor | None = None
 
-    def run(self, jobs: Iterable[TestJob | tuple[str, Sequence[str]]]) -> list[api.TestReport]:
+    def run(self, jobs: Iterable[TestJob | tuple[str, Sequence[str]]]) -> list[TestReport]:
         """Run ``jobs`` (``TestJob`` or ``(program, tests)``); reports in the order of ``jobs``."""
         jobs = [j if isinstance(j, TestJob) else TestJob(*j) for j in jobs]
         if not jobs:
@@ -47,7 +48,7 @@ class SandboxPool:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="sandbox")
         futures = [
-            self._executor.submit(api.run_tests, j.program, j.tests, setup=j.setup, config=self.config)
+            self._executor.submit(run_tests, j.program, j.tests, setup=j.setup, config=self.config)
             for j in jobs
         ]
         return [f.result() for f in futures]
@@ -57,7 +58,7 @@ class SandboxPool:
         programs: Iterable[str],
         tests: Iterable[Sequence[str]] | None = None,
         setups: Iterable[str] | None = None,
-    ) -> list[api.TestReport]:
+    ) -> list[TestReport]:
         """Like ``map(run_tests, programs, tests, setups)``, in parallel; results in input order."""
         programs = list(programs)
         tests = list(tests) if tests is not None else [()] * len(programs)

@@ -97,12 +97,18 @@ def _run_bwrap(job: dict, ctl: str, out: dict, t0: float) -> None:
     seccomp = os.open(spec["seccomp"], os.O_RDONLY) if spec.get("seccomp") else None
     fds = {"{job_fd}": job_r, "{result_fd}": wfd, "{ready_fd}": ready_w, "{seccomp_fd}": seccomp}
     argv = [str(fds[a]) if a in fds else a for a in argv]
+    # bwrap reads its options from a pipe and starts with an empty environment, so the sandbox's
+    # /proc/1 (bwrap's init) shows neither the control folder's paths nor the launcher's command
+    split = argv.index("--")  # the options go through the pipe; the command stays (bwrap needs it)
+    args_r, args_w = os.pipe()
+    os.write(args_w, b"".join(a.encode() + b"\0" for a in argv[1:split]))  # a few kB: fits the pipe
+    os.close(args_w)
     pid = os.fork()
     if pid == 0:  # becomes bwrap
         try:
             for fd in (job_w, rfd, ready_r):
                 os.close(fd)
-            for fd in (job_r, wfd, ready_w, seccomp):
+            for fd in (job_r, wfd, ready_w, seccomp, args_r):
                 if fd is not None:
                     os.set_inheritable(fd, True)
             os.setpgid(0, 0)
@@ -113,12 +119,12 @@ def _run_bwrap(job: dict, ctl: str, out: dict, t0: float) -> None:
             osl.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             _rlimits(job)
             os.write(ready_w, b"k" if keyring else b"-")
-            os.execv(argv[0], argv)
+            os.execve(argv[0], ["bwrap", "--args", str(args_r), *argv[split:]], {})
         except BaseException:  # noqa: BLE001 - shown in the parent's stderr tail
             traceback.print_exc()
         finally:
             os._exit(70)
-    for fd in (job_r, wfd, ready_w) + ((seccomp,) if seccomp is not None else ()):
+    for fd in (job_r, wfd, ready_w, args_r) + ((seccomp,) if seccomp is not None else ()):
         os.close(fd)
     with open(os.path.join(ctl, "init.pid"), "w") as f:
         f.write(str(pid))

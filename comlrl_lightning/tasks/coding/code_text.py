@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 
 _START = re.compile(r"(async\s+def|def|class|import|from|@)\b")
 _TOP_OK = re.compile(
@@ -25,7 +26,7 @@ def strip_fences(text: str) -> str:
         return text
     python = [body for lang, body in blocks if lang.lower() in ("", "python", "py", "python3")]
     cands = python or [body for _, body in blocks]
-    with_def = [b for b in cands if re.search(r"^\s*(async\s+)?def\s", b, re.M)]
+    with_def = [b for b in cands if re.search(r"^[ \t]*(async[ \t]+)?def\s", b, re.M)]
     return (with_def or cands)[0]
 
 
@@ -100,17 +101,22 @@ def clean_completion(text: str) -> str:
 def _drop_unfinished_tail(code: str) -> str:
     """The longest prefix of whole top-level blocks that parses and still defines every function
     name the code defines (so only a repeated, unfinished definition is dropped; a broken sole
-    definition stays and fails the syntax level). ``code`` itself if there is none."""
+    definition stays and fails the syntax level). ``code`` itself if there is none. Only the last
+    :data:`MAX_TAIL_CUTS` block starts are tried (a hard budget: one parse each, so the cost is
+    linear in ``len(code)`` however many top-level lines the text has)."""
     lines = code.split("\n")
     names = set(_DEF_NAME.findall(code))
     starts = [i for i, line in enumerate(lines) if line.strip() and line[0] not in " \t#)]}"]
-    for cut in reversed(starts[1:]):
+    for cut in reversed(starts[1:][-MAX_TAIL_CUTS:]):
         prefix = "\n".join(lines[:cut]).rstrip()
         if set(_DEF_NAME.findall(prefix)) >= names and parse_code(prefix) is not None:
             return prefix
     return code
 
 
+MAX_TAIL_CUTS = 4
+"""How many cut points :func:`_drop_unfinished_tail` tries, from the end (``max_new_tokens``
+cuts off the last one or two blocks)."""
 _DEF_NAME = re.compile(r"^(?:async\s+)?def\s+([A-Za-z_]\w*)", re.M)
 
 
@@ -136,10 +142,24 @@ def compiles(code: str) -> bool:
 
 
 def parse_code(code: str) -> ast.Module | None:
+    """``ast.parse(code)``, or ``None`` if it does not parse. Texts that failed are remembered
+    (the last :data:`_FAILED_SIZE`), so the cleaning and static passes parse a broken completion
+    a bounded number of times (each parse is linear in its length)."""
+    if code in _failed:
+        return None
     try:
         return ast.parse(code)
     except (SyntaxError, ValueError):
+        with _failed_lock:
+            _failed[code] = None
+            while len(_failed) > _FAILED_SIZE:
+                _failed.pop(next(iter(_failed)))
         return None
+
+
+_FAILED_SIZE = 64
+_failed: dict[str, None] = {}
+_failed_lock = threading.Lock()
 
 
 def find_function(code: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
@@ -157,6 +177,19 @@ def defines(code: str, name: str) -> bool:
     if parse_code(code) is not None:
         return find_function(code, name) is not None
     return re.search(rf"^(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None
+
+
+def textual_return(code: str, name: str) -> bool:
+    """Whether a line after the first ``def name(`` line is an indented ``return`` (for code that
+    does not parse; one pass over the lines, linear in ``len(code)``)."""
+    lines = code.split("\n")
+    start = next(
+        (i for i, line in enumerate(lines) if re.match(rf"def\s+{re.escape(name)}\s*\(", line)), None
+    )
+    return start is not None and any(_RETURN.match(line) for line in lines[start + 1 :])
+
+
+_RETURN = re.compile(r"[ \t]+return\b")
 
 
 def prompt_preamble(prompt: str, entry_point: str) -> str:

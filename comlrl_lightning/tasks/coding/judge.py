@@ -46,6 +46,10 @@ class CandidateFailed(Exception):
     """Raised in place of a candidate's output when the candidate raised (args: its type name)."""
 
 
+class CandidateTimeout(Exception):
+    """Raised in place of a candidate's output when the call ran over its time (harness category)."""
+
+
 class CallMismatch(Exception):
     """The test called ``candidate`` on an input the recording does not have."""
 
@@ -63,7 +67,7 @@ def replay(
     entry_point: str = "candidate",
 ) -> list[list[str | None]]:
     """Run each test with ``candidate`` (and ``entry_point``, as in HumanEval's own harness) looking ``plain.dumps([args, kwargs])`` up in ``outputs``
-    (``{"o": encoded value}`` or ``{"x": exception type}``). Returns ``[status, error type]`` per
+    (``{"o": encoded value}``, ``{"x": exception type}`` or ``{"t": "timeout" | "unsupported"}``). Returns ``[status, error type]`` per
     test: ``passed``, ``failed`` (an assertion), ``error`` (the candidate raised, a mismatch, an
     unsupported output) or ``timeout``. Runs inside the judge process."""
     import random
@@ -76,8 +80,10 @@ def replay(
         out = outputs.get(key)
         if out is None:
             raise CallMismatch(key[:80])
-        if "x" in out:
-            raise CandidateFailed(str(out["x"]))
+        if out.get("t") == "timeout":
+            raise CandidateTimeout()
+        if "o" not in out:  # {"x": exception type} or {"t": "unsupported"}
+            raise CandidateFailed(str(out["x"]) if "x" in out else "UnsupportedOutput")
         try:
             return plain.decode(out["o"])
         except plain.PlainDataError:
@@ -100,7 +106,7 @@ def replay(
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
             results.append(["passed", None])
-        except _JudgeTimeout:
+        except (_JudgeTimeout, CandidateTimeout):
             results.append(["timeout", "Timeout"])
         except AssertionError:
             results.append(["failed", "AssertionError"])

@@ -9,9 +9,11 @@ entry-point function, which may call ``aux``; both agents get one level-gated sh
 Every level past the static ones is earned from what ran, judged outside the process that ran
 it (:mod:`comlrl_lightning.tasks.coding.judge`): the candidate's program is called on the inputs
 the problem's tests use and returns plain outputs; the trusted judge replays the tests on them.
-The cooperation bonus needs tests that pass with the helper and fail when ``aux`` is replaced by
-a stub (one that raises, one that returns ``None``) and a helper whose outputs vary, so a dead or
-decorative call, or a constant helper used as a gate, earns nothing (limits: docs/attacks.md). The main agent's code cannot replace names the prompt or the helper define (its
+The cooperation bonus is decided counterfactually, from fresh runs of the same program with the
+helper's values replaced by a trusted stand-in (:mod:`comlrl_lightning.tasks.coding.standin`),
+judged like the real run from plain outputs only, so a dead or decorative call, a gate on the
+helper's type or ``None``-ness, a constant helper used as a gate, or anything the candidate's process
+says about its helper, earns nothing (limits: docs/attacks.md). The main agent's code cannot replace names the prompt or the helper define (its
 top-level definitions of them are dropped, and they are restored after it loads). Parsing,
 cleaning and static checks never raise: a pathological completion (deep nesting, 100k
 characters, NUL bytes, invalid UTF-8, huge literals) scores the static levels it reached and
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import re
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,7 @@ from comlrl_lightning.tasks.coding.code_text import (  # noqa: F401 - ERROR_REAS
     parse_code,
     prompt_preamble,
     strip_fences,
+    textual_return,
     without_definitions_of,
 )
 from comlrl_lightning.tasks.coding.data import (  # noqa: F401 - re-exported (public names of this module)
@@ -57,6 +59,7 @@ from comlrl_lightning.tasks.coding.data import (  # noqa: F401 - re-exported (pu
 )
 from comlrl_lightning.tasks.coding.judge import Judge
 from comlrl_lightning.tasks.coding.prompts import HelperPrompt, MainPrompt, SinglePrompt  # noqa: F401
+from comlrl_lightning.tasks.coding.standin import STAND_INS, is_wrapper, stand_in_programs, value_name
 from comlrl_lightning.tasks.coding.verdict import evaluate
 
 AUX = "aux"
@@ -85,6 +88,7 @@ class _Plan:
     calls_aux: bool = False
     trivial: bool = True
     redefined: bool = False
+    stand_ins: dict[str, str] | None = None  # run programs by kind (standin.py); "real" is `program`
     error: str | None = None
 
 
@@ -142,7 +146,6 @@ class _CodeRewardBase:
                     self.config,
                     main=plans[i].main,
                     protected=plans[i].protected,
-                    probe=AUX if plans[i].calls_aux else "",
                 )
                 for i in todo
             ]
@@ -152,34 +155,33 @@ class _CodeRewardBase:
                 self._reports.popitem(last=False)
         return [None if k is None else self._reports[k] for k in keys]
 
-    def _score(self, plans: list[_Plan], rows: list[dict[str, Any]]) -> RewardResult:
+    def _score(self, plans: list[_Plan], rows: list[dict[str, Any]], turn: int = 0) -> RewardResult:
         reports = self._evaluate(plans, rows)
-        levels = [self._finish(p, rep) for p, rep in zip(plans, reports)]
+        levels = [self._finish(p, rep, turn) for p, rep in zip(plans, reports)]
         attribute = [
             i
             for i, (p, rep) in enumerate(zip(plans, reports))
-            if p.calls_aux and rep is not None and rep.num_passed > 0
+            if p.calls_aux and p.stand_ins and rep is not None and rep.all_passed
         ]
-        if attribute:  # which passing tests fail without the helper: fresh runs, indistinguishable jobs
-            variants = [
+        if attribute:  # the counterfactual: fresh runs with the helper's values replaced (standin.py)
+            flat = self._evaluate(  # every stand-in run of the call at once (one thread pool)
                 [
-                    dataclasses.replace(
-                        plans[i], program=guarded(_with_stub, plans[i], body)[0] or plans[i].program
-                    )
+                    dataclasses.replace(plans[i], program=plans[i].stand_ins[kind])
+                    for kind in STAND_INS
                     for i in attribute
-                ]
-                for body in STUB_BODIES
-            ]
-            stubbed = [self._evaluate(v, [rows[i] for i in attribute]) for v in variants]
+                ],
+                [rows[i] for _ in STAND_INS for i in attribute],
+            )
+            n = len(attribute)
+            runs = [flat[s * n : (s + 1) * n] for s in range(len(STAND_INS))]
             for k, i in enumerate(attribute):
-                needed = [
-                    t.passed and not any(runs[k].tests[j].passed for runs in stubbed)
-                    for j, t in enumerate(reports[i].tests)
-                ]
-                if any(needed) and getattr(reports[i], "helper_varies", False):  # aux input-dependent
+                real, pert, first = reports[i], runs[0][k], runs[1][k]  # every test passed in `real`
+                needed = pert is not None and not pert.all_passed
+                varies = first is not None and not first.all_passed
+                if needed and varies:
                     levels[i]["coop_calls_aux"] = 0.5
-                    mirrors = getattr(reports[i], "helper_mirrors", False)
-                    levels[i]["coop_nontrivial"] = 0.0 if plans[i].trivial or mirrors else 0.5
+                    wrapper = plans[i].trivial or is_wrapper(real.outputs, pert.outputs)
+                    levels[i]["coop_nontrivial"] = 0.0 if wrapper else 0.5
         metrics = {k: [c[k] for c in levels] for k in self.LEVELS}
         metrics[PASS_AT_1] = [float(r is not None and r.all_passed) for r in reports]
         for name, idx in (("tests_visible_passed", True), ("tests_hidden_passed", False)):
@@ -196,10 +198,18 @@ class _CodeRewardBase:
         metrics["main_redefined_protected"] = [float(p.redefined) for p in plans]
         return RewardResult([sum(c.values()) for c in levels], metrics)
 
-    def _finish(self, plan: _Plan, report: TestReport | None) -> dict[str, float]:
+    def _finish(self, plan: _Plan, report: TestReport | None, turn: int = 0) -> dict[str, float]:
+        """The levels of one plan; the test term is ``TEST_WEIGHT`` times the fraction passed of all
+        tests at turn 0 and of the *hidden* tests only on revisions (turn >= 1: the visible ones
+        were quoted in feedback, so answering them pays nothing; no hidden test, no test term)."""
         c = dict(plan.components)
         if report is not None and "tests" in c:
-            c["tests"] = self.TEST_WEIGHT * report.fraction_passed
+            if turn < 1:
+                c["tests"] = self.TEST_WEIGHT * report.fraction_passed
+            else:
+                shown = set(visible_tests(report.num_tests))
+                hidden = [t.passed for j, t in enumerate(report.tests) if j not in shown]
+                c["tests"] = self.TEST_WEIGHT * sum(hidden) / len(hidden) if hidden else 0.0
         return c
 
     TEST_WEIGHT = 1.5
@@ -214,26 +224,6 @@ class _CodeRewardBase:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_executor": None, "_judge": None, "_reports": OrderedDict()}
-
-
-STUB_BODIES = ("raise RuntimeError('aux is unavailable')", "return None")
-"""Attribution: the helper's body replaced (signature kept) by one that raises, and one returning ``None``."""
-
-
-def _with_stub(plan: _Plan, body: str) -> str:
-    """The plan's program with ``aux``'s body replaced by ``body``: the job then looks like any other run
-    (nothing in the sandboxed process says it is an attribution run)."""
-    tree, fn = parse_code(plan.helper), find_function(plan.helper, AUX)
-    if tree is None or fn is None:  # no helper `aux` to stub: the run is the real one (no bonus)
-        return plan.program
-    for node in tree.body:
-        if (
-            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.name == AUX
-            and (node.lineno, node.col_offset) == (fn.lineno, fn.col_offset)
-        ):
-            node.body = ast.parse(body).body
-    return "\n\n".join(p for p in (plan.preamble, ast.unparse(tree)) if p.strip()) + "\n"
 
 
 def _check_agents(
@@ -258,18 +248,20 @@ class CooperativeCodeReward(_CodeRewardBase):
        ``+0.6`` if ``main`` defines the entry point, else stop.
     2. syntax: ``+0.5`` if ``preamble + aux + main`` compiles (no code is run), else stop.
     3. tests: ``+1.5 * fraction`` of the problem's tests passed, as judged by the trusted judge
-       (visible and hidden tests alike; both counts are logged).
-    4. cooperation: ``+0.5`` if the entry point calls ``aux`` and at least one test passes with the
-       helper but fails when ``aux`` is replaced by a stub that raises and by one that returns
-       ``None``, and ``aux`` is input-dependent (its outputs in the entry point's calls, recorded
-       in the same run, are not all equal: a constant helper used as a gate earns nothing);
-       ``+0.5`` more if the entry point is not a trivial wrapper: neither a sole
-       ``return aux(...)`` nor, by behaviour, a function whose output equals ``aux``'s own output
-       (``aux`` called alone on the same arguments, in the same sandbox run) on every recorded
-       input where both return.
+       (visible and hidden tests alike at turn 0; on revisions, turn >= 1, the hidden tests only,
+       since the visible ones were quoted in feedback; both counts are logged).
+    4. cooperation (only when every test passed and the entry point calls ``aux``; two more
+       sandbox runs, see :mod:`~comlrl_lightning.tasks.coding.standin`): ``+0.5`` if some test
+       fails when every value ``aux`` returns is *perturbed* (same type, another value: a type
+       or ``None`` check cannot tell) and some test fails when every value is frozen to the
+       *first* one it returned (so a constant helper used as a gate earns nothing); ``+0.5``
+       more if the entry point is not a wrapper: neither a sole ``return aux(...)`` nor a
+       function whose outputs, wherever the perturbation changed them, changed to exactly the
+       perturbed real output (it returns what ``aux`` returned). On a bool output any change is
+       that one, so there a main that aggregates the helper's bools earns the first half only.
 
-    Before running, the main part's top-level definitions of the preamble's names and of ``aux``
-    are dropped (``main_redefined_protected`` counts it). The joint actions of a call run in
+    Before running, the main part's top-level definitions of the preamble's names, of ``aux`` and
+    of the stand-ins' value function are dropped (``main_redefined_protected`` counts it). The joint actions of a call run in
     parallel. The result's metrics hold each level's value, :data:`PASS_AT_1`,
     ``tests_visible_passed``/``tests_hidden_passed`` and the ``error_<reason>`` counters.
 
@@ -297,7 +289,7 @@ class CooperativeCodeReward(_CodeRewardBase):
     ) -> RewardResult:
         _check_agents(joint_actions, episodes, 2, self.name)
         rows = [ep.data for ep in episodes]
-        return self._score([self.plan(ja, row) for ja, row in zip(joint_actions, rows)], rows)
+        return self._score([self.plan(ja, row) for ja, row in zip(joint_actions, rows)], rows, turn)
 
     def program_for(self, joint_action: Sequence[str], row: dict[str, Any]) -> str | None:
         """The whole program a joint action makes (``None`` if it does not get as far as compiling)."""
@@ -324,14 +316,15 @@ class CooperativeCodeReward(_CodeRewardBase):
             isinstance(n, ast.Return) and n.value is not None for n in ast.walk(fn)
         )
         if fn is None and parse_code(aux) is None:  # unparseable helper: textual check
-            has_return = bool(re.search(r"^def\s+aux\s*\([^\n]*\n(.*\n)*?\s+return\b", aux + "\n", re.M))
+            has_return = textual_return(aux, AUX)
         st.components["aux_defined"] = 0.4 if has_return else 0.0
         if not defines(main, entry):
             return self._filled(st)
         st.components["main_defined"] = 0.6
         preamble = prompt_preamble(row["prompt"], entry)
         protected = set().union(
-            *[_bound_names(n) for n in (parse_code(preamble) or ast.Module([], [])).body], {AUX}
+            *[_bound_names(n) for n in (parse_code(preamble) or ast.Module([], [])).body],
+            {AUX, value_name(preamble, aux)},  # and the stand-ins' value function
         )
         protected.discard(entry)
         main, st.redefined = without_definitions_of(main, protected)
@@ -339,7 +332,9 @@ class CooperativeCodeReward(_CodeRewardBase):
         if not compiles(program + "\n\n" + main + "\n"):
             return self._filled(st)
         st.components["syntax"] = 0.5
-        st.program, st.main, st.protected = program, main, tuple(sorted(protected))
+        st.stand_ins = stand_in_programs(preamble, aux, AUX)
+        st.program = program if st.stand_ins is None else st.stand_ins["real"]
+        st.main, st.protected = main, tuple(sorted(protected))
         st.preamble, st.helper = preamble, aux
         main_fn = find_function(main, entry)
         if main_fn is not None:

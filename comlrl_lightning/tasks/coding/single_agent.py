@@ -71,7 +71,7 @@ class SingleAgentCodeReward(_CodeRewardBase):
     ) -> RewardResult:
         _check_agents(joint_actions, episodes, 1, self.name)
         rows = [ep.data for ep in episodes]
-        res = self._score([self.plan(ja, row) for ja, row in zip(joint_actions, rows)], rows)
+        res = self._score([self.plan(ja, row) for ja, row in zip(joint_actions, rows)], rows, turn)
         return RewardResult(res.values, {k: v for k, v in res.metrics.items() if k != "tests"})
 
 

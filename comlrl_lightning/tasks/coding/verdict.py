@@ -7,10 +7,9 @@ test status in it was decided by the trusted judge from the candidate's plain ou
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from comlrl_lightning.sandbox.api import CallsReport, SandboxConfig, SandboxResult, TestReport, run_calls
@@ -20,20 +19,12 @@ from comlrl_lightning.tasks.coding.recorder import Recording, recording_for
 
 @dataclass
 class JudgedReport(TestReport):
-    """A :class:`TestReport` plus what the helper did (only with a ``probe``; read by the
-    cooperation bonus, see :class:`~comlrl_lightning.tasks.coding.reward.CooperativeCodeReward`).
-
-    Attributes:
-        helper_varies: in the calls of the entry point that called the helper, its outputs were
-            not all equal (a constant helper cannot be what makes a test pass).
-        helper_mirrors: on every input where both the entry point and the helper called alone
-            returned (at least one), they returned the same value: the entry point behaves as a
-            wrapper of the helper.
-    """
+    """A :class:`TestReport` plus the candidate's plain outputs, one per recorded call (``{"o":
+    value}``, ``{"x": exception type}``, ``{"t": category}`` or ``None``), for the cooperation
+    counterfactual (:mod:`comlrl_lightning.tasks.coding.standin`)."""
 
     __test__ = False
-    helper_varies: bool = False
-    helper_mirrors: bool = False
+    outputs: list[dict | None] = field(default_factory=list)
 
 
 def evaluate(
@@ -44,7 +35,6 @@ def evaluate(
     *,
     main: str = "",
     protected: Sequence[str] = (),
-    probe: str = "",
 ) -> JudgedReport:
     """Judged test results of ``program`` (then ``main``, see
     :func:`~comlrl_lightning.sandbox.api.run_calls`) on problem ``row``.
@@ -55,26 +45,10 @@ def evaluate(
     """
     rec = recording_for(row)
     keys = rec.keys
-    calls = run_calls(
-        program, rec.entry_point, keys, main=main, protected=protected, probe=probe, config=config
-    )
+    calls = run_calls(program, rec.entry_point, keys, main=main, protected=protected, config=config)
     report = _judged(rec, keys, calls, judge, config.max_message_chars)
-    if probe:
-        seen = {x for a in calls.helper_seen if a for x in a}
-        report.helper_varies = len(seen) > 1
-        both = [
-            (o["o"], d["o"])
-            for o, d in zip(calls.outputs, calls.helper_direct)
-            if o is not None and d is not None and "o" in o and "o" in d
-        ]
-        report.helper_mirrors = bool(both) and all(_same(a, b) for a, b in both)
+    report.outputs = list(calls.outputs)
     return report
-
-
-def _same(a: object, b: object) -> bool:
-    from comlrl_lightning.sandbox import plain
-
-    return json.dumps(plain.encode(a), sort_keys=True) == json.dumps(plain.encode(b), sort_keys=True)
 
 
 def _judged(rec: Recording, keys: list[str], calls: CallsReport, judge: Judge, lim: int) -> JudgedReport:
@@ -106,8 +80,15 @@ def _judged(rec: Recording, keys: list[str], calls: CallsReport, judge: Judge, l
         elif status == "passed":
             tests.append(SandboxResult("passed"))
         else:
-            msg = f"{err} raised by {rec.entry_point}" if err not in ("CallMismatch", "Timeout") else str(err)
-            tests.append(SandboxResult("timeout" if err == "Timeout" else "error", err, msg[:lim]))
+            if status == "timeout":  # the judge's category (its own deadline or the harness's)
+                tests.append(SandboxResult("timeout", "Timeout", f"{rec.entry_point} timed out"[:lim]))
+                continue
+            msg = (
+                f"{err} raised by {rec.entry_point}"
+                if err not in ("CallMismatch", "UnsupportedOutput")
+                else str(err)
+            )
+            tests.append(SandboxResult("error", err, msg[:lim]))
     return JudgedReport(program, tests, **kw)
 
 
@@ -115,7 +96,9 @@ def _wire(out: dict) -> dict:
     """An output as the judge receives it (re-encoded from the trusted side's decoded value)."""
     from comlrl_lightning.sandbox import plain
 
-    return {"o": plain.encode(out["o"])} if "o" in out else {"x": str(out["x"])[:100]}
+    if "o" in out:
+        return {"o": plain.encode(out["o"])}
+    return {"t": out["t"]} if "t" in out else {"x": str(out["x"])[:100]}
 
 
 def describe_assert(source: str, entry_point: str) -> str:

@@ -1,0 +1,207 @@
+"""The sandbox's result types and limits: :class:`SandboxConfig`, :class:`SandboxResult`,
+:class:`TestReport` (imported by every mode; the public face is :mod:`comlrl_lightning.sandbox.api`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from comlrl_lightning.sandbox.launch import RawRun, signame
+
+STATUSES = ("passed", "failed", "error", "timeout", "killed")
+BACKENDS = ("auto", "bwrap", "fallback")
+
+
+@dataclass
+class SandboxConfig:
+    """Limits and isolation switches for one sandboxed run.
+
+    Args:
+        timeout_s: wall-clock limit in seconds for the whole run (program and all tests).
+        test_timeout_s: per-step limit in seconds (loading the program, the setup, each test),
+            enforced inside the child with ``setitimer``; the wall clock is the backstop.
+        cpu_time_s: ``RLIMIT_CPU`` in seconds per process; ``None``: ``ceil(timeout_s) + 1``.
+        memory_mb: ``RLIMIT_AS`` (address space) in MB per process.
+        file_size_mb: ``RLIMIT_FSIZE`` in MB (largest file the code may write, stdout included).
+        disk_mb: size in MB of each private tmpfs (working directory, ``/tmp``...).
+        max_processes: ``RLIMIT_NPROC``: processes/threads the sandbox uid may have.
+        namespaces: isolate with namespaces (bubblewrap, else ``unshare``) where the OS allows it.
+        backend: ``"auto"`` (bubblewrap when a trial run works, else the fallback launcher),
+            ``"bwrap"`` (required: :class:`SandboxError` if it cannot run) or ``"fallback"``.
+        drop_privileges: when running as root, run the code as an unused uid.
+        uid: that uid; ``None`` picks a random unused one per run (falls back to ``nobody``).
+        hash_seed: ``PYTHONHASHSEED`` of the child (``None``: random).
+        max_message_chars: bound on :attr:`SandboxResult.message`.
+        max_output_chars: bound on the captured stdout/stderr tails.
+        startup_grace_s: extra seconds the parent waits for the launcher beyond ``timeout_s``
+            before killing its whole process group.
+
+    Raises:
+        ValueError: a limit is not positive, ``uid`` is root, or ``backend`` is unknown.
+    """
+
+    timeout_s: float = 5.0
+    test_timeout_s: float = 2.0
+    cpu_time_s: int | None = None
+    memory_mb: int = 1024
+    file_size_mb: int = 16
+    disk_mb: int = 64
+    max_processes: int = 32
+    namespaces: bool = True
+    backend: str = "auto"
+    drop_privileges: bool = True
+    uid: int | None = None
+    hash_seed: int | None = 0
+    max_message_chars: int = 400
+    max_output_chars: int = 4000
+    startup_grace_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "timeout_s",
+            "test_timeout_s",
+            "memory_mb",
+            "file_size_mb",
+            "disk_mb",
+            "max_processes",
+            "max_message_chars",
+            "max_output_chars",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"SandboxConfig.{name}: got {value!r}; must be a positive number")
+        if self.startup_grace_s < 0:
+            raise ValueError(f"SandboxConfig.startup_grace_s: got {self.startup_grace_s!r}; must be >= 0")
+        if self.uid is not None and not 0 < self.uid < 2**32 - 1:
+            raise ValueError(f"SandboxConfig.uid: got {self.uid!r}; must be a non-root uid (or None)")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"SandboxConfig.backend: got {self.backend!r}; allowed: {list(BACKENDS)}")
+        if self.cpu_time_s is not None and self.cpu_time_s <= 0:
+            raise ValueError(f"SandboxConfig.cpu_time_s: got {self.cpu_time_s!r}; must be positive or None")
+
+    def replace(self, **overrides: object) -> SandboxConfig:
+        """A copy with some fields changed. Raises ``ValueError`` for an unknown field."""
+        names = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ValueError(f"SandboxConfig: unknown field(s) {unknown}; allowed: {sorted(names)}")
+        return dataclasses.replace(self, **overrides) if overrides else self
+
+
+@dataclass
+class SandboxResult:
+    """The outcome of one step (loading the program, or one test).
+
+    Attributes:
+        status: ``"passed"``; ``"failed"`` (an assertion failed); ``"error"`` (another exception,
+            including ``SystemExit``, an early ``os._exit`` (``EarlyExit``), forged results
+            (``ResultTampering``)); ``"timeout"``; ``"killed"`` (by a signal, e.g. CPU limit).
+        error_type: exception class name (``"NameError"``, ``"SyntaxError"``...), signal name
+            for ``killed``, ``"Timeout"``; ``None`` when passed.
+        message: bounded detail: the failing ``assert`` statement or the last traceback line.
+        duration_s: seconds spent in the step (for the program: the whole run, wall clock).
+        returncode: exit code of the sandboxed process (negative signal number), ``None`` if it
+            was killed on timeout or is unknown.
+    """
+
+    status: str
+    error_type: str | None = None
+    message: str = ""
+    duration_s: float = 0.0
+    returncode: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Whether the step completed without an exception."""
+        return self.status == "passed"
+
+
+@dataclass
+class TestReport:
+    """All results of :func:`run_tests`.
+
+    Attributes:
+        program: result of loading the program (and the setup); not passed means it failed to
+            load and every test carries its status.
+        tests: one result per test, in order.
+        stdout: tail of the child's stdout (bounded); stderr likewise.
+        duration_s: wall-clock seconds of the whole run, as seen by the parent.
+        isolation: the isolation layers actually applied (e.g. ``"pid-namespace"``, ``"uid=..."``).
+        missing: the layers of :data:`~comlrl_lightning.sandbox.isolation.ALL_LAYERS` not applied.
+        sandbox_uid: the uid the code ran as, ``None`` if privileges were not dropped.
+        tampered: the result channel held forged or malformed records (nothing counts as passed).
+    """
+
+    __test__ = False  # not a pytest test class
+
+    program: SandboxResult
+    tests: list[SandboxResult] = field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    isolation: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    sandbox_uid: int | None = None
+    tampered: bool = False
+
+    @property
+    def program_loaded(self) -> bool:
+        """Whether the program (and setup) ran to completion."""
+        return self.program.passed
+
+    @property
+    def num_tests(self) -> int:
+        """Number of tests."""
+        return len(self.tests)
+
+    @property
+    def num_passed(self) -> int:
+        """Number of passed tests."""
+        return sum(t.passed for t in self.tests)
+
+    @property
+    def fraction_passed(self) -> float:
+        """``num_passed / num_tests`` (0.0 with no tests)."""
+        return self.num_passed / self.num_tests if self.tests else 0.0
+
+    @property
+    def all_passed(self) -> bool:
+        """Program loaded, at least one test, and every test passed (pass@1 of one sample)."""
+        return self.program_loaded and bool(self.tests) and self.num_passed == self.num_tests
+
+
+def end_result(raw: RawRun, cfg: SandboxConfig) -> SandboxResult:
+    """How the sandboxed run ended, as a result for the steps it did not report."""
+    res, st = raw.res, raw.end_status
+    returncode = (
+        st.get("code")
+        if st.get("kind") == "exited"
+        else (-st["signal"] if st.get("kind") == "signaled" else None)
+    )
+    if res.get("launcher_died"):
+        lim = cfg.max_message_chars
+        return SandboxResult("killed", "LauncherDied", f"sandbox launcher died: {raw.stderr[-lim:]}"[:lim])
+    if res["timed_out"]:
+        return SandboxResult("timeout", "Timeout", f"run exceeded {cfg.timeout_s:g} s wall clock", 0.0, None)
+    if st.get("oom"):
+        return SandboxResult(
+            "killed", "MemoryLimit", f"memory limit of {cfg.memory_mb} MB (cgroup) hit", 0.0, returncode
+        )
+    if st.get("kind") == "signaled":
+        name = signame(st["signal"])
+        return SandboxResult("killed", name, f"killed by {name} (resource limit or signal)", 0.0, returncode)
+    if st.get("kind") == "exited":
+        return SandboxResult(
+            "error", "EarlyExit", f"exited with code {returncode} before reporting", 0.0, returncode
+        )
+    return SandboxResult("killed", "SandboxKilled", "the sandbox's init process was killed", 0.0, None)
+
+
+def record_result(rec: dict, lim: int) -> SandboxResult:
+    err, status = rec.get("e"), rec.get("s")
+    return SandboxResult(
+        status if status in STATUSES else "error",
+        None if err is None else str(err)[:100],
+        str(rec.get("m", ""))[:lim],
+        float(rec.get("d") or 0.0) if type(rec.get("d")) is float else 0.0,
+    )

@@ -1,0 +1,288 @@
+"""Attacks on the cooperation bonus, built for any HumanEval problem from its canonical solution.
+
+Each attack is ``(class, name, aux, main, baseline)``: the completions of the two agents and what
+the honest answer it imitates earns: ``"solo"`` (the canonical main, ``aux`` unused: no bonus)
+for the gating and forging classes, ``"wrapper"`` (the helper solves, main returns its result:
+the first half of the bonus) for the wrapper classes, and ``"residual"`` for the two documented
+limits (they pay; docs/attacks.md gives their reach). Used by ``tests/test_adversarial_coop.py``
+(a few problems) and ``benchmarks/coop_attacks.py`` (all 164).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import NamedTuple
+
+from comlrl_lightning.tasks.coding.data import _Rename
+
+
+class Attack(NamedTuple):
+    cls: str
+    name: str
+    aux: str
+    main: str
+    baseline: str
+
+
+LEN_AUX = "def aux(x):\n    return len(repr(x))\n"
+JUNK = "None"  # what a sabotaging main returns
+
+
+def _entry(row: dict) -> ast.FunctionDef:
+    tree = ast.parse(row["prompt"] + row["canonical_solution"])
+    return next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == row["entry_point"])
+
+
+def _params(fn: ast.FunctionDef) -> tuple[str, str]:
+    """``(signature text, call arguments text)`` of a function."""
+    names = [a.arg for a in fn.args.args]
+    return ast.unparse(fn.args), ", ".join(names)
+
+
+def solo_main(row: dict, lines: str = "", top: str = "") -> str:
+    """The canonical entry point with ``lines`` (source, 0-indented) run first in its body and
+    ``top`` (module-level source) before it."""
+    fn = _entry(row)
+    body = fn.body[1:] if ast.get_docstring(fn) else fn.body
+    fn.body = (ast.parse(lines).body if lines.strip() else []) + body
+    return (top + "\n" if top else "") + ast.unparse(fn) + "\n"
+
+
+def helper_solves(row: dict, extra_param: str = "", gate: str = "") -> str:
+    """The canonical solution as ``aux`` (same parameters, optional extra first one); ``gate``
+    (source, 0-indented) runs first and may ``return`` something else."""
+    fn = _entry(row)
+    body = fn.body[1:] if ast.get_docstring(fn) else fn.body
+    _Rename(row["entry_point"], "aux").visit(fn)
+    fn.name = "aux"
+    fn.body = (ast.parse(gate).body if gate.strip() else []) + body
+    fn.decorator_list = []
+    if extra_param:
+        fn.args.args.insert(0, ast.arg(extra_param))
+        if fn.args.defaults is not None and len(fn.args.defaults) > len(fn.args.args):
+            fn.args.defaults = fn.args.defaults[-len(fn.args.args) :]
+    return ast.unparse(fn) + "\n"
+
+
+def wrapper_main(row: dict, body: str, top: str = "") -> str:
+    """An entry point with the canonical signature and ``body`` (``{args}``: its call arguments)."""
+    sig, args = _params(_entry(row))
+    lines = "\n".join("    " + ln for ln in body.format(args=args).splitlines())
+    return (top + "\n" if top else "") + f"def {row['entry_point']}({sig}):\n{lines}\n"
+
+
+def attacks_for(row: dict) -> list[Attack]:
+    """Every attack below on problem ``row`` (see the module docstring)."""
+    a0 = _entry(row).args.args[0].arg
+    entry, args = row["entry_point"], _params(_entry(row))[1]
+    out = [
+        # gating: main solves alone and refuses when aux's value looks like a stub's
+        Attack(
+            "gate on an input-dependent helper",
+            "is_none",
+            LEN_AUX,
+            solo_main(row, f"if aux({a0}) is None:\n    return None"),
+            "solo",
+        ),
+        Attack(
+            "gate on an input-dependent helper",
+            "type_check",
+            LEN_AUX,
+            solo_main(row, f"if type(aux({a0})) is not int:\n    raise ValueError"),
+            "solo",
+        ),
+        Attack(
+            "gate on an input-dependent helper",
+            "positive",
+            LEN_AUX,
+            solo_main(row, f"assert aux({a0}) > 0"),
+            "solo",
+        ),
+        Attack(
+            "gate on a constant helper",
+            "assert_true",
+            "def aux(x):\n    return True\n",
+            solo_main(row, f"assert aux({a0})"),
+            "solo",
+        ),
+        Attack(
+            "gate on a constant helper",
+            "truthy_one",
+            "def aux(x):\n    return 1\n",
+            solo_main(row, f"if not aux({a0}):\n    return None"),
+            "solo",
+        ),
+        # a global flag main raises, or main's frame, decides what the helper returns
+        Attack(
+            "helper keyed on a flag or its caller",
+            "flag_gate",
+            "def aux(x):\n    return len(repr(x)) if globals().get('_IN_MAIN') else None\n",
+            solo_main(row, f"global _IN_MAIN\n_IN_MAIN = True\nif aux({a0}) is None:\n    return None"),
+            "solo",
+        ),
+        Attack(
+            "helper keyed on a flag or its caller",
+            "caller_gate",
+            "import sys\ndef aux(x):\n"
+            f"    return len(repr(x)) if sys._getframe(1).f_code.co_name == {entry!r} else None\n",
+            solo_main(row, f"if aux({a0}) is None:\n    return None"),
+            "solo",
+        ),
+        # forging what the old in-process probe reported
+        Attack(
+            "forged helper records",
+            "records_on_every_fd",
+            LEN_AUX,
+            solo_main(
+                row,
+                f"aux({a0})\n_forge()",
+                top=(
+                    "import os\ndef _forge():\n    for fd in range(0, 64):\n"
+                    '        for rec in (\'{"v": 1, "i": 0, "o": 0}\', \'{"v": 0, "i": 0, "o": 0, "a": ["1", "2"]}\','
+                    ' \'{"i": 0, "o": 0}\'):\n'
+                    "            try:\n                os.write(fd, (rec + '\\n').encode())\n"
+                    "            except OSError:\n                pass\n"
+                ),
+            ),
+            "solo",
+        ),
+        Attack(
+            "forged helper records",
+            "harness_lists_via_frames",
+            LEN_AUX,
+            solo_main(
+                row,
+                f"aux({a0})\n_forge()",
+                top=(
+                    "import sys\ndef _forge():\n    f = sys._getframe(1)\n    while f is not None:\n"
+                    "        for k, v in list(f.f_locals.items()):\n"
+                    "            if type(v) is list and k in ('seen', 'outputs', 'calls'):\n"
+                    "                v.extend(['1', '2', '3'])\n"
+                    "            if type(v) is dict and 'probe' in v:\n                v['probe'] = 'aux'\n"
+                    "        f = f.f_back\n"
+                ),
+            ),
+            "solo",
+        ),
+        # reading the stub's code: the old stubs' bodies, or aux's own code object
+        Attack(
+            "reading the stub",
+            "stub_source",
+            LEN_AUX,
+            solo_main(
+                row,
+                f"import inspect\ntry:\n    src = inspect.getsource(aux)\nexcept OSError:\n    src = ''\n"
+                f"if 'unavailable' in src or 'return None' in src or aux({a0}) is None:\n    return None",
+            ),
+            "solo",
+        ),
+        Attack(
+            "reading the stub",
+            "stub_code_object",
+            LEN_AUX,
+            solo_main(
+                row,
+                f"global _K\nif _K is None:\n    _K = aux.__code__.co_code\n"
+                f"if aux.__code__.co_code != _K or aux({a0}) is None:\n"
+                "    return None",
+                top="_K = None",
+            ),
+            "solo",
+        ),
+        # wrappers: the helper solves, main only passes its result on
+        Attack("wrapper", "honest", helper_solves(row), wrapper_main(row, "return aux({args})"), "wrapper"),
+        Attack(
+            "wrapper",
+            "assigned",
+            helper_solves(row),
+            wrapper_main(row, "r = aux({args})\nreturn r"),
+            "wrapper",
+        ),
+        Attack(
+            "wrapper",
+            "leading_pass",
+            helper_solves(row),
+            wrapper_main(row, "pass\nreturn aux({args})"),
+            "wrapper",
+        ),
+        Attack(
+            "wrapper",
+            "same_value_or",
+            helper_solves(row),
+            wrapper_main(row, "r = aux({args})\nreturn r if r is not None else r"),
+            "wrapper",
+        ),
+        Attack(
+            "wrapper",
+            "deep_copy",
+            helper_solves(row),
+            wrapper_main(row, "import copy\nreturn copy.deepcopy(aux({args}))"),
+            "wrapper",
+        ),
+        Attack(
+            "wrapper",
+            "rounded",
+            helper_solves(row),
+            wrapper_main(row, "r = aux({args})\nreturn round(r, 12) if type(r) is float else r"),
+            "wrapper",
+        ),
+        Attack(
+            "wrapper",
+            "extra_first_argument",
+            helper_solves(row, extra_param="_mode"),
+            wrapper_main(row, "return aux(0, {args})"),
+            "wrapper",
+        ),
+        Attack(
+            "wrapper",
+            "second_pass_memory",
+            helper_solves(
+                row,
+                gate="global _SEEN\n_SEEN = globals().get('_SEEN') or set()\n"
+                f"_k = repr(({args},))\nif _k in _SEEN:\n    return None\n_SEEN.add(_k)",
+            ),
+            wrapper_main(row, "return aux({args})"),
+            "wrapper",
+        ),
+        Attack(
+            "wrapper",
+            "flag_raised_by_main",
+            helper_solves(row, gate="if not globals().get('_IN_MAIN'):\n    return None"),
+            wrapper_main(
+                row, "global _IN_MAIN\n_IN_MAIN = True\nr = aux({args})\n_IN_MAIN = False\nreturn r"
+            ),
+            "wrapper",
+        ),
+        Attack(
+            "wrapper",
+            "caller_is_main",
+            "import sys\n"
+            + helper_solves(row, gate=f"if sys._getframe(1).f_code.co_name != {entry!r}:\n    return None"),
+            wrapper_main(row, "return aux({args})"),
+            "wrapper",
+        ),
+        # the two documented residuals
+        Attack(
+            "residual",
+            "reads_the_stand_in",
+            LEN_AUX,
+            solo_main(
+                row,
+                f"aux({a0})\nv = [f for k, f in globals().items() if k.startswith('_aux_value')]\n"
+                "if v and v[0](1) != 1:\n    return None",
+            ),
+            "residual",
+        ),
+        Attack(
+            "residual",
+            "pre_arranged_exact_value",
+            "def aux(x):\n    return x\n",
+            solo_main(row, f"if aux({a0}) != {a0}:\n    return None"),
+            "residual",
+        ),
+    ]
+    return out
+
+
+BASELINE = {"solo": 3.0, "wrapper": 3.5}
+"""What the imitated honest answer earns on a problem whose canonical solution passes every test."""

@@ -1,0 +1,60 @@
+"""Completions that try to stall the reward thread (issue 21): the static passes over untrusted
+text (cleaning, the structure checks, the helper's ``return`` check) are linear or hard-budgeted.
+
+The issue asks for a bound test here: at the 20,000-character cap each worst input costs at most
+1 s, and the time at 20k over the time at 10k (summed over the inputs, best of three, measured in
+one run) is at most 2.5. Before the fix 800 stacked ``@x`` lines took 10.5 s and the cap minutes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from comlrl_lightning.tasks.coding import code_text
+from comlrl_lightning.tasks.coding.code_text import MAX_COMPLETION_CHARS, clean_completion
+from comlrl_lightning.tasks.coding.data import load_humaneval_rows
+from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward
+
+
+def worst_inputs(n: int) -> dict[str, str]:
+    """Texts of ``n`` characters that made a pass super-linear before (or could)."""
+    return {
+        "stacked_decorators": ("@x\n" * n)[:n],
+        "decorators_after_a_broken_def": ("def f(:\n" + "@x\n" * n)[:n],
+        "unparseable_def_aux_lines": ("def aux(\n" * n)[:n],
+        "blank_lines_then_a_def": "\n" * (n - 8) + "def f(:\n",
+        "broken_top_level_blocks": ("def f():\n    pass\n" + "def g(:\n" * n)[:n],
+        "fenced_blank_lines": ("```python\n" + "\n" * n)[:n],
+    }
+
+
+def _cost(reward: CooperativeCodeReward, row: dict, text: str) -> float:
+    best = float("inf")
+    for _ in range(3):
+        code_text._failed.clear()  # cold: no parse failure remembered from the last repeat
+        t = time.perf_counter()
+        reward.plan([text, text], row)  # the helper's and the main's static passes
+        best = min(best, time.perf_counter() - t)
+    return best / 2
+
+
+@pytest.fixture(scope="module")
+def row():
+    return load_humaneval_rows()[0]
+
+
+def test_static_passes_are_bounded_at_the_cap_and_linear(row):
+    reward = CooperativeCodeReward()
+    big = {k: _cost(reward, row, v) for k, v in worst_inputs(MAX_COMPLETION_CHARS).items()}
+    small = {k: _cost(reward, row, v) for k, v in worst_inputs(MAX_COMPLETION_CHARS // 2).items()}
+    assert max(big.values()) <= 1.0, big
+    assert sum(big.values()) / sum(small.values()) <= 2.5, (big, small)
+
+
+def test_the_stacked_decorators_still_clean_the_way_they_did(row):
+    # the budget changes the cost, not the result on ordinary cut-off completions
+    cut = "def aux(x):\n    return x + 1\n\n\ndef aux(x):\n    y = (x +"
+    assert clean_completion(cut) == "def aux(x):\n    return x + 1"
+    assert CooperativeCodeReward().plan(["def aux(\n    return 1", "x"], row).components["aux_defined"] == 0.4

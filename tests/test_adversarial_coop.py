@@ -1,0 +1,169 @@
+"""Attacks on the cooperation bonus (issue 21): every class earns no more than the honest answer it
+imitates; the counterfactual's parts; hard-coded feedback; harness categories apart from names.
+
+The attacks are built from each problem's canonical solution (``tests/coop_attacks.py``);
+``benchmarks/coop_attacks.py`` runs the same list on all 164 problems (docs/attacks.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+from coop_attacks import BASELINE, attacks_for, solo_main
+
+from comlrl_lightning.envs.base import Episode
+from comlrl_lightning.sandbox import plain
+from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
+from comlrl_lightning.tasks.coding.recorder import recording_for
+from comlrl_lightning.tasks.coding.reward import visible_tests
+from comlrl_lightning.tasks.coding.standin import BODIES, is_wrapper, perturbed, stand_in_programs
+
+STATIC = 0.4 + 0.6 + 0.5
+
+
+def _values(coop, row, pairs, turn=0):
+    return coop([list(p) for p in pairs], [Episode(0, row) for _ in pairs], turn).values
+
+
+def _check_problem(coop, row):
+    atks = attacks_for(row)
+    honest = [("def aux(x):\n    return x\n", solo_main(row))]  # the canonical main, aux unused
+    values = _values(coop, row, honest + [(a.aux, a.main) for a in atks])
+    assert values[0] == pytest.approx(BASELINE["solo"])
+    got = {a.name: v for a, v in zip(atks, values[1:])}
+    assert got["honest"] == pytest.approx(BASELINE["wrapper"])  # the honest wrapper keeps its half
+    for a in atks:
+        if a.baseline in BASELINE:
+            assert got[a.name] <= BASELINE[a.baseline] + 1e-9, (a.cls, a.name, got[a.name])
+        else:  # the documented residuals pay the whole bonus, never more (docs/attacks.md)
+            assert got[a.name] == pytest.approx(4.0), (a.cls, a.name)
+
+
+def test_no_attack_class_earns_more_than_the_honest_answer_it_imitates(coop, rows):
+    _check_problem(coop, rows[4])  # a float output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "task", [0, 29, 32, 55]
+)  # a bool, a list, a float with a helper in the prompt, a recursion
+def test_no_attack_class_pays_on_other_output_types(coop, rows, task):
+    _check_problem(coop, rows[task])
+
+
+MEAN = "def aux(numbers):\n    return sum(numbers) / len(numbers)\n"
+MAD_MAIN = (
+    "def mean_absolute_deviation(numbers):\n    m = aux(numbers)\n"
+    "    return sum(abs(x - m) for x in numbers) / len(numbers)\n"
+)
+PAIR_AUX = "def aux(a, b, threshold):\n    return abs(a - b) < threshold\n"
+PAIRS_MAIN = (
+    "def has_close_elements(numbers, threshold):\n    for i, a in enumerate(numbers):\n"
+    "        for j, b in enumerate(numbers):\n            if i != j and aux(a, b, threshold):\n"
+    "                return True\n    return False\n"
+)
+
+
+def test_genuine_cooperation_earns_the_bonus(coop, rows):
+    # the helper computes the mean, main uses it: the whole bonus
+    assert _values(coop, rows[4], [(MEAN, MAD_MAIN)])[0] == pytest.approx(4.0)
+    # a bool output cannot tell an aggregating main from a wrapper by values (docs/attacks.md):
+    # the helper's half only
+    assert _values(coop, rows[0], [(PAIR_AUX, PAIRS_MAIN)])[0] == pytest.approx(3.5)
+
+
+def test_the_stand_ins_differ_only_in_the_value_function():
+    progs = stand_in_programs(
+        "import math", "def aux(x):\n    def inner():\n        return 5\n    return x + 1\n"
+    )
+    assert set(progs) == set(BODIES)
+    helper = {k: p.split("\n\ndef aux", 1)[1] for k, p in progs.items()}
+    assert len(set(helper.values())) == 1  # the helper's code is the same in every run
+    assert "return _aux_value(x + 1)" in helper["real"] and "return 5" in helper["real"]  # own scope only
+    assert len(set(progs.values())) == 3
+    assert stand_in_programs("", "aux = lambda x: x\n") is None  # nothing to rewrite: no bonus
+    taken = stand_in_programs("", "_aux_value = 1\ndef aux(x):\n    return x\n")
+    assert "def _aux_value_(v)" in taken["real"]  # never shadows a name the program uses
+
+
+@pytest.mark.parametrize(
+    "value",
+    [True, False, 0, -1, 7, 0.0, -1.0, 1e17, float("inf"), "", "ab", [1, 2], (3,), {"a": 1}, [[True]]],
+)
+def test_perturbed_keeps_the_type_and_changes_the_value(value):
+    out = perturbed(value)
+    assert type(out) is type(value) and out != value
+    if isinstance(value, (list, tuple, dict)):
+        assert len(out) == len(value)
+
+
+def test_perturbed_leaves_what_it_cannot_change():
+    assert perturbed(None) is None and perturbed([]) == [] and perturbed({}) == {}
+
+
+def test_a_wrapper_is_a_main_whose_changed_outputs_are_the_perturbed_helper_outputs():
+    real = [{"o": 1}, {"o": [1, 2]}, {"x": "ValueError"}, None]
+    assert is_wrapper(real, [{"o": 2}, {"o": [1, 3]}, {"o": 5}, {"o": 1}])
+    assert not is_wrapper(real, [{"o": 3}, {"o": [1, 3]}, None, None])  # one output is not perturbed(real)
+    assert not is_wrapper(real, real)  # nothing changed: no evidence either way, no wrapper
+    assert is_wrapper([{"o": 0.25}], [{"o": 1.5 + 1e-9}])  # a finely rounded float is the same output
+    assert not is_wrapper([{"o": 0.25}], [{"o": 1.51}])
+
+
+def test_main_cannot_bind_the_value_function(coop, rows):
+    # a main that defines `_aux_value` itself (to make every run look like the real one, or the
+    # real one like a stand-in) has that definition dropped, like a definition of `aux`
+    main = MAD_MAIN + "_aux_value = lambda v: v\n"
+    res = coop([[MEAN, main]], [Episode(0, rows[4])], 0)
+    assert res.values[0] == pytest.approx(4.0) and res.metrics["main_redefined_protected"] == [1.0]
+
+
+# ----------------------------------------------------------------------------- hard-coded feedback
+def _lookup_main(row, indices):
+    """An entry point that answers, from a table, the calls of the given tests only."""
+    rec, table = recording_for(row), {}
+    for i in indices:
+        for key, out in zip(rec.calls[i], rec.expected[i]):
+            if "o" in out:
+                args, kwargs = plain.loads(key)
+                table[repr((list(args), kwargs))] = plain.decode(out["o"])
+    return (
+        f"def {row['entry_point']}(*args, **kwargs):\n"
+        f"    return _T.get(repr((list(args), kwargs)))\n_T = {table!r}\n"
+    )
+
+
+def test_a_revision_answering_the_quoted_asserts_earns_no_test_term(coop, rows):
+    row = rows[0]
+    rec = recording_for(row)
+    shown = visible_tests(len(rec.tests))
+    main = _lookup_main(row, shown)
+    first, later = (_values(coop, row, [("def aux(x):\n    return x\n", main)], t)[0] for t in (0, 1))
+    assert first > STATIC  # the visible tests pass (a turn-0 answer is not fed back yet)
+    assert later == pytest.approx(STATIC)  # revisions: hidden tests only, and those fail
+    canonical = solo_main(row)
+    assert _values(coop, row, [("def aux(x):\n    return x\n", canonical)], 1)[0] == pytest.approx(3.0)
+
+
+def test_a_problem_without_hidden_tests_has_no_test_term_on_revisions(coop, rows):
+    single = next(r for r in rows if len(recording_for(r).tests) == 1)
+    canonical = solo_main(single)
+    at0, at1 = (_values(coop, single, [("def aux(x):\n    return x\n", canonical)], t)[0] for t in (0, 1))
+    assert at0 == pytest.approx(3.0) and at1 == pytest.approx(STATIC)
+
+
+# ------------------------------------------------------------------ categories from the judge only
+@pytest.mark.parametrize("name", ["Timeout", "UnsupportedOutput", "CallMismatch"])
+def test_an_exception_named_like_a_category_reads_as_an_exception(coop, rows, name):
+    main = f"class {name}(Exception):\n    pass\ndef has_close_elements(numbers, threshold):\n    raise {name}()\n"
+    report = coop.report_for(["def aux(x):\n    return x\n", main], rows[0])
+    assert {t.status for t in report.tests} == {"error"}
+    assert {t.error_type for t in report.tests} == {"Exception"}
+    text = CodingFeedbackTransition(coop).feedback(report)
+    assert "an exception" in text and "timeout" not in text and "unsupported" not in text
+
+
+def test_a_real_timeout_still_reads_as_a_timeout(coop, rows):
+    main = "def has_close_elements(numbers, threshold):\n    while True:\n        pass\n"
+    report = coop.report_for(["def aux(x):\n    return x\n", main], rows[0])
+    assert report.tests[0].status == "timeout"
+    assert "a timeout" in CodingFeedbackTransition(coop).feedback(report)
