@@ -20,9 +20,6 @@ FOLDERS = {
 }
 """Source folder -> the package it is installed as (pyproject's package-dir)."""
 MAX_LINES = 400
-EXCLUDED_UNTIL_ISSUE_21 = ("comlrl_lightning/sandbox/",)
-"""Being rewritten by issue 21 ("Cooperation that can't be faked", which owns its import circle
-api.py <-> calls.py / pool.py): remove this exclusion when that lands."""
 
 
 def sources() -> dict[str, Path]:
@@ -30,9 +27,6 @@ def sources() -> dict[str, Path]:
     out = {}
     for folder, package in FOLDERS.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            if rel.startswith(EXCLUDED_UNTIL_ISSUE_21):
-                continue
             parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
