@@ -220,3 +220,43 @@ def test_head_on_the_trunk_critics_default_to_their_agents_device():
     assert plan.critics == [CPU, META] and plan.rewards == []
     place_module(team, plan)
     assert team.critics[1].out.weight.device == META and team.critics[0].out.weight.device == CPU
+
+
+def _per_agent_level():
+    # one node, K=3 aligned joint actions; the agents' rewards differ in scale
+    rewards = torch.tensor([[[1.0, 0.0], [0.0, 10.0], [2.0, 20.0]]])  # [G=1, J=3, N=2]
+    level = Level(0, [], [], [], rewards, {}, torch.full((1, 3), -1))
+    compute_returns([level], discount=1.0)
+    return level
+
+
+def test_per_agent_rewards_subtract_the_kl_cost_before_the_baseline():
+    # kl_mode="reward" with per-agent rewards: each agent's β·KL is subtracted from its own column
+    level = _per_agent_level()
+    costs = [[torch.tensor([[0.5, 0.0, 0.25]]), torch.tensor([[1.0, 2.0, 3.0]])]]
+    compute_advantages([level], RolloutPlan(3), MEAN_UNSCALED, num_agents=2, sample_costs=costs)
+    shaped0, shaped1 = torch.tensor([0.5, 0.0, 1.75]), torch.tensor([-1.0, 8.0, 17.0])
+    assert torch.allclose(level.agent_returns[0], shaped0) and torch.allclose(level.agent_returns[1], shaped1)
+    assert torch.allclose(level.advantages[0], shaped0 - shaped0.mean())
+    assert torch.allclose(level.advantages[1], shaped1 - shaped1.mean())
+
+
+@pytest.mark.parametrize("agent_wise", [True, False])
+def test_per_agent_rewards_follow_agent_wise_normalization(agent_wise):
+    level = _per_agent_level()
+    cfg = AdvantageConfig(advantage_mode="mean", scale_rewards="group", agent_wise_normalization=agent_wise)
+    compute_advantages([level], RolloutPlan(3), cfg, num_agents=2)
+    r0, r1 = torch.tensor([1.0, 0.0, 2.0]), torch.tensor([0.0, 10.0, 20.0])
+    s0, s1 = (r0.std(), r1.std()) if agent_wise else (torch.cat([r0, r1]).std(),) * 2
+    assert torch.allclose(level.advantages[0], (r0 - r0.mean()) / (s0 + 1e-4))
+    assert torch.allclose(level.advantages[1], (r1 - r1.mean()) / (s1 + 1e-4))
+
+
+@pytest.mark.parametrize("credit", ["counterfactual", "cross_rewards"])
+def test_per_agent_rewards_with_a_credit_mode_are_refused_naming_the_field(credit):
+    level = Level(0, [], [], [], torch.zeros(1, 2, 2), {}, torch.full((1, 2), -1))
+    level.scored_rewards = torch.zeros(1, 4, 2)  # [G, M, N]: the per-agent reward of each scored row
+    with pytest.raises(
+        ValueError, match=rf"credit: got '{credit}', but the reward returned per-agent rewards"
+    ):
+        compute_returns([level], discount=1.0, credit=credit)

@@ -115,6 +115,25 @@ def credit_index(num_agents: int, num_generations: int, credit: str) -> CreditIn
     return CreditIndex(torch.tensor(list(rows), dtype=torch.long), lookup)
 
 
+def agent_column(returns: torch.Tensor, agent: int) -> torch.Tensor:
+    """``[G, J]`` returns of ``agent``: its column of per-agent returns ``[G, J, N]``, else the shared ``[G, J]``."""
+    return returns[..., agent] if returns.dim() == 3 else returns
+
+
+def refuse_per_agent_credit(credit: str) -> None:
+    """Raises ValueError: ``credit`` other than ``shared`` met per-agent rewards ``[J, N]``.
+
+    ``counterfactual`` and ``cross_rewards`` are credit assignment *under one shared reward*; a
+    reward that already gives each agent its own value has done that assignment. Whether a reward is
+    per-agent is known only from its first output, so this is raised at the first training step.
+    """
+    raise ValueError(
+        f"credit: got {credit!r}, but the reward returned per-agent rewards [J, N] (one column per agent); "
+        "counterfactual and cross_rewards assign credit under one shared reward [J]. Use credit='shared' "
+        "(each agent's group baseline then uses its own column), or return one shared reward per joint action"
+    )
+
+
 def reward_calls_per_episode(num_agents: int, num_generations: int, num_turns: int, credit: str) -> int:
     """Upper bound on reward calls per episode of a full aligned tree under ``credit``.
 
@@ -249,8 +268,10 @@ def counterfactual_advantages(
 
     Returns:
         ``(advantages, scores)``: N tensors ``[G, K]`` (agent i's advantage of its sample k, the one
-        in aligned joint action k) and N tensors ``[G, K·K]`` (the tables ``S_i``, for
-        ``advantages.scale_by_std``).
+        in aligned joint action k) and N tensors ``[G, X]``: the distinct joint actions of the table
+        ``S_i`` (for ``advantages.scale_by_std``). For N ≥ 2 every entry of the K·K table is its own
+        joint action, ``X = K²``, and the std is taken over all of them; for N = 1 the table is the
+        K returns repeated K times, ``X = K``, so the advantages equal ``shared`` credit's exactly.
 
     Raises:
         ValueError: ``index`` has no ``lookup`` (not built for ``"counterfactual"``).
@@ -266,8 +287,19 @@ def counterfactual_advantages(
             table = table - costs[i].float()[:, None, :]
         adv = group_advantages(table.reshape(g * k, k), mode, "none").view(g, k, k)
         advantages.append(adv.diagonal(dim1=1, dim2=2).clone())
-        scores.append(table.reshape(g, k * k))
+        scores.append(table.reshape(g, k * k)[:, _first_of_each_row(index.lookup[i])])
     return advantages, scores
+
+
+def _first_of_each_row(lookup: torch.Tensor) -> torch.Tensor:
+    """``[X]`` positions in ``lookup.flatten()`` (``[K, K]``) of each distinct joint-action row's first
+    entry: the std is taken over distinct joint actions, never over repeats of one (N = 1 repeats
+    every row K times, which would shrink the std by ``√(K/(K+1))``)."""
+    flat = lookup.flatten()
+    _, inverse = torch.unique(flat, return_inverse=True)
+    positions = torch.arange(flat.numel())
+    first = torch.full((int(inverse.max()) + 1,), flat.numel(), dtype=torch.long)
+    return first.scatter_reduce(0, inverse, positions, reduce="amin").sort().values  # table order
 
 
 def cross_rewards_advantages(
@@ -312,7 +344,8 @@ def step_advantages(
 
     Args:
         turn_returns: per turn ``[G_t, M]`` returns of the scored joint actions (rows of
-            ``index.joint_index``; for ``shared`` credit the joint mode's own ``[J, N]`` table).
+            ``index.joint_index``; for ``shared`` credit the joint mode's own ``[J, N]`` table, or
+            ``[G_t, J, N]`` per-agent returns: agent i's scores are column i).
         index: the rows' :class:`CreditIndex` (``shared``: ``CreditIndex(joint_index, None)``).
         num_agents: N.
         credit: one of :data:`CREDIT`.
@@ -340,7 +373,10 @@ def step_advantages(
         elif credit == "cross_rewards":
             adv, sc = cross_rewards_advantages(returns, index, num_agents, mode, costs)
         else:
-            sc = [agent_sample_returns(returns.float(), index.joint_index, i, k) for i in range(num_agents)]
+            sc = [
+                agent_sample_returns(agent_column(returns, i).float(), index.joint_index, i, k)
+                for i in range(num_agents)
+            ]
             sc = sc if costs is None else [r - c for r, c in zip(sc, costs)]
             adv = [group_advantages(r, mode, "none") for r in sc]
         raw.append(adv)
