@@ -360,3 +360,9 @@ def test_a_coordinator_stage_field_missing_in_a_later_row_fails_at_setup_before_
     ):
         c.setup()
     assert c.learners == {}
+
+
+def test_epsilon_high_below_epsilon_is_refused_before_any_model_loads(monkeypatch):
+    no_model_loads(monkeypatch)
+    with pytest.raises(ValueError, match=r"^epsilon_high: got 0.1, must be >= epsilon = 0.2"):
+        MAGRPO(agents=["builtin:tiny-gpt2"] * 2, loss=dict(epsilon=0.2, epsilon_high=0.1))
