@@ -349,7 +349,7 @@ class ActorCritic(CoMLRLModule):
     def log_step(
         self, out: StepOutput, critic_batches: list[CriticBatch], value_losses: dict[int, float]
     ) -> None:
-        """MAGRPO's scalars plus ``critic/value_mean``, ``critic/value_loss``, ``critic/explained_variance``
+        """MAGRPO's scalars (``agent_<i>/loss``, ``agent_<i>/entropy``, ...) plus ``critic/value_mean``, ``critic/value_loss``, ``critic/explained_variance``
         (mean over critics) and, with several critics, ``critic/agent_<i>/<name>`` (names: core/metrics.py)."""
         dev, n = self.device, out.num_episodes
         self.log(M.REWARD, out.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
@@ -362,6 +362,7 @@ class ActorCritic(CoMLRLModule):
         )
         for i, s in enumerate(out.agent_stats):
             self.log(M.agent(i, "loss"), s.loss, batch_size=n, sync_dist=True)
+            self.log(M.agent(i, "entropy"), s.entropy, batch_size=n, sync_dist=True)
         names = (M.CRITIC_VALUE_MEAN, M.CRITIC_VALUE_LOSS, M.CRITIC_EXPLAINED_VARIANCE)
         rows = []
         for c, data in enumerate(critic_batches):
