@@ -12,7 +12,7 @@ Features:
       ``T − V`` (Q: minus the sibling mean of Q), optionally normalised per agent and turn;
     - per-agent rewards (``[J, N]``) where the reward gives them;
     - value loss ``value_loss_coef · (V − T)²``, clipped at ``value_clip_range`` against the values
-      from before the update;
+      from before the update, on every critic (CoMLRL clips only a head on the actor: ``CriticConfig``);
     - one optimizer per agent (the base class's) plus one per separate critic (``critic_learning_rate``,
       or ``critics[i].learning_rate``); a head on the trunk is a parameter group of its agent's
       optimizer with its own learning rate; per-agent and per-critic gradient-norm clipping;
