@@ -93,7 +93,8 @@ class RolloutConfig:
     """Per-agent credit under the one shared reward: one of :data:`~comlrl_lightning.core.credit.CREDIT`
     (:mod:`comlrl_lightning.core.credit` has the formulas and the multi-turn bias). The modes other
     than ``shared`` score extra combinations of the samples already generated (no extra generation)
-    and need ``joint_mode="aligned"``."""
+    and need ``joint_mode="aligned"`` and a shared reward (per-agent rewards ``[J, N]`` are refused at
+    the first step, naming this field: whether a reward is per-agent shows only in its output)."""
     max_reward_calls_per_episode: int = 16384
     """Budget guard: a config whose full tree makes more reward calls per episode (joint actions
     scored, :meth:`reward_calls_per_episode`) raises at construction."""
@@ -263,7 +264,8 @@ class LossConfig:
     """Weight of the k3 KL to a frozen reference copy of each agent (0: no reference model is kept). TRL name."""
     kl_mode: KLMode = "loss"
     """How ``beta`` applies: one of :data:`~comlrl_lightning.core.policy_loss.KL_MODE` (``reward`` is
-    CoMLRL's ``reference_kl``, so a CoMLRL config with a reference KL behaves the same)."""
+    CoMLRL's ``reference_kl``, so a CoMLRL config with a reference KL behaves the same; per agent with
+    per-agent rewards; MAGRPO only: IAC/MAAC refuse it)."""
     max_grad_norm: float | None = 1.0
     """Per-agent gradient-norm clip; None: off. TRL name."""
     micro_batch_size: int | None = None
