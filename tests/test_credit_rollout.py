@@ -184,3 +184,21 @@ def test_per_agent_rewards_with_kl_as_reward_subtract_each_agents_kl_cost(traine
         column = turn.returns[0, :, i]  # aligned joint action k = agent i's sample k
         cost = column - turn.agent_returns[i]
         assert (cost > 0).all(), f"agent {i}: no β·KL subtracted"
+
+
+def test_a_step_with_per_agent_rewards_and_counterfactual_credit_trains(trainer_factory):
+    # before: RuntimeError "The size of tensor a (4) must match the size of tensor b (2)" at step one
+    from comlrl_lightning.datamodules import DecPOMDPDataModule
+
+    def per_agent(joint_actions, episodes, turn):
+        return [[float(len(a)), -float(len(b))] for a, b in joint_actions]
+
+    model = MAGRPO(
+        agents="builtin:tiny-gpt2",
+        num_agents=2,
+        rollout=RolloutConfig(num_generations=2, credit="counterfactual"),
+    )
+    model.team.sampling = [type(s)(**{**vars(s), "max_new_tokens": 4}) for s in model.team.sampling]
+    dm = DecPOMDPDataModule([{"topic": "tea"}] * 2, ["A {topic}:", "B {topic}:"], per_agent, batch_size=1)
+    trainer_factory(max_steps=2).fit(model, dm)
+    assert model.trainer.global_step == 2

@@ -253,10 +253,46 @@ def test_per_agent_rewards_follow_agent_wise_normalization(agent_wise):
 
 
 @pytest.mark.parametrize("credit", ["counterfactual", "cross_rewards"])
-def test_per_agent_rewards_with_a_credit_mode_are_refused_naming_the_field(credit):
-    level = Level(0, [], [], [], torch.zeros(1, 2, 2), {}, torch.full((1, 2), -1))
-    level.scored_rewards = torch.zeros(1, 4, 2)  # [G, M, N]: the per-agent reward of each scored row
-    with pytest.raises(
-        ValueError, match=rf"credit: got '{credit}', but the reward returned per-agent rewards"
-    ):
-        compute_returns([level], discount=1.0, credit=credit)
+@pytest.mark.parametrize("num_turns", [1, 2])
+def test_per_agent_rewards_with_a_credit_mode_credit_each_agent_on_its_own_column(credit, num_turns):
+    # before: RuntimeError (size of tensor a (4) must match ... b (2)) in core/credit.py
+    from comlrl_lightning.core.credit import credit_index
+
+    k, idx = 2, credit_index(2, 2, credit)
+    m = idx.num_reward_calls
+    gen = torch.Generator().manual_seed(0)
+    col = [torch.rand(1, m, generator=gen), torch.rand(1, m, generator=gen) * 10]  # agent 1's column differs
+    below = [torch.rand(k, m, generator=gen), torch.rand(k, m, generator=gen)]
+
+    def levels(agent_rewards):  # agent_rewards(t) -> [G, M] or [G, M, N]
+        top = Level(
+            0,
+            [],
+            [],
+            [],
+            agent_rewards(0)[:, :k],
+            {},
+            torch.tensor([[0, 1]]) if num_turns > 1 else torch.full((1, k), -1),
+        )
+        out = [top]
+        top.scored_rewards = agent_rewards(0)
+        if num_turns > 1:
+            nxt = Level(1, [], [], [], agent_rewards(1)[:, :k], {}, torch.full((k, k), -1))
+            nxt.scored_rewards = agent_rewards(1)
+            out.append(nxt)
+        return out
+
+    def run(agent_rewards, cfg):
+        turns = levels(agent_rewards)
+        compute_returns(turns, discount=0.5, credit=credit)
+        compute_advantages(turns, RolloutPlan(k, num_turns, credit=credit), cfg, num_agents=2)
+        return turns
+
+    both = run(
+        lambda t: torch.stack([col[0], col[1]], -1) if t == 0 else torch.stack(below, -1), MEAN_UNSCALED
+    )
+    for i in range(2):  # each agent's advantages are those of a shared reward equal to its column
+        alone = run(lambda t, i=i: col[i] if t == 0 else below[i], MEAN_UNSCALED)
+        for b, a in zip(both, alone):
+            assert torch.allclose(b.advantages[i], a.advantages[i], atol=1e-6)
+    assert not torch.allclose(both[0].advantages[0], both[0].advantages[1])

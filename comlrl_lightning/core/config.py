@@ -93,8 +93,8 @@ class RolloutConfig:
     """Per-agent credit under the one shared reward: one of :data:`~comlrl_lightning.core.credit.CREDIT`
     (:mod:`comlrl_lightning.core.credit` has the formulas and the multi-turn bias). The modes other
     than ``shared`` score extra combinations of the samples already generated (no extra generation)
-    and need ``joint_mode="aligned"`` and a shared reward (per-agent rewards ``[J, N]`` are refused at
-    the first step, naming this field: whether a reward is per-agent shows only in its output)."""
+    and need ``joint_mode="aligned"``. With per-agent rewards ``[J, N]`` agent i's credit is taken
+    over its own column (the same formulas, each column a shared reward of its own)."""
     max_reward_calls_per_episode: int = 16384
     """Budget guard: a config whose full tree makes more reward calls per episode (joint actions
     scored, :meth:`reward_calls_per_episode`) raises at construction."""

@@ -31,6 +31,10 @@ return of its own. Its continuation is the mean return of the node's expanded ch
   credit survives; the bias is in the baseline, which treats every swapped action's future as the
   node average (difference rewards with an average-future approximation).
 
+Per-agent rewards (``[J, N]``, one column per agent): every return table gains a trailing agent
+dimension and agent i's credit (its swap table, its cross marginal) is computed from column i alone,
+so each agent's advantages are those of a shared reward equal to its own column.
+
 A scored row whose joint action is solved (reward ``>= stop_reward``, or a node ended by
 ``termination_threshold``, or an aligned joint action the transition called ``SOLVED``) returns the
 absorbing ``r · Σ_{s=0}^{T−1−t} γ^s`` in every mode (:mod:`comlrl_lightning.core.td`), so a swap that
@@ -120,20 +124,6 @@ def agent_column(returns: torch.Tensor, agent: int) -> torch.Tensor:
     return returns[..., agent] if returns.dim() == 3 else returns
 
 
-def refuse_per_agent_credit(credit: str) -> None:
-    """Raises ValueError: ``credit`` other than ``shared`` met per-agent rewards ``[J, N]``.
-
-    ``counterfactual`` and ``cross_rewards`` are credit assignment *under one shared reward*; a
-    reward that already gives each agent its own value has done that assignment. Whether a reward is
-    per-agent is known only from its first output, so this is raised at the first training step.
-    """
-    raise ValueError(
-        f"credit: got {credit!r}, but the reward returned per-agent rewards [J, N] (one column per agent); "
-        "counterfactual and cross_rewards assign credit under one shared reward [J]. Use credit='shared' "
-        "(each agent's group baseline then uses its own column), or return one shared reward per joint action"
-    )
-
-
 def reward_calls_per_episode(num_agents: int, num_generations: int, num_turns: int, credit: str) -> int:
     """Upper bound on reward calls per episode of a full aligned tree under ``credit``.
 
@@ -175,9 +165,11 @@ def combination_returns(
     """Returns of every scored joint action of ``G`` nodes (see the module docstring, "Multi-turn").
 
     Args:
-        rewards: ``[G, M]`` immediate shared rewards, rows ordered as :attr:`CreditIndex.joint_index`.
-        child_values: ``[G, K]`` value of aligned joint action k's child node: the mean return of
-            that child's aligned joint actions (ignored where ``has_child`` is False).
+        rewards: ``[G, M]`` immediate shared rewards, rows ordered as :attr:`CreditIndex.joint_index`;
+            or ``[G, M, N]`` per-agent rewards (every agent's column its own returns).
+        child_values: ``[G, K]`` (per-agent: ``[G, K, N]``) value of aligned joint action k's child
+            node: the mean return of that child's aligned joint actions (ignored where ``has_child``
+            is False).
         has_child: ``[G, K]`` bool, whether aligned joint action k was expanded.
         discount: γ.
         own_future: the aligned rows keep ``r_k + γ·value(child_k)`` (``shared``, ``counterfactual``);
@@ -192,13 +184,16 @@ def combination_returns(
         a node without children has ``C̄ = 0`` (every unsolved return is its reward).
     """
     k = child_values.shape[1]
-    future = torch.where(has_child, child_values.float(), torch.zeros_like(child_values, dtype=torch.float))
-    c_bar = future.sum(-1) / has_child.sum(-1).clamp(min=1)  # [G]
+    per_agent = rewards.dim() == 3  # [G, M, N]: one column per agent, each its own returns
+    mask = has_child[..., None] if per_agent else has_child
+    future = torch.where(mask, child_values.float(), torch.zeros_like(child_values, dtype=torch.float))
+    c_bar = future.sum(1) / mask.sum(1).clamp(min=1)  # [G] (or [G, N])
     out = rewards.float() + discount * c_bar[:, None]
     if own_future:
         out[:, :k] = rewards[:, :k].float() + discount * future
     if solved is not None and turns_left > 0:
-        out = torch.where(solved, absorbing_rewards(rewards, solved, turns_left, discount), out)
+        absorbed = absorbing_rewards(rewards, solved, turns_left, discount)
+        out = torch.where(solved[..., None] if per_agent else solved, absorbed, out)
     return out
 
 
@@ -233,9 +228,9 @@ def tree_credit_returns(
     below: torch.Tensor | None = None
     for t in reversed(range(len(rewards))):
         has_child = child[t] >= 0
-        values = torch.zeros(child[t].shape)
+        values = torch.zeros(child[t].shape + rewards[t].shape[2:])  # [G_t, K] (or [G_t, K, N])
         if below is not None:
-            node_values = below[:, : child[t].shape[1]].mean(-1)  # [G_{t+1}]
+            node_values = below[:, : child[t].shape[1]].mean(1)  # [G_{t+1}] (or [G_{t+1}, N])
             values[has_child] = node_values[child[t][has_child]]
         out[t] = below = combination_returns(
             rewards[t],
@@ -282,7 +277,9 @@ def counterfactual_advantages(
     g = returns.shape[0]
     advantages, scores = [], []
     for i in range(n):
-        table = returns[:, index.lookup[i]].float()  # [G, K, K]: [node, teammates' sample k, own swap k']
+        table = agent_column(returns, i)[
+            :, index.lookup[i]
+        ].float()  # [G, K, K]: [node, teammates' k, own k']
         if costs is not None:
             table = table - costs[i].float()[:, None, :]
         adv = group_advantages(table.reshape(g * k, k), mode, "none").view(g, k, k)
@@ -323,7 +320,10 @@ def cross_rewards_advantages(
         ``(advantages, scores)``: N tensors ``[G, K]`` each; the scores are the per-sample returns.
     """
     k = int(index.joint_index[:, 0].max()) + 1
-    scores = [agent_sample_returns(returns.float(), index.joint_index, i, k) for i in range(num_agents)]
+    scores = [
+        agent_sample_returns(agent_column(returns, i).float(), index.joint_index, i, k)
+        for i in range(num_agents)
+    ]
     if costs is not None:
         scores = [s - c.float() for s, c in zip(scores, costs)]
     return [group_advantages(r, mode, "none") for r in scores], scores

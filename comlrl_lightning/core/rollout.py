@@ -29,7 +29,6 @@ from comlrl_lightning.core.credit import (
     CreditIndex,
     agent_column,
     credit_index,
-    refuse_per_agent_credit,
     step_advantages,
     tree_credit_returns,
 )
@@ -205,8 +204,6 @@ def compute_returns(
     SOLVED_RETURN.check(solved_return)
     absorbing = solved_return == "absorbing"
     if credit != "shared":
-        if turns[0].scored_rewards.dim() == 3:
-            refuse_per_agent_credit(credit)
         scored = tree_credit_returns(
             [t.scored_rewards for t in turns],
             [t.child for t in turns],
