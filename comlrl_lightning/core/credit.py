@@ -277,9 +277,8 @@ def counterfactual_advantages(
     g = returns.shape[0]
     advantages, scores = [], []
     for i in range(n):
-        table = agent_column(returns, i)[
-            :, index.lookup[i]
-        ].float()  # [G, K, K]: [node, teammates' k, own k']
+        own = agent_column(returns, i).float()  # [G, M]: agent i's returns (its column if per-agent)
+        table = own[:, index.lookup[i]]  # [G, K, K]: [node, teammates' sample k, own swap k']
         if costs is not None:
             table = table - costs[i].float()[:, None, :]
         adv = group_advantages(table.reshape(g * k, k), mode, "none").view(g, k, k)
