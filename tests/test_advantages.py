@@ -85,5 +85,6 @@ def test_raw_config_defaults_to_no_scaling_and_mareinforce_gets_it():
 
     assert AdvantageConfig(advantage_mode="raw").scale == "none"
     assert AdvantageConfig().scale == "group"
-    assert AdvantageConfig(advantage_mode="raw", scale_rewards="group").scale == "group"
+    with pytest.warns(UserWarning, match="advantage_mode='raw' with scale_rewards='group'"):
+        assert AdvantageConfig(advantage_mode="raw", scale_rewards="group").scale == "group"
     assert MAREINFORCE(agents="builtin:tiny-gpt2").advantage.scale == "none"

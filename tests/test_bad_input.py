@@ -360,3 +360,23 @@ def test_a_coordinator_stage_field_missing_in_a_later_row_fails_at_setup_before_
     ):
         c.setup()
     assert c.learners == {}
+
+
+def test_epsilon_high_below_epsilon_is_refused_before_any_model_loads(monkeypatch):
+    no_model_loads(monkeypatch)
+    with pytest.raises(ValueError, match=r"^epsilon_high: got 0.1, must be >= epsilon = 0.2"):
+        MAGRPO(agents=["builtin:tiny-gpt2"] * 2, loss=dict(epsilon=0.2, epsilon_high=0.1))
+
+
+@pytest.mark.parametrize("algorithm", ["IAC", "MAAC"])
+def test_actor_critic_refuses_kl_as_reward_which_it_would_never_apply(monkeypatch, algorithm):
+    # the loss-side KL is off under kl_mode="reward", and the actor-critics subtract no reward-side KL
+    import comlrl_lightning
+
+    no_model_loads(monkeypatch)
+    cls = getattr(comlrl_lightning, algorithm)
+    with pytest.raises(
+        ValueError, match=rf"^kl_mode: got 'reward' with beta=0.1, but {algorithm} subtracts no KL"
+    ):
+        cls(agents=["builtin:tiny-gpt2"] * 2, loss=dict(beta=0.1, kl_mode="reward"))
+    cls(agents=["builtin:tiny-gpt2"] * 2, loss=dict(beta=0.1, kl_mode="loss"))

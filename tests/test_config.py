@@ -27,6 +27,7 @@ BAD = [  # (config class, fields, the field the error must name)
     (LossConfig, dict(epsilon=0.0), "epsilon"),
     (LossConfig, dict(beta=-0.1), "beta"),
     (LossConfig, dict(delta=1.1, epsilon=0.2), "delta"),
+    (LossConfig, dict(epsilon=0.2, epsilon_high=0.1), "epsilon_high"),
     (LossConfig, dict(importance_sampling_level="group"), "importance_sampling_level"),
     (LossConfig, dict(kl_mode="advantage"), "kl_mode"),
     (LossConfig, dict(micro_batch_size=0), "micro_batch_size"),
@@ -164,3 +165,32 @@ def test_an_alias_config_from_the_cli_leaves_the_baseline_unset_and_re_runs(tmp_
     assert init["advantage"]["advantage_mode"] is None
     again = MARLOO(**{k: v for k, v in init.items() if k not in ("optimizer", "scheduler")})
     assert again.advantage.advantage_mode == "rloo"
+
+
+def test_epsilon_high_below_epsilon_is_refused_naming_both():
+    # it would clip the positive side below 1 + epsilon
+    with pytest.raises(ValueError, match=r"^epsilon_high: got 0.1, must be >= epsilon = 0.2 or None"):
+        LossConfig(epsilon=0.2, epsilon_high=0.1)
+    assert LossConfig(epsilon=0.2, epsilon_high=0.2).clip_high == 0.2
+
+
+def test_explicit_raw_with_group_scaling_warns_naming_both_fields(recwarn):
+    with pytest.warns(UserWarning, match=r"advantage_mode='raw' with scale_rewards='group'.*advantage_eps"):
+        AdvantageConfig(advantage_mode="raw", scale_rewards="group")
+    with pytest.warns(UserWarning, match=r"advantage_mode='raw' with scale_rewards='group'"):
+        MAGRPO(
+            agents="builtin:tiny-gpt2",
+            num_agents=2,
+            advantage=dict(advantage_mode="raw", scale_rewards="group"),
+        )
+    AdvantageConfig(advantage_mode="raw")  # raw's own default (none) and a baseline with group: silent
+    AdvantageConfig(advantage_mode="mean", scale_rewards="group")
+    assert not [w for w in recwarn if "advantage_mode='raw'" in str(w.message)]
+
+
+def test_bnpo_with_micro_batches_warns_that_the_gradient_depends_on_micro_batch_size(recwarn):
+    with pytest.warns(UserWarning, match=r"loss_type='bnpo' with micro_batch_size=2.*gradient"):
+        LossConfig(loss_type="bnpo", micro_batch_size=2)
+    LossConfig(loss_type="bnpo")
+    LossConfig(loss_type="dapo", micro_batch_size=2)
+    assert not [w for w in recwarn if "bnpo" in str(w.message)]

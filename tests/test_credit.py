@@ -273,3 +273,28 @@ def test_kl_cost_in_a_counterfactual_table_follows_the_swapped_sample():
     # (R(k,k) - c_k) - mean_a (R(a,k) - c_a): the unshaped advantage - c_k + mean(c) (= 0.3)
     assert torch.allclose(out[0][0], torch.tensor([[1 - 4 / 3, 2.3, 2.7]]))
     assert torch.allclose(out[0][1], torch.tensor([[0.0, 2.0, 8 / 3]]))
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_counterfactual_with_one_agent_is_the_shared_baseline_exactly(k):
+    # one agent has no teammates: every swap is its own sample, so the difference reward is GRPO's
+    returns = torch.tensor([[0.0, 1.0, 3.0, 7.0, 2.0][:k], [5.0, 5.0, 1.0, 0.0, 4.0][:k]])
+    shared = step_advantages([returns], credit_index(1, k, "shared"), 1, "shared", "mean", "group")
+    cf = step_advantages(
+        [returns], credit_index(1, k, "counterfactual"), 1, "counterfactual", "mean", "group"
+    )
+    # before the fix the std was taken over the K·K table of repeats: every value × √((K+1)/K)
+    assert torch.allclose(cf[0][0], shared[0][0], atol=1e-6)
+    assert torch.allclose(cf[0][0], group_advantages(returns, "mean", "group"), atol=1e-6)
+
+
+def test_counterfactual_two_agents_group_std_is_over_the_k_squared_distinct_joint_actions():
+    # N >= 2: each of the K·K table entries is its own joint action (no repeats), so the std is the
+    # unbiased std of the whole grid, unchanged by the N = 1 fix
+    idx = credit_index(2, 3, "counterfactual")
+    out = step_advantages(
+        [_rewards(idx, lambda a, b: TABLE_N2[a][b])], idx, 2, "counterfactual", "mean", "group"
+    )
+    std = torch.tensor(TABLE_N2).flatten().std()
+    assert torch.allclose(out[0][0], torch.tensor([[1 - 4 / 3, 2.0, 3.0]]) / (std + 1e-4))
+    assert torch.allclose(out[0][1], torch.tensor([[0.0, 2.0, 6 - 10 / 3]]) / (std + 1e-4))

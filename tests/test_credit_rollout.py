@@ -148,3 +148,57 @@ def test_one_step_with_credit_loss_type_and_kl_reward_trains_every_agent(trainer
     for b, agent in zip(before, model.agents):
         assert any(not torch.equal(x, p) for x, p in zip(b, agent.parameters()))
         assert all(torch.isfinite(p).all() for p in agent.parameters())
+
+
+def test_per_agent_rewards_with_kl_as_reward_subtract_each_agents_kl_cost(trainer_factory):
+    # before the fix the per-agent branch dropped the β·KL cost (and kl_mode="reward" turns the loss
+    # KL off), so no KL regularisation happened: each agent's returns equalled its reward column
+    from comlrl_lightning.datamodules import DecPOMDPDataModule
+
+    def per_agent(joint_actions, episodes, turn):  # [J, N]: each agent scored on its own length
+        return [[float(len(a)), -float(len(b))] for a, b in joint_actions]
+
+    class Probe(MAGRPO):
+        def score_turns(self, turns, plan, evaluation):
+            super().score_turns(turns, plan, evaluation)
+            self.seen = turns
+
+    class Perturb(__import__("lightning").pytorch.Callback):
+        def on_train_start(self, trainer, pl_module):  # a reference the policy differs from: KL > 0
+            with torch.no_grad():
+                for ref in pl_module.reference_models:
+                    for p in ref.parameters():
+                        p.add_(torch.randn_like(p) * 0.5)
+
+    loss = LossConfig(beta=0.5, kl_mode="reward")
+    model = Probe(
+        agents="builtin:tiny-gpt2", num_agents=2, rollout=RolloutConfig(num_generations=3), loss=loss
+    )
+    model.team.sampling = [type(s)(**{**vars(s), "max_new_tokens": 6}) for s in model.team.sampling]
+    rows = [{"topic": t} for t in ("tea", "rain")]
+    dm = DecPOMDPDataModule(rows, ["A {topic}:", "B {topic}:"], per_agent, batch_size=1)
+    trainer_factory(max_steps=2, callbacks=[Perturb()]).fit(model, dm)
+    turn = model.seen[0]
+    assert turn.returns.dim() == 3
+    for i in range(2):
+        column = turn.returns[0, :, i]  # aligned joint action k = agent i's sample k
+        cost = column - turn.agent_returns[i]
+        assert (cost > 0).all(), f"agent {i}: no β·KL subtracted"
+
+
+def test_a_step_with_per_agent_rewards_and_counterfactual_credit_trains(trainer_factory):
+    # before: RuntimeError "The size of tensor a (4) must match the size of tensor b (2)" at step one
+    from comlrl_lightning.datamodules import DecPOMDPDataModule
+
+    def per_agent(joint_actions, episodes, turn):
+        return [[float(len(a)), -float(len(b))] for a, b in joint_actions]
+
+    model = MAGRPO(
+        agents="builtin:tiny-gpt2",
+        num_agents=2,
+        rollout=RolloutConfig(num_generations=2, credit="counterfactual"),
+    )
+    model.team.sampling = [type(s)(**{**vars(s), "max_new_tokens": 4}) for s in model.team.sampling]
+    dm = DecPOMDPDataModule([{"topic": "tea"}] * 2, ["A {topic}:", "B {topic}:"], per_agent, batch_size=1)
+    trainer_factory(max_steps=2).fit(model, dm)
+    assert model.trainer.global_step == 2

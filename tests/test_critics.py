@@ -186,3 +186,11 @@ def test_value_model_round_trips_through_a_hugging_face_folder(tmp_path):
 def test_bad_critic_config_names_the_field(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_maac_q_critic_text_is_comlrls_character_for_character():
+    # CoMLRL 1.4.3 MAACTrainer._build_critic_input: base + "\n\n" + "\n\n".join(["[Joint Action]", *blocks])
+    obs, action = central_observation(["p0", "p1"], ["c0", "c1"])
+    comlrl = "[Agent 0] p0\n\n[Agent 1] p1\n\n[Joint Action]\n\n[Agent 0 action]\nc0\n\n[Agent 1 action]\nc1"
+    assert obs + action == comlrl  # before: one newline fewer after "[Joint Action]"
+    assert central_observation(["p0", "p1"]) == ("[Agent 0] p0\n\n[Agent 1] p1", None)

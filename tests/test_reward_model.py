@@ -220,3 +220,79 @@ def test_head_on_the_trunk_critics_default_to_their_agents_device():
     assert plan.critics == [CPU, META] and plan.rewards == []
     place_module(team, plan)
     assert team.critics[1].out.weight.device == META and team.critics[0].out.weight.device == CPU
+
+
+def _per_agent_level():
+    # one node, K=3 aligned joint actions; the agents' rewards differ in scale
+    rewards = torch.tensor([[[1.0, 0.0], [0.0, 10.0], [2.0, 20.0]]])  # [G=1, J=3, N=2]
+    level = Level(0, [], [], [], rewards, {}, torch.full((1, 3), -1))
+    compute_returns([level], discount=1.0)
+    return level
+
+
+def test_per_agent_rewards_subtract_the_kl_cost_before_the_baseline():
+    # kl_mode="reward" with per-agent rewards: each agent's β·KL is subtracted from its own column
+    level = _per_agent_level()
+    costs = [[torch.tensor([[0.5, 0.0, 0.25]]), torch.tensor([[1.0, 2.0, 3.0]])]]
+    compute_advantages([level], RolloutPlan(3), MEAN_UNSCALED, num_agents=2, sample_costs=costs)
+    shaped0, shaped1 = torch.tensor([0.5, 0.0, 1.75]), torch.tensor([-1.0, 8.0, 17.0])
+    assert torch.allclose(level.agent_returns[0], shaped0) and torch.allclose(level.agent_returns[1], shaped1)
+    assert torch.allclose(level.advantages[0], shaped0 - shaped0.mean())
+    assert torch.allclose(level.advantages[1], shaped1 - shaped1.mean())
+
+
+@pytest.mark.parametrize("agent_wise", [True, False])
+def test_per_agent_rewards_follow_agent_wise_normalization(agent_wise):
+    level = _per_agent_level()
+    cfg = AdvantageConfig(advantage_mode="mean", scale_rewards="group", agent_wise_normalization=agent_wise)
+    compute_advantages([level], RolloutPlan(3), cfg, num_agents=2)
+    r0, r1 = torch.tensor([1.0, 0.0, 2.0]), torch.tensor([0.0, 10.0, 20.0])
+    s0, s1 = (r0.std(), r1.std()) if agent_wise else (torch.cat([r0, r1]).std(),) * 2
+    assert torch.allclose(level.advantages[0], (r0 - r0.mean()) / (s0 + 1e-4))
+    assert torch.allclose(level.advantages[1], (r1 - r1.mean()) / (s1 + 1e-4))
+
+
+@pytest.mark.parametrize("credit", ["counterfactual", "cross_rewards"])
+@pytest.mark.parametrize("num_turns", [1, 2])
+def test_per_agent_rewards_with_a_credit_mode_credit_each_agent_on_its_own_column(credit, num_turns):
+    # before: RuntimeError (size of tensor a (4) must match ... b (2)) in core/credit.py
+    from comlrl_lightning.core.credit import credit_index
+
+    k, idx = 2, credit_index(2, 2, credit)
+    m = idx.num_reward_calls
+    gen = torch.Generator().manual_seed(0)
+    col = [torch.rand(1, m, generator=gen), torch.rand(1, m, generator=gen) * 10]  # agent 1's column differs
+    below = [torch.rand(k, m, generator=gen), torch.rand(k, m, generator=gen)]
+
+    def levels(agent_rewards):  # agent_rewards(t) -> [G, M] or [G, M, N]
+        top = Level(
+            0,
+            [],
+            [],
+            [],
+            agent_rewards(0)[:, :k],
+            {},
+            torch.tensor([[0, 1]]) if num_turns > 1 else torch.full((1, k), -1),
+        )
+        out = [top]
+        top.scored_rewards = agent_rewards(0)
+        if num_turns > 1:
+            nxt = Level(1, [], [], [], agent_rewards(1)[:, :k], {}, torch.full((k, k), -1))
+            nxt.scored_rewards = agent_rewards(1)
+            out.append(nxt)
+        return out
+
+    def run(agent_rewards, cfg):
+        turns = levels(agent_rewards)
+        compute_returns(turns, discount=0.5, credit=credit)
+        compute_advantages(turns, RolloutPlan(k, num_turns, credit=credit), cfg, num_agents=2)
+        return turns
+
+    both = run(
+        lambda t: torch.stack([col[0], col[1]], -1) if t == 0 else torch.stack(below, -1), MEAN_UNSCALED
+    )
+    for i in range(2):  # each agent's advantages are those of a shared reward equal to its column
+        alone = run(lambda t, i=i: col[i] if t == 0 else below[i], MEAN_UNSCALED)
+        for b, a in zip(both, alone):
+            assert torch.allclose(b.advantages[i], a.advantages[i], atol=1e-6)
+    assert not torch.allclose(both[0].advantages[0], both[0].advantages[1])

@@ -12,7 +12,7 @@ Features:
       ``T − V`` (Q: minus the sibling mean of Q), optionally normalised per agent and turn;
     - per-agent rewards (``[J, N]``) where the reward gives them;
     - value loss ``value_loss_coef · (V − T)²``, clipped at ``value_clip_range`` against the values
-      from before the update;
+      from before the update, on every critic (CoMLRL clips only a head on the actor: ``CriticConfig``);
     - one optimizer per agent (the base class's) plus one per separate critic (``critic_learning_rate``,
       or ``critics[i].learning_rate``); a head on the trunk is a parameter group of its agent's
       optimizer with its own learning rate; per-agent and per-critic gradient-norm clipping;
@@ -111,6 +111,10 @@ class ActorCritic(CoMLRLModule):
         groups = {
             k: _GROUP_TYPES[k](**cfg) if isinstance(cfg, dict) else replace(cfg) for k, cfg in given.items()
         }
+        beta = groups["loss"].beta
+        if beta > 0 and groups["loss"].kl_mode == "reward":  # it would apply no KL at all
+            why = f"{type(self).__name__} subtracts no KL from its TD rewards; allowed here: 'loss'"
+            raise ValueError(f"kl_mode: got 'reward' with beta={beta}, but {why}")
         specs = normalize_agents(agents, num_agents)
         self.critic_specs = normalize_critics(critics, specs, self.centralised, type(self).__name__)
         knobs = dict(
@@ -349,8 +353,8 @@ class ActorCritic(CoMLRLModule):
     def log_step(
         self, out: StepOutput, critic_batches: list[CriticBatch], value_losses: dict[int, float]
     ) -> None:
-        """MAGRPO's scalars plus ``critic/value_mean``, ``critic/value_loss``, ``critic/explained_variance``
-        (mean over critics) and, with several critics, ``critic/agent_<i>/<name>`` (names: core/metrics.py)."""
+        """MAGRPO's scalars (``agent_<i>/loss``, ``agent_<i>/entropy``, ...) plus ``critic/value_mean``,
+        ``critic/value_loss``, ``critic/explained_variance`` (mean over critics) and, with several critics, ``critic/agent_<i>/<name>`` (names: core/metrics.py)."""
         dev, n = self.device, out.num_episodes
         self.log(M.REWARD, out.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)
         self.log(M.REWARD_STD, out.reward_std.to(dev), batch_size=n, sync_dist=True)
@@ -362,6 +366,7 @@ class ActorCritic(CoMLRLModule):
         )
         for i, s in enumerate(out.agent_stats):
             self.log(M.agent(i, "loss"), s.loss, batch_size=n, sync_dist=True)
+            self.log(M.agent(i, "entropy"), s.entropy, batch_size=n, sync_dist=True)
         names = (M.CRITIC_VALUE_MEAN, M.CRITIC_VALUE_LOSS, M.CRITIC_EXPLAINED_VARIANCE)
         rows = []
         for c, data in enumerate(critic_batches):

@@ -22,7 +22,25 @@ from comlrl_lightning.team.critics import central_observation
 class MAAC(ActorCritic):
     """Multi-agent actor-critic with one centralised critic reading every agent's observation (and the
     joint action for Q); every agent gets the same TD error (CoMLRL ``MAACTrainer``). The critic is
-    updated once per batch, after the agents. See :class:`ActorCritic` for the arguments."""
+    updated once per batch, after the agents. See :class:`ActorCritic` for the arguments.
+
+    Where this differs from CoMLRL 1.4.3's ``MAACTrainer`` (decided, not accidental):
+
+    - **Critic steps.** CoMLRL steps the critic once per agent (``_ac_step``: after each agent's
+      actor step, on that agent's samples), so N critic steps per batch on the same shared targets;
+      here one step per batch on the team's target (the mean of the agents' targets; with a shared
+      reward every agent's). One step per batch keeps ``global_step = N · num_iterations + 1`` and
+      the critic's update independent of the agent order; CoMLRL's rhythm is about N steps at
+      ``critic_learning_rate`` where this takes one.
+    - **Value clipping.** CoMLRL's MAAC never clips the critic's value loss; here
+      ``critic.value_clip_range`` (default 0.2) applies: set it None for CoMLRL's loss
+      (:class:`~comlrl_lightning.team.critics.CriticConfig`).
+    - **Multi-turn input.** CoMLRL's critic reads each agent's *current* turn prompt; here it reads
+      each agent's whole history (earlier prompts and its own completions), the observation the
+      actors condition on: at turn t > 0 a critic of the current prompt alone cannot tell apart
+      histories that lead to the same prompt. Single-turn the two texts are the same.
+    - **Critic text** (:func:`~comlrl_lightning.team.critics.central_observation`) is CoMLRL's
+      character for character."""
 
     centralised = True
 

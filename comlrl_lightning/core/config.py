@@ -14,6 +14,7 @@ in Python a group is a dataclass (``MAGRPO(agents, rollout=RolloutConfig(num_gen
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -92,7 +93,8 @@ class RolloutConfig:
     """Per-agent credit under the one shared reward: one of :data:`~comlrl_lightning.core.credit.CREDIT`
     (:mod:`comlrl_lightning.core.credit` has the formulas and the multi-turn bias). The modes other
     than ``shared`` score extra combinations of the samples already generated (no extra generation)
-    and need ``joint_mode="aligned"``."""
+    and need ``joint_mode="aligned"``. With per-agent rewards ``[J, N]`` agent i's credit is taken
+    over its own column (the same formulas, each column a shared reward of its own)."""
     max_reward_calls_per_episode: int = 16384
     """Budget guard: a config whose full tree makes more reward calls per episode (joint actions
     scored, :meth:`reward_calls_per_episode`) raises at construction."""
@@ -198,6 +200,10 @@ class AdvantageConfig:
         if self.scale_rewards is not None:
             SCALE_REWARDS.check(self.scale_rewards)
         _require("advantage_eps", self.advantage_eps, self.advantage_eps >= 1e-4, ">= 1e-4")
+        if self.advantage_mode == "raw" and self.scale_rewards == "group":
+            msg = "advantage_mode='raw' with scale_rewards='group': raw returns over a near-zero group std reach "
+            fix = "~R/advantage_eps (~1e4 for [1, 1+1e-7, 1, 1]); leave scale_rewards unset or add a baseline"
+            warnings.warn(msg + fix, UserWarning, stacklevel=2)
 
     @property
     def mode(self) -> str:
@@ -243,7 +249,8 @@ class LossConfig:
     epsilon: float = 0.2
     """Lower clip ε of the ratio (> 0). TRL name."""
     epsilon_high: float | None = None
-    """Upper clip ε (DAPO's clip-higher); None: ``epsilon``. TRL name."""
+    """Upper clip ε (DAPO's clip-higher), ``>= epsilon`` (a smaller one would clip the positive side
+    below ``1 + epsilon``); None: ``epsilon``. TRL name."""
     delta: float | None = None
     """Two-sided clipping (INTELLECT-2, arXiv 2505.07291): the unclipped ratio is capped at ``delta``
     (> 1 + ε_high), so a negative-advantage token with a huge ratio cannot blow up the loss. None: off. TRL name."""
@@ -257,11 +264,13 @@ class LossConfig:
     """Weight of the k3 KL to a frozen reference copy of each agent (0: no reference model is kept). TRL name."""
     kl_mode: KLMode = "loss"
     """How ``beta`` applies: one of :data:`~comlrl_lightning.core.policy_loss.KL_MODE` (``reward`` is
-    CoMLRL's ``reference_kl``, so a CoMLRL config with a reference KL behaves the same)."""
+    CoMLRL's ``reference_kl``, so a CoMLRL config with a reference KL behaves the same; per agent with
+    per-agent rewards; MAGRPO only: IAC/MAAC refuse it)."""
     max_grad_norm: float | None = 1.0
     """Per-agent gradient-norm clip; None: off. TRL name."""
     micro_batch_size: int | None = None
-    """Samples per forward/backward (gradients accumulate into one step per agent); None: all at once."""
+    """Samples per forward/backward (gradients accumulate into one step per agent); None: all at once.
+    With ``loss_type="bnpo"`` the gradient depends on it (warned at construction)."""
     on_nonfinite: OnNonfinite = "skip"
     """An agent whose loss or gradients are not finite (NaN/inf) before its optimizer step: one of
     :data:`~comlrl_lightning.core.nonfinite.ON_NONFINITE`. Either way no non-finite weights are saved."""
@@ -270,12 +279,8 @@ class LossConfig:
         self.loss_type = LOSS_TYPE.canonical(self.loss_type)
         _require("num_iterations", self.num_iterations, self.num_iterations >= 1, ">= 1")
         _require("epsilon", self.epsilon, self.epsilon > 0, "> 0")
-        _require(
-            "epsilon_high",
-            self.epsilon_high,
-            self.epsilon_high is None or self.epsilon_high > 0,
-            "> 0 or None",
-        )
+        high_ok = self.epsilon_high is None or self.epsilon_high >= self.epsilon
+        _require("epsilon_high", self.epsilon_high, high_ok, f">= epsilon = {self.epsilon} or None")
         _require("beta", self.beta, self.beta >= 0, ">= 0")
         delta_ok = self.delta is None or self.delta > 1 + self.clip_high
         _require("delta", self.delta, delta_ok, f"> 1 + epsilon_high = {1 + self.clip_high} or None")
@@ -284,6 +289,10 @@ class LossConfig:
         ON_NONFINITE.check(self.on_nonfinite)
         mb_ok = self.micro_batch_size is None or self.micro_batch_size >= 1
         _require("micro_batch_size", self.micro_batch_size, mb_ok, ">= 1 or None")
+        if self.loss_type == "bnpo" and self.micro_batch_size is not None:
+            mb = f"loss_type='bnpo' with micro_batch_size={self.micro_batch_size}"
+            why = "bnpo normalises by each micro-batch's tokens, so the gradient changes with it; 'dapo' does not"
+            warnings.warn(f"{mb}: {why}", UserWarning, stacklevel=2)
 
     @property
     def clip_high(self) -> float:

@@ -31,6 +31,10 @@ return of its own. Its continuation is the mean return of the node's expanded ch
   credit survives; the bias is in the baseline, which treats every swapped action's future as the
   node average (difference rewards with an average-future approximation).
 
+Per-agent rewards (``[J, N]``, one column per agent): every return table gains a trailing agent
+dimension and agent i's credit (its swap table, its cross marginal) is computed from column i alone,
+so each agent's advantages are those of a shared reward equal to its own column.
+
 A scored row whose joint action is solved (reward ``>= stop_reward``, or a node ended by
 ``termination_threshold``, or an aligned joint action the transition called ``SOLVED``) returns the
 absorbing ``r · Σ_{s=0}^{T−1−t} γ^s`` in every mode (:mod:`comlrl_lightning.core.td`), so a swap that
@@ -115,6 +119,11 @@ def credit_index(num_agents: int, num_generations: int, credit: str) -> CreditIn
     return CreditIndex(torch.tensor(list(rows), dtype=torch.long), lookup)
 
 
+def agent_column(returns: torch.Tensor, agent: int) -> torch.Tensor:
+    """``[G, J]`` returns of ``agent``: its column of per-agent returns ``[G, J, N]``, else the shared ``[G, J]``."""
+    return returns[..., agent] if returns.dim() == 3 else returns
+
+
 def reward_calls_per_episode(num_agents: int, num_generations: int, num_turns: int, credit: str) -> int:
     """Upper bound on reward calls per episode of a full aligned tree under ``credit``.
 
@@ -156,9 +165,11 @@ def combination_returns(
     """Returns of every scored joint action of ``G`` nodes (see the module docstring, "Multi-turn").
 
     Args:
-        rewards: ``[G, M]`` immediate shared rewards, rows ordered as :attr:`CreditIndex.joint_index`.
-        child_values: ``[G, K]`` value of aligned joint action k's child node: the mean return of
-            that child's aligned joint actions (ignored where ``has_child`` is False).
+        rewards: ``[G, M]`` immediate shared rewards, rows ordered as :attr:`CreditIndex.joint_index`;
+            or ``[G, M, N]`` per-agent rewards (every agent's column its own returns).
+        child_values: ``[G, K]`` (per-agent: ``[G, K, N]``) value of aligned joint action k's child
+            node: the mean return of that child's aligned joint actions (ignored where ``has_child``
+            is False).
         has_child: ``[G, K]`` bool, whether aligned joint action k was expanded.
         discount: γ.
         own_future: the aligned rows keep ``r_k + γ·value(child_k)`` (``shared``, ``counterfactual``);
@@ -173,13 +184,16 @@ def combination_returns(
         a node without children has ``C̄ = 0`` (every unsolved return is its reward).
     """
     k = child_values.shape[1]
-    future = torch.where(has_child, child_values.float(), torch.zeros_like(child_values, dtype=torch.float))
-    c_bar = future.sum(-1) / has_child.sum(-1).clamp(min=1)  # [G]
+    per_agent = rewards.dim() == 3  # [G, M, N]: one column per agent, each its own returns
+    mask = has_child[..., None] if per_agent else has_child
+    future = torch.where(mask, child_values.float(), torch.zeros_like(child_values, dtype=torch.float))
+    c_bar = future.sum(1) / mask.sum(1).clamp(min=1)  # [G] (or [G, N])
     out = rewards.float() + discount * c_bar[:, None]
     if own_future:
         out[:, :k] = rewards[:, :k].float() + discount * future
     if solved is not None and turns_left > 0:
-        out = torch.where(solved, absorbing_rewards(rewards, solved, turns_left, discount), out)
+        absorbed = absorbing_rewards(rewards, solved, turns_left, discount)
+        out = torch.where(solved[..., None] if per_agent else solved, absorbed, out)
     return out
 
 
@@ -214,9 +228,9 @@ def tree_credit_returns(
     below: torch.Tensor | None = None
     for t in reversed(range(len(rewards))):
         has_child = child[t] >= 0
-        values = torch.zeros(child[t].shape)
+        values = torch.zeros(child[t].shape + rewards[t].shape[2:])  # [G_t, K] (or [G_t, K, N])
         if below is not None:
-            node_values = below[:, : child[t].shape[1]].mean(-1)  # [G_{t+1}]
+            node_values = below[:, : child[t].shape[1]].mean(1)  # [G_{t+1}] (or [G_{t+1}, N])
             values[has_child] = node_values[child[t][has_child]]
         out[t] = below = combination_returns(
             rewards[t],
@@ -249,8 +263,10 @@ def counterfactual_advantages(
 
     Returns:
         ``(advantages, scores)``: N tensors ``[G, K]`` (agent i's advantage of its sample k, the one
-        in aligned joint action k) and N tensors ``[G, K·K]`` (the tables ``S_i``, for
-        ``advantages.scale_by_std``).
+        in aligned joint action k) and N tensors ``[G, X]``: the distinct joint actions of the table
+        ``S_i`` (for ``advantages.scale_by_std``). For N ≥ 2 every entry of the K·K table is its own
+        joint action, ``X = K²``, and the std is taken over all of them; for N = 1 the table is the
+        K returns repeated K times, ``X = K``, so the advantages equal ``shared`` credit's exactly.
 
     Raises:
         ValueError: ``index`` has no ``lookup`` (not built for ``"counterfactual"``).
@@ -261,13 +277,25 @@ def counterfactual_advantages(
     g = returns.shape[0]
     advantages, scores = [], []
     for i in range(n):
-        table = returns[:, index.lookup[i]].float()  # [G, K, K]: [node, teammates' sample k, own swap k']
+        own = agent_column(returns, i).float()  # [G, M]: agent i's returns (its column if per-agent)
+        table = own[:, index.lookup[i]]  # [G, K, K]: [node, teammates' sample k, own swap k']
         if costs is not None:
             table = table - costs[i].float()[:, None, :]
         adv = group_advantages(table.reshape(g * k, k), mode, "none").view(g, k, k)
         advantages.append(adv.diagonal(dim1=1, dim2=2).clone())
-        scores.append(table.reshape(g, k * k))
+        scores.append(table.reshape(g, k * k)[:, _first_of_each_row(index.lookup[i])])
     return advantages, scores
+
+
+def _first_of_each_row(lookup: torch.Tensor) -> torch.Tensor:
+    """``[X]`` positions in ``lookup.flatten()`` (``[K, K]``) of each distinct joint-action row's first
+    entry: the std is taken over distinct joint actions, never over repeats of one (N = 1 repeats
+    every row K times, which would shrink the std by ``√(K/(K+1))``)."""
+    flat = lookup.flatten()
+    _, inverse = torch.unique(flat, return_inverse=True)
+    positions = torch.arange(flat.numel())
+    first = torch.full((int(inverse.max()) + 1,), flat.numel(), dtype=torch.long)
+    return first.scatter_reduce(0, inverse, positions, reduce="amin").sort().values  # table order
 
 
 def cross_rewards_advantages(
@@ -291,7 +319,10 @@ def cross_rewards_advantages(
         ``(advantages, scores)``: N tensors ``[G, K]`` each; the scores are the per-sample returns.
     """
     k = int(index.joint_index[:, 0].max()) + 1
-    scores = [agent_sample_returns(returns.float(), index.joint_index, i, k) for i in range(num_agents)]
+    scores = [
+        agent_sample_returns(agent_column(returns, i).float(), index.joint_index, i, k)
+        for i in range(num_agents)
+    ]
     if costs is not None:
         scores = [s - c.float() for s, c in zip(scores, costs)]
     return [group_advantages(r, mode, "none") for r in scores], scores
@@ -312,7 +343,8 @@ def step_advantages(
 
     Args:
         turn_returns: per turn ``[G_t, M]`` returns of the scored joint actions (rows of
-            ``index.joint_index``; for ``shared`` credit the joint mode's own ``[J, N]`` table).
+            ``index.joint_index``; for ``shared`` credit the joint mode's own ``[J, N]`` table, or
+            ``[G_t, J, N]`` per-agent returns: agent i's scores are column i).
         index: the rows' :class:`CreditIndex` (``shared``: ``CreditIndex(joint_index, None)``).
         num_agents: N.
         credit: one of :data:`CREDIT`.
@@ -340,7 +372,10 @@ def step_advantages(
         elif credit == "cross_rewards":
             adv, sc = cross_rewards_advantages(returns, index, num_agents, mode, costs)
         else:
-            sc = [agent_sample_returns(returns.float(), index.joint_index, i, k) for i in range(num_agents)]
+            sc = [
+                agent_sample_returns(agent_column(returns, i).float(), index.joint_index, i, k)
+                for i in range(num_agents)
+            ]
             sc = sc if costs is None else [r - c for r, c in zip(sc, costs)]
             adv = [group_advantages(r, mode, "none") for r in sc]
         raw.append(adv)

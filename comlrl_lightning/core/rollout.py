@@ -24,8 +24,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from comlrl_lightning.core.advantages import agent_sample_returns, group_advantages, joint_action_indices
-from comlrl_lightning.core.credit import CreditIndex, credit_index, step_advantages, tree_credit_returns
+from comlrl_lightning.core.advantages import agent_sample_returns, joint_action_indices
+from comlrl_lightning.core.credit import (
+    CreditIndex,
+    agent_column,
+    credit_index,
+    step_advantages,
+    tree_credit_returns,
+)
 from comlrl_lightning.core.records import Node, TeamAction, Turn, TurnState
 from comlrl_lightning.core.td import SOLVED_RETURN, absorbing_rewards
 from comlrl_lightning.envs.base import SOLVED, DecPOMDP, Episode
@@ -238,19 +244,10 @@ def compute_advantages(
     mode, eps, agent_wise = cfg.mode, cfg.advantage_eps, cfg.agent_wise_normalization
     scale = cfg.scale if num_generations > 1 else "none"
     own = joint_action_indices(num_agents, num_generations, joint_mode)
-    if credit == "shared" and turns[0].returns is not None and turns[0].returns.dim() == 3:
-        # per-agent rewards [G, J, N]: agent i's group baseline uses its own column
-        for t in turns:
-            t.agent_returns, t.advantages = [], []
-            for i in range(num_agents):
-                r = agent_sample_returns(t.returns[..., i], own, i, num_generations)  # [G, K]
-                t.agent_returns.append(r.flatten())
-                t.advantages.append(group_advantages(r, mode, scale, eps).flatten())
-        return
+    assert all(t.returns is not None for t in turns), "compute_returns first"
     index = (
         CreditIndex(own, None) if credit == "shared" else credit_index(num_agents, num_generations, credit)
     )
-    assert all(t.returns is not None for t in turns), "compute_returns first"
     returns = [t.returns if credit == "shared" else t.scored_returns for t in turns]
     advantages = step_advantages(
         returns,
@@ -265,7 +262,8 @@ def compute_advantages(
     )
     for n_t, (t, adv) in enumerate(zip(turns, advantages)):
         t.agent_returns = [
-            agent_sample_returns(t.returns, own, i, num_generations).flatten() for i in range(num_agents)
+            agent_sample_returns(agent_column(t.returns, i), own, i, num_generations).flatten()
+            for i in range(num_agents)
         ]
         if sample_costs is not None:
             t.agent_returns = [r - c.flatten() for r, c in zip(t.agent_returns, sample_costs[n_t])]

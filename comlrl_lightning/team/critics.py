@@ -60,7 +60,11 @@ class CriticConfig:
     """Weight of the value loss (> 0): ``coef · mean((V − T)²)``; CoMLRL's default 0.6."""
     value_clip_range: float | None = 0.2
     """PPO-style clip ε of the value change against the pre-update values (> 0); None: no clipping.
-    CoMLRL default 0.2."""
+    Default 0.2, CoMLRL's value, applied here to *every* critic. **Differs from CoMLRL**, which clips
+    only a value head on the actor (``use_separate_critic=False``) and never a separate critic or
+    MAAC's centralised critic (MAAC has no such field): for CoMLRL's numbers with separate critics or
+    MAAC set None. Kept on because a separate critic's value targets move as much as a head's, and
+    the clip bounds each step's value change the same way for both."""
     advantage_normalization: bool = True
     """Normalise each agent's advantages per turn to mean 0, std 1 (CoMLRL default True)."""
     critic_max_grad_norm: float | None = 1.0
@@ -186,8 +190,11 @@ def central_observation(
 ) -> tuple[str, str | None]:
     """MAAC's centralised critic input: every agent's observation, and the joint action for Q.
 
-    CoMLRL's layout: ``"[Agent i] <observation i>"`` blocks joined by blank lines; the joint action
-    as ``"[Joint Action]"`` then ``"[Agent i action]\\n<completion i>"`` blocks.
+    CoMLRL's layout (``MAACTrainer._build_critic_input``, character for character):
+    ``"[Agent i] <observation i>"`` blocks joined by blank lines; the joint action as a blank line,
+    ``"[Joint Action]"``, then ``"[Agent i action]\\n<completion i>"`` blocks, every block after a
+    blank line. ``observation + joint_action`` is CoMLRL's critic text. Where the observation differs
+    from CoMLRL's in multi-turn runs: :class:`~comlrl_lightning.algorithms.maac.MAAC`.
 
     Args:
         observations: ``N`` texts, agent ``i``'s observation (its prompt history at this turn).
@@ -202,7 +209,7 @@ def central_observation(
         return obs, None
     if len(joint_action) != len(observations):
         raise ValueError(f"central_observation: {len(joint_action)} actions for {len(observations)} agents")
-    action = "\n\n[Joint Action]\n" + "\n\n".join(
+    action = "\n\n[Joint Action]\n\n" + "\n\n".join(
         f"[Agent {i} action]\n{c}" for i, c in enumerate(joint_action)
     )
     return obs, action
