@@ -83,3 +83,20 @@ def test_checkpoints_leave_out_the_frozen_reward_models_and_resume_with_them(
     assert list(resumed.reward_models) == [rm2.model]
     source = dict(rm.model.state_dict())
     assert all(torch.equal(v, source[k]) for k, v in rm2.model.state_dict().items())
+
+
+def test_an_older_checkpoint_with_reward_model_weights_loads_without_an_env(classifier_dir, tmp_path):
+    m, rm = build(IAC, classifier_dir)
+    m.configure_model()
+    checkpoint = {"state_dict": m.state_dict()}  # what IAC wrote before: the reward model included
+    assert [k for k in checkpoint["state_dict"] if k.startswith("reward_models.")]
+    plain = IAC(
+        agents="builtin:tiny-gpt2",
+        num_agents=2,
+        sampling=SamplingConfig(max_new_tokens=8),
+        rollout=ActorCriticRolloutConfig(num_generations=2),
+        critic=CriticConfig(critic_learning_rate=1e-3),
+    )
+    plain.configure_model()
+    plain.on_load_checkpoint(checkpoint)
+    plain.load_state_dict(checkpoint["state_dict"])  # strict: no unexpected reward_models.* keys

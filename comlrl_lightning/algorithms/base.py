@@ -312,11 +312,15 @@ class CoMLRLModule(AgentOptimization):
         the batch-end form Lightning resumes exactly from
         (:func:`~comlrl_lightning.infra.resume.canonical_loop_state`, Lightning #19617)."""
         self._resume_rng_states = checkpoint.get("rng_states")
-        # the reward models are not saved (on_save_checkpoint): keep the ones configure_model loaded
+        # the reward models are not saved (on_save_checkpoint): keep the ones configure_model loaded,
+        # and ignore those an older checkpoint carries for a module that has none (no env given)
         state = checkpoint.get("state_dict")
         if state is not None:
-            for key, value in self.reward_models.state_dict(prefix=_REWARD_MODELS).items():
-                state.setdefault(key, value)
+            own = self.reward_models.state_dict(prefix=_REWARD_MODELS)
+            for key in [k for k in state if k.startswith(_REWARD_MODELS) and k not in own]:
+                del state[key]
+            for key, value in own.items():
+                state[key] = value
         canonical_loop_state(checkpoint)  # epoch-end / after-fit checkpoints resume exactly (infra/resume.py)
         for name, saved in checkpoint.get("skipped_steps", {}).items():
             counts = self.skip_counts().get(name)
