@@ -1,5 +1,6 @@
 """Faults during training are contained: signals, reward errors, stale temp files, unwritable or full disks (issue 12 §3)."""
 
+import copy
 import glob
 import os
 import signal
@@ -317,3 +318,39 @@ def test_without_undo_updates_a_signal_after_the_first_step_finishes_the_batch(t
     ckpt = torch.load(tmp_path / "interrupted.ckpt", weights_only=False)
     assert ckpt["global_step"] == MAGRPO.max_steps_for(3, 2)  # batch 2 finished, then saved
     resumes_exactly(trainer_factory, tmp_path, sender.seen, 3)
+
+
+def test_an_interrupted_iac_batch_saves_the_weights_and_optimizer_state_of_the_batch_end_before(
+    trainer_factory, tmp_path
+):
+    from comlrl_lightning import IAC, ActorCriticRolloutConfig, CriticConfig, CriticSpec, SamplingConfig
+
+    class Snapshot(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.state = {k: v.clone() for k, v in pl_module.state_dict().items()}
+            self.optim = [copy.deepcopy(o.state_dict()) for o in trainer.optimizers]
+
+    pl.seed_everything(0)
+    model = IAC(
+        agents="builtin:tiny-gpt2",
+        num_agents=2,
+        critics=CriticSpec(model="builtin:tiny-gpt2"),
+        critic=CriticConfig(critic_learning_rate=1e-2),
+        rollout=ActorCriticRolloutConfig(num_generations=2),
+        sampling=SamplingConfig(max_new_tokens=8),
+        learning_rate=1e-3,
+    )
+    per = model.steps_per_batch  # 2 agents + 2 separate critics
+    snap, sender = Snapshot(), SignalAt(signal.SIGTERM, at=2, hook="on_before_optimizer_step", nth=per - 1)
+    trainer = trainer_factory(
+        max_steps=6 * per, callbacks=[InterruptCheckpoint(dirpath=str(tmp_path)), snap, sender]
+    )
+    with pytest.raises(SystemExit):
+        trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=12))
+    ckpt = torch.load(tmp_path / "interrupted.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 2 * per  # batches 0, 1; batch 2's 3 steps undone
+    assert all(torch.equal(ckpt["state_dict"][k], v) for k, v in snap.state.items())
+    for saved, before in zip(ckpt["optimizer_states"], snap.optim):
+        assert saved["state"].keys() == before["state"].keys()
+        for i, s in before["state"].items():
+            assert all(torch.equal(saved["state"][i][k], v) for k, v in s.items() if torch.is_tensor(v))
