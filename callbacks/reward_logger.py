@@ -54,8 +54,8 @@ class RewardLogger(pl.Callback):
     (MaxMetric).
 
     The module itself logs ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``agent_<i>/loss``,
-    ``agent_<i>/entropy`` (MAGRPO) and ``completions/mean_length``; this callback does not repeat them. Outputs that are not such
-    a dict (another module, or a skipped step) are ignored.
+    ``agent_<i>/entropy`` (MAGRPO) and ``completions/mean_length``; this callback does not repeat
+    them. Outputs that are not such a dict (another module, or a skipped step) are ignored.
 
     Args:
         prog_bar: also show ``tokens_per_second`` in the progress bar.

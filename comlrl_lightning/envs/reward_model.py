@@ -15,8 +15,8 @@ rewards in a :class:`~comlrl_lightning.envs.rewards.WeightedReward`. The model l
 fails before any weights are read. Its device is wherever its weights are: every algorithm
 (:class:`~comlrl_lightning.algorithms.base.CoMLRLModule`) lists it in ``reward_models`` and the
 strategy places it on ``reward_devices[i]`` (:mod:`comlrl_lightning.infra.strategy`). Its frozen
-weights are left out of Lightning checkpoints and reloaded from ``model`` on resume. It is never trained here (CoMLRL's MARLHF trains a
-reward model first; that is out of scope).
+weights are left out of Lightning checkpoints and reloaded from ``model`` on resume. It is never
+trained here (CoMLRL's MARLHF trains a reward model first; that is out of scope).
 """
 
 from __future__ import annotations
