@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -32,13 +33,16 @@ class InterruptCheckpoint(pl.Callback):
     - SIGTERM: a full checkpoint (agents, optimizers, schedulers, RNG, loop and data position) of
       the state after the last trained batch is written to ``<dirpath>/<filename>.ckpt`` and the
       process exits with status 143 (128 + 15). ``fit --ckpt_path <that file>`` resumes exactly.
-    - Where the signal lands: in a batch's generation, reward or backward before its first optimizer
-      step, or in a validation run inside fit, that work is abandoned at once (the handler raises
-      there) and the checkpoint is the batch-end checkpoint of the batch before, the same state a
-      ``ModelCheckpoint(every_n_train_steps)`` writes there. From the batch's first optimizer step
-      to its end (the other agents' backward and steps: no generation left) the batch is finished
-      first and its state saved. Under a multi-process strategy every rank finishes its batch (an abandoned collective
-      would hang the others), then saves.
+    - Wherever the signal lands in a training batch (generation, reward, backward, or the updates
+      after some agents already stepped) or in a validation run inside fit, that work is abandoned
+      at once (the handler raises there) and the checkpoint is the batch-end checkpoint of the batch
+      before, the same state a ``ModelCheckpoint(every_n_train_steps)`` writes there. To undo the
+      agents that already stepped, each optimizer's parameters and state are copied (on their own
+      device) just before its first step in a batch and put back on such an interruption; the
+      copies are dropped at the batch end (memory: one copy of the weights and optimizer state of
+      every optimizer, held from a batch's first optimizer step to its end; ``undo_updates=False``
+      saves it and finishes such a batch before saving instead). Under a multi-process strategy
+      every rank finishes its batch (an abandoned collective would hang the others), then saves.
     - The first Ctrl+C (SIGINT) does the same, with status 130; a second Ctrl+C interrupts at once
       (no checkpoint: the step may be half done, some agents stepped and others not).
     - A signal before the first batch of this fit ends stops at once and saves nothing (nothing was
@@ -58,16 +62,22 @@ class InterruptCheckpoint(pl.Callback):
         dirpath: folder of the checkpoint; default ``<trainer.log_dir>/checkpoints`` (where a
             ``ModelCheckpoint`` without ``dirpath`` writes; ``default_root_dir`` without a logger).
         filename: file name without ``.ckpt``.
+        undo_updates: keep the copies above, so a signal after a batch's first optimizer step saves
+            at once (default True); False: finish that batch's updates first, then save.
 
     Raises:
         ValueError: an empty ``filename``.
     """
 
-    def __init__(self, dirpath: str | None = None, filename: str = "interrupted") -> None:
+    def __init__(
+        self, dirpath: str | None = None, filename: str = "interrupted", undo_updates: bool = True
+    ) -> None:
         super().__init__()
         if not filename:
             raise ValueError("InterruptCheckpoint.filename: must not be empty")
-        self.dirpath, self.filename = dirpath, filename
+        self.dirpath, self.filename, self.undo_updates = dirpath, filename, undo_updates
+        self._undo: list[tuple[Any, list[torch.Tensor], dict[str, Any]]] = []  # (optimizer, params, state)
+        self._undo_schedulers: list[dict[str, Any]] | None = None
         self._exit_code = EXIT_SIGTERM
         self._previous: dict[int, Any] = {}
         self._abandonable = False  # in a batch's generation/reward or in validation: raise at the signal
@@ -96,7 +106,7 @@ class InterruptCheckpoint(pl.Callback):
         # here, not in setup: Lightning snapshots the signal handlers after setup and puts that
         # snapshot back at its teardown, which would re-install these handlers after fit
         self._exit_code, self._pending, self._aborted = EXIT_SIGTERM, False, False
-        self._last_batch_end = None
+        self._last_batch_end, self._undo, self._undo_schedulers = None, [], None
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._previous[signum] = signal.signal(signum, self._make_handler(trainer, signum))
@@ -112,7 +122,7 @@ class InterruptCheckpoint(pl.Callback):
                 previous(num, frame)
             trainer._signal_connector.received_sigterm = True  # Lightning's own stop-at-batch-end flag
             if self._abandonable and trainer.world_size == 1:
-                self._stop(trainer, "abandoning the current generation/reward/validation")
+                self._stop(trainer, "abandoning the current batch (its updates undone) or validation")
             self._pending = True
             rank_zero_info(f"\n{signal.Signals(signum).name}: finishing the current batch's updates, then saving a "
                            "checkpoint" + (" (Ctrl+C again: stop now)" if signum == signal.SIGINT else ""))  # fmt: skip
@@ -134,20 +144,46 @@ class InterruptCheckpoint(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
     ) -> None:
-        # the batch's first parameter change: from here to the batch end it is finished, then saved
-        # (backward before it only fills gradients, which a checkpoint does not hold)
-        self._abandonable = False
+        # a parameter change: copy what it changes (once per optimizer and batch) so an interrupt can
+        # put the batch-start state back; without the copies, finish the batch, then save
+        if not (self.undo_updates and trainer.world_size == 1 and self._abandonable):
+            self._abandonable = False
+            return
+        if self._undo_schedulers is None:  # the batch's first step: no scheduler has stepped yet
+            self._undo_schedulers = [
+                copy.deepcopy(c.scheduler.state_dict()) for c in trainer.lr_scheduler_configs
+            ]
+        raw = getattr(optimizer, "_optimizer", optimizer)
+        if all(o is not raw for o, _, _ in self._undo):
+            with torch.no_grad():
+                params = [p.detach().clone() for g in raw.param_groups for p in g["params"]]
+            self._undo.append((raw, params, copy.deepcopy(raw.state_dict())))
+
+    def _undo_batch_updates(self, trainer: pl.Trainer) -> None:
+        """Put back every parameter, optimizer state and scheduler state the aborted batch changed."""
+        with torch.no_grad():
+            for raw, params, state in reversed(self._undo):  # the earliest copy last (shared parameters)
+                for p, saved in zip((p for g in raw.param_groups for p in g["params"]), params):
+                    p.copy_(saved)
+                raw.load_state_dict(state)
+        for config, state in zip(trainer.lr_scheduler_configs, self._undo_schedulers or []):
+            config.scheduler.load_state_dict(state)
+        self._undo, self._undo_schedulers = [], None
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:  # fmt: skip
         self._abandonable = False
+        self._undo, self._undo_schedulers = [], None  # the batch is done: nothing to undo
         # the batch-end state a ModelCheckpoint writes here, less the weights (unchanged until the
-        # next batch's first backward): what an abandoned generation or validation saves
+        # next batch's first optimizer step, or put back by _undo_batch_updates): what an
+        # abandoned batch or validation saves
+        skips = getattr(pl_module, "skip_counts", None)
         self._last_batch_end = {
             "loops": copy.deepcopy(trainer._checkpoint_connector._get_loops_state_dict()),
             "rng_states": collect_rng_states(),
             "epoch": trainer.current_epoch,
             "global_step": trainer.global_step,
+            **({"skipped_steps": copy.deepcopy(skips())} if callable(skips) else {}),
         }
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -173,6 +209,8 @@ class InterruptCheckpoint(pl.Callback):
                 "Interrupted before the first batch of this fit ended: nothing trained, nothing saved"
             )
             return
+        if self._aborted:
+            self._undo_batch_updates(trainer)
         checkpoint = trainer._checkpoint_connector.dump_checkpoint()
         if self._aborted:  # mid-batch or mid-validation: the counters and RNG of the batch end before
             checkpoint.update(self._last_batch_end)

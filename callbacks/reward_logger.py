@@ -29,12 +29,17 @@ class RewardLogger(pl.Callback):
       actions whose reward raised or was non-finite (and got ``invalid_reward``);
     - ``turn_<t>/reward`` and ``turn_<t>/return``: mean reward and return of turn ``t`` (only when
       an episode has more than one turn);
-    - ``agent_<i>/completions/mean_length``, ``min_length``, ``max_length`` (tokens, EOS included)
-      and ``agent_<i>/completions/clipped_ratio`` (fraction that hit ``max_new_tokens``);
-    - ``completions/clipped_ratio`` over all agents' completions;
+    - ``agent_<i>/completions/mean_length``, ``min_length``, ``max_length`` (tokens, EOS included),
+      ``mean_terminated_length`` and ``agent_<i>/completions/clipped_ratio`` (fraction that hit
+      ``max_new_tokens``); the team-level ``completions/min_length``, ``max_length``,
+      ``mean_terminated_length`` and ``clipped_ratio`` over all agents' completions;
     - ``agent_<i>/grad_norm`` (total gradient norm before clipping), ``agent_<i>/kl`` (when
-      ``beta > 0``) and ``agent_<i>/clip_ratio`` (fraction of ratio-clipped tokens, when
-      ``num_iterations > 1``);
+      ``beta > 0``), ``agent_<i>/clip_ratio/low_mean``, ``high_mean`` and ``region_mean``
+      (fractions of ratio-clipped tokens; 0 on-policy, i.e. ``num_iterations = 1``);
+    - TRL's team-level ``entropy``, ``kl`` (when ``beta > 0``), ``clip_ratio/low_mean``,
+      ``clip_ratio/low_min``, ``clip_ratio/high_mean``, ``clip_ratio/high_max`` and
+      ``clip_ratio/region_mean`` (means over agents; min / max over agents for ``low_min`` /
+      ``high_max``; see :mod:`comlrl_lightning.core.metrics`);
     - ``tokens_per_second`` (completion tokens of all agents and turns) and ``episodes_per_second``,
       over the wall time from ``on_train_batch_start`` to ``on_train_batch_end`` (rollout, rewards
       and updates).
@@ -48,9 +53,9 @@ class RewardLogger(pl.Callback):
     ``epoch/agent_<i>/completions/mean_length``, ``min_length`` (MinMetric) and ``max_length``
     (MaxMetric).
 
-    The module itself logs ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``agent_<i>/loss``
-    and ``completions/mean_length``; this callback does not repeat them. Outputs that are not such
-    a dict (another module, or a skipped step) are ignored.
+    The module itself logs ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``agent_<i>/loss``,
+    ``agent_<i>/entropy`` (MAGRPO) and ``completions/mean_length``; this callback does not repeat
+    them. Outputs that are not such a dict (another module, or a skipped step) are ignored.
 
     Args:
         prog_bar: also show ``tokens_per_second`` in the progress bar.
@@ -140,7 +145,7 @@ def step_metrics(out: Mapping[str, Any], loss_config: Any, wall_s: float) -> dic
         out: the :class:`~comlrl_lightning.core.records.StepOutput` a training step returns (or a
             mapping with its keys).
         loss_config: the module's :class:`~comlrl_lightning.core.config.LossConfig` or a mapping
-            (``beta`` and ``num_iterations`` decide which agent stats are logged).
+            (``beta`` decides whether ``kl`` is logged).
         wall_s: wall time of the step in seconds (throughput is skipped when ≤ 0).
 
     Returns:
@@ -157,21 +162,17 @@ def step_metrics(out: Mapping[str, Any], loss_config: Any, wall_s: float) -> dic
             metrics[M.turn(t, "reward")] = float(rewards.float().mean())
             metrics[M.turn(t, "return")] = float(returns.float().mean())
     for i, (lengths, clipped) in enumerate(zip(out["completion_lengths"], out["clipped"])):
-        lengths = lengths.float()
-        metrics[M.agent(i, "completions/mean_length")] = float(lengths.mean())
-        metrics[M.agent(i, "completions/min_length")] = float(lengths.min())
-        metrics[M.agent(i, "completions/max_length")] = float(lengths.max())
-        metrics[M.agent(i, "completions/clipped_ratio")] = float(clipped.float().mean())
-    all_clipped = torch.cat([c.float().flatten() for c in out["clipped"]])
-    metrics[M.CLIPPED_RATIO] = float(all_clipped.mean())
+        for name, value in M.length_metrics(lengths, clipped).items():
+            metrics[M.agent(i, name)] = value
+    metrics.update(
+        M.length_metrics(torch.cat(list(out["completion_lengths"])), torch.cat(list(out["clipped"])))
+    )
+    del metrics[M.MEAN_LENGTH]  # the module logs the team's mean length itself
     beta = float(_field(loss_config, "beta", 0.0))
-    iterations = int(_field(loss_config, "num_iterations", 1))
-    for i, stats in enumerate(out.get("agent_stats", ())):
-        metrics[M.agent(i, "grad_norm")] = float(stats["grad_norm"])
-        if beta > 0:
-            metrics[M.agent(i, "kl")] = float(stats["kl"])
-        if iterations > 1:
-            metrics[M.agent(i, "clip_ratio")] = float(stats["clip_ratio"])
+    per_agent = [M.update_metrics(stats, beta) for stats in out.get("agent_stats", ())]
+    for i, stats in enumerate(per_agent):
+        metrics.update({M.agent(i, name): value for name, value in stats.items() if name != M.ENTROPY})
+    metrics.update(M.team_update_metrics(per_agent))
     if wall_s > 0:
         metrics[M.TOKENS_PER_SECOND] = out["num_tokens"] / wall_s
         metrics[M.EPISODES_PER_SECOND] = out["num_episodes"] / wall_s
@@ -179,9 +180,9 @@ def step_metrics(out: Mapping[str, Any], loss_config: Any, wall_s: float) -> dic
 
 
 def _reduce_fx(name: str) -> str:
-    if name.endswith("min_length"):
+    if name.endswith("min_length") or name.endswith("low_min"):
         return "min"
-    if name.endswith("max_length"):
+    if name.endswith("max_length") or name.endswith("high_max"):
         return "max"
     return "sum" if name.endswith("_per_second") else "mean"
 

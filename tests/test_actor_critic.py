@@ -245,8 +245,8 @@ def test_a_non_finite_value_loss_skips_or_stops_before_any_critic_step(trainer_f
     m = make(critics=SEPARATE)  # on_nonfinite="skip": both critics' steps are skipped and counted
     with pytest.warns(UserWarning, match=r"critic 1: non-finite loss \(nan\)"):
         trainer_factory(max_steps=IAC.max_steps_for(1, 2, num_critics=2)).fit(m, data())
-    # skipped steps are not counted in global_step: max_steps=4 now takes two batches of 2 agent steps
-    assert m.critic_skipped_steps == [2, 2] and m.skipped_steps == [0, 0]
+    # skipped steps still count in global_step: max_steps=4 is still one batch
+    assert m.critic_skipped_steps == [1, 1] and m.skipped_steps == [0, 0]
     assert all(torch.isfinite(p).all() for p in m.critics.parameters())
 
 

@@ -48,8 +48,10 @@ def fake_output(rewards, lengths, clipped, k=2, turns=None, components=None, sta
         "turn_returns": turns[1] if turns else [rewards],
         "completion_lengths": [torch.tensor(x) for x in lengths],
         "clipped": [torch.tensor(x) for x in clipped],
-        "agent_stats": stats or [{"loss": 0.1, "kl": 0.01, "clip_ratio": 0.2, "grad_norm": 3.0},
-                                 {"loss": 0.2, "kl": 0.02, "clip_ratio": 0.4, "grad_norm": 4.0}],
+        "agent_stats": stats or [{"loss": 0.1, "kl": 0.01, "clip_ratio": 0.2, "clip_ratio_low": 0.05,
+                                  "clip_ratio_high": 0.15, "grad_norm": 3.0, "entropy": 1.5},
+                                 {"loss": 0.2, "kl": 0.02, "clip_ratio": 0.4, "clip_ratio_low": 0.25,
+                                  "clip_ratio_high": 0.15, "grad_norm": 4.0, "entropy": 0.5}],
         "num_episodes": e,
         "num_tokens": int(sum(sum(x) for x in lengths)),
         "prompts": [[f"p{i} ep{j}" for j in range(e)] for i in range(2)],
@@ -78,13 +80,23 @@ def test_step_metrics_match_values_computed_by_hand():
     assert (m["agent_1/completions/min_length"], m["agent_1/completions/max_length"]) == (2, 10)
     assert m["agent_0/completions/clipped_ratio"] == 0.25 and m["agent_1/completions/clipped_ratio"] == 0.5
     assert m["completions/clipped_ratio"] == 3 / 8
-    assert (m["agent_0/kl"], m["agent_1/clip_ratio"], m["agent_1/grad_norm"]) == (0.01, 0.4, 4.0)
+    assert (m["agent_0/kl"], m["agent_1/clip_ratio/region_mean"], m["agent_1/grad_norm"]) == (0.01, 0.4, 4.0)
+    assert (m["agent_0/clip_ratio/low_mean"], m["agent_1/clip_ratio/high_mean"]) == (0.05, 0.15)
+    # TRL's team-level names beside the per-agent ones: means over agents, min / max over agents
+    assert m["entropy"] == 1.0 and m["kl"] == pytest.approx(0.015)
+    assert m["clip_ratio/region_mean"] == pytest.approx(0.3)
+    assert m["clip_ratio/low_mean"] == pytest.approx(0.15) and m["clip_ratio/low_min"] == 0.05
+    assert m["clip_ratio/high_mean"] == pytest.approx(0.15) and m["clip_ratio/high_max"] == 0.15
+    assert (m["completions/min_length"], m["completions/max_length"]) == (2, 10)
+    # not clipped: agent 0's 3, 5, 9 and agent 1's 4, 4
+    assert m["completions/mean_terminated_length"] == pytest.approx(25 / 5)
+    assert m["agent_0/completions/mean_terminated_length"] == pytest.approx(17 / 3)
     assert m["tokens_per_second"] == (24 + 20) / 2.0 and m["episodes_per_second"] == 1.0
-    # beta = 0, one iteration, one turn: no KL, no ratio clipping, no per-turn metrics
+    # beta = 0, one turn: no KL, no per-turn metrics; the clip ratios are logged (0 on-policy), as in TRL
     single_turn = fake_output([0.0, 1.0], [[1, 2], [3, 4]], [[False] * 2] * 2)
     plain = step_metrics(single_turn, {"beta": 0.0, "num_iterations": 1}, 1.0)
-    assert not [k for k in plain if k.endswith("/kl") or k.endswith("/clip_ratio") or k.startswith("turn_")]
-    assert "agent_1/grad_norm" in plain
+    assert not [k for k in plain if k.endswith("kl") or k.startswith("turn_")]
+    assert "agent_1/grad_norm" in plain and "clip_ratio/region_mean" in plain
 
 
 class ListLogger(Logger):
@@ -377,7 +389,19 @@ def test_toy_config_fit_writes_all_metrics_text_and_agent_folders(tmp_path):
         expected |= {f"agent_{i}/grad_norm"}
         expected |= {f"epoch/agent_{i}/completions/{m}_length" for m in ("mean", "min", "max")}
     assert expected <= tags, expected - tags
-    assert not {t for t in tags if t.endswith("/kl") or t.endswith("/clip_ratio")}  # beta = 0, one iteration
+    team = {
+        "entropy",
+        "clip_ratio/low_mean",
+        "clip_ratio/low_min",
+        "clip_ratio/high_mean",
+        "clip_ratio/high_max",
+        "clip_ratio/region_mean",
+        "completions/min_length",
+        "completions/max_length",
+        "completions/mean_terminated_length",
+    }
+    assert team <= tags, team - tags  # a default run has TRL's team-level curves, clip ratio included
+    assert not {t for t in tags if t.endswith("kl")}  # beta = 0
     assert [s.step for s in acc.Scalars("agent_1/grad_norm")] == [0, 1, 2, 3]  # 8 optimizer steps = 4 batches
     assert [e.step for e in acc.Tensors("completions/text_summary")] == [1, 3]
     log_dir = Path(events).parent

@@ -223,3 +223,29 @@ def test_a_moved_run_folder_resumes_and_replayed_rounds_write_no_duplicate_point
     assert [h["round"] for h in resumed.history] == [0, 1, 2]
     assert scalar_steps(moved / "coordinator", "reward") == [0, 1, 2]
     assert scalar_steps(moved / "learners" / "a", "reward") == [0, 1, 2]
+
+
+def test_learners_log_the_same_trl_names_as_a_team(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    coordinator(tmp_path, num_rounds=2).fit()
+    acc = EventAccumulator(str(tmp_path / "learners" / "a"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    trl = {
+        "loss",
+        "grad_norm",
+        "entropy",
+        "clip_ratio/low_mean",
+        "clip_ratio/low_min",
+        "clip_ratio/high_mean",
+        "clip_ratio/high_max",
+        "clip_ratio/region_mean",
+        "completions/mean_length",
+        "completions/min_length",
+        "completions/max_length",
+        "completions/mean_terminated_length",
+        "completions/clipped_ratio",
+    }
+    assert trl <= tags, trl - tags
+    assert not tags & {"clip_ratio", "clip_ratio_low", "clip_ratio_high", "kl"}  # no second scheme; beta = 0

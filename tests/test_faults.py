@@ -1,5 +1,6 @@
 """Faults during training are contained: signals, reward errors, stale temp files, unwritable or full disks (issue 12 §3)."""
 
+import copy
 import glob
 import os
 import signal
@@ -22,15 +23,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 class SignalAt(pl.Callback):
     """Sends ``signum`` to this process once, in training batch number ``at``: at its start (before its
-    generation), at its first backward or at its first optimizer step (``hook``)."""
+    generation), at its ``nth`` backward or at its ``nth`` optimizer step (``hook``)."""
 
-    def __init__(self, signum, at, hook="on_train_batch_start"):
-        self.signum, self.at, self.hook, self.seen, self.sent = signum, at, hook, [], False
+    def __init__(self, signum, at, hook="on_train_batch_start", nth=1):
+        self.signum, self.at, self.hook, self.nth, self.seen, self.sent = signum, at, hook, nth, [], False
+        self.calls = 0
 
     def _send(self, hook):
         if hook == self.hook and len(self.seen) == self.at + 1 and not self.sent:
-            self.sent = True
-            os.kill(os.getpid(), self.signum)
+            self.calls += 1
+            if self.calls == self.nth:
+                self.sent = True
+                os.kill(os.getpid(), self.signum)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.seen.append([e.index for e in batch])
@@ -74,21 +78,24 @@ def resumes_exactly(trainer_factory, tmp_path, first_seen, trained, data=None, *
     "signum,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"]
 )
 @pytest.mark.parametrize(
-    "hook", ["on_train_batch_start", "on_before_backward", "on_before_optimizer_step"], ids=["generation", "backward",
-                                                                                          "update"]
+    "hook,nth",
+    [("on_train_batch_start", 1), ("on_before_backward", 1), ("on_before_optimizer_step", 1),
+     ("on_before_backward", 2), ("on_before_optimizer_step", 2)],
+    ids=["generation", "backward", "update", "second-agent-backward", "second-agent-update"],
 )  # fmt: skip
 def test_a_signal_saves_the_last_trained_batch_and_exits_non_zero_then_resumes_exactly(
-    trainer_factory, tmp_path, signum, code, hook
+    trainer_factory, tmp_path, signum, code, hook, nth
 ):
-    sender = SignalAt(signum, at=2, hook=hook)
+    sender = SignalAt(signum, at=2, hook=hook, nth=nth)
     before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN under nohup / `&`
     before_term = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as info:
         run(trainer_factory, 6, [InterruptCheckpoint(dirpath=str(tmp_path)), sender])
     assert info.value.code == code
     assert len(sender.seen) == 3  # batch 3 never started
-    # before its first optimizer step batch 2 is abandoned (batches 0, 1 saved); from there it is finished
-    trained = 3 if hook == "on_before_optimizer_step" else 2
+    # batch 2 is abandoned wherever the signal lands, after agent 0 stepped too (its update undone):
+    # batches 0, 1 are saved
+    trained = 2
     ckpt = tmp_path / "interrupted.ckpt"
     assert torch.load(ckpt, weights_only=False)["global_step"] == MAGRPO.max_steps_for(trained, 2)
     assert signal.getsignal(signal.SIGINT) is before  # our handlers are gone again
@@ -302,3 +309,48 @@ def test_sigterm_in_the_validation_before_fit_stops_at_once(monkeypatch, tmp_pat
     assert signal.getsignal(signal.SIGTERM) is not None and not glob.glob(
         str(tmp_path / "**" / "*.ckpt"), recursive=True
     )
+
+
+def test_without_undo_updates_a_signal_after_the_first_step_finishes_the_batch(trainer_factory, tmp_path):
+    sender = SignalAt(signal.SIGTERM, at=2, hook="on_before_optimizer_step", nth=2)
+    with pytest.raises(SystemExit):
+        run(trainer_factory, 6, [InterruptCheckpoint(dirpath=str(tmp_path), undo_updates=False), sender])
+    ckpt = torch.load(tmp_path / "interrupted.ckpt", weights_only=False)
+    assert ckpt["global_step"] == MAGRPO.max_steps_for(3, 2)  # batch 2 finished, then saved
+    resumes_exactly(trainer_factory, tmp_path, sender.seen, 3)
+
+
+def test_an_interrupted_iac_batch_saves_the_weights_and_optimizer_state_of_the_batch_end_before(
+    trainer_factory, tmp_path
+):
+    from comlrl_lightning import IAC, ActorCriticRolloutConfig, CriticConfig, CriticSpec, SamplingConfig
+
+    class Snapshot(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.state = {k: v.clone() for k, v in pl_module.state_dict().items()}
+            self.optim = [copy.deepcopy(o.state_dict()) for o in trainer.optimizers]
+
+    pl.seed_everything(0)
+    model = IAC(
+        agents="builtin:tiny-gpt2",
+        num_agents=2,
+        critics=CriticSpec(model="builtin:tiny-gpt2"),
+        critic=CriticConfig(critic_learning_rate=1e-2),
+        rollout=ActorCriticRolloutConfig(num_generations=2),
+        sampling=SamplingConfig(max_new_tokens=8),
+        learning_rate=1e-3,
+    )
+    per = model.steps_per_batch  # 2 agents + 2 separate critics
+    snap, sender = Snapshot(), SignalAt(signal.SIGTERM, at=2, hook="on_before_optimizer_step", nth=per - 1)
+    trainer = trainer_factory(
+        max_steps=6 * per, callbacks=[InterruptCheckpoint(dirpath=str(tmp_path)), snap, sender]
+    )
+    with pytest.raises(SystemExit):
+        trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=12))
+    ckpt = torch.load(tmp_path / "interrupted.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 2 * per  # batches 0, 1; batch 2's 3 steps undone
+    assert all(torch.equal(ckpt["state_dict"][k], v) for k, v in snap.state.items())
+    for saved, before in zip(ckpt["optimizer_states"], snap.optim):
+        assert saved["state"].keys() == before["state"].keys()
+        for i, s in before["state"].items():
+            assert all(torch.equal(saved["state"][i][k], v) for k, v in s.items() if torch.is_tensor(v))

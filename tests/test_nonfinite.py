@@ -38,16 +38,37 @@ def poison_agent_1_once(monkeypatch):
 def test_a_nan_gradient_skips_that_agents_step_only_and_is_counted(monkeypatch, trainer_factory):
     poison_agent_1_once(monkeypatch)
     model = tiny()
-    trainer = trainer_factory(max_steps=1)  # agent 0 steps (global_step 1), agent 1 is skipped
+    trainer = trainer_factory(max_steps=2)  # one batch: agent 0 steps, agent 1 is skipped
     with pytest.warns(
         UserWarning, match=r"agent 1: non-finite loss .* or gradient norm \(nan\) at epoch 0, batch 0"
     ):
         trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=8))
     assert model.skipped_steps == [0, 1]
-    assert trainer.global_step == 1  # the skipped step is not counted
+    assert trainer.global_step == 2  # the skipped step still counts: the cadence is unchanged
     assert trainer.callback_metrics["agent_1/skipped_steps"] == 1.0
     assert trainer.callback_metrics["agent_0/skipped_steps"] == 0.0
     assert all(torch.isfinite(p).all() for m in model.agents for p in m.parameters())
+
+
+def test_a_skip_keeps_every_checkpoint_of_a_clean_run_and_max_steps(monkeypatch, trainer_factory, tmp_path):
+    """One skipped step (agent 1, batch 0) shifts neither global_step nor ModelCheckpoint's
+    every_n_train_steps cadence nor where max_steps stops: the same checkpoints as a clean run."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def fit(folder):
+        every = ModelCheckpoint(dirpath=folder, every_n_train_steps=4, save_top_k=-1, save_last=False)
+        trainer = trainer_factory(max_steps=16, enable_checkpointing=True, callbacks=[every])
+        trainer.fit(tiny(), LengthRatioDataModule(batch_size=2, num_train=32))
+        return trainer, {p.name for p in folder.iterdir()}
+
+    clean_trainer, clean = fit(tmp_path / "clean")
+    poison_agent_1_once(monkeypatch)
+    with pytest.warns(UserWarning, match="agent 1: non-finite"):
+        trainer, written = fit(tmp_path / "skip")
+    assert clean == {f"epoch=0-step={s}.ckpt" for s in (4, 8, 12, 16)}
+    assert written == clean
+    assert trainer.global_step == clean_trainer.global_step == 16
+    assert trainer.fit_loop.epoch_loop.batch_progress.total.completed == 8  # 8 batches, not 9
 
 
 def test_stop_raises_naming_the_agent_and_batch(monkeypatch, trainer_factory):
@@ -77,12 +98,12 @@ def test_a_checkpoint_of_nan_weights_is_refused():
 def test_skipped_steps_survive_a_checkpoint_and_resume(monkeypatch, trainer_factory, tmp_path):
     poison_agent_1_once(monkeypatch)
     first = tiny()
-    trainer = trainer_factory(max_steps=1, default_root_dir=tmp_path)
+    trainer = trainer_factory(max_steps=2, default_root_dir=tmp_path)
     with pytest.warns(UserWarning, match="agent 1: non-finite"):
         trainer.fit(first, LengthRatioDataModule(batch_size=2, num_train=8))
     trainer.save_checkpoint(tmp_path / "after_skip.ckpt")
     resumed = tiny()
-    trainer = trainer_factory(max_steps=3, default_root_dir=tmp_path)  # one more batch: agent 1 steps now
+    trainer = trainer_factory(max_steps=4, default_root_dir=tmp_path)  # one more batch: agent 1 steps now
     trainer.fit(
         resumed, LengthRatioDataModule(batch_size=2, num_train=8), ckpt_path=tmp_path / "after_skip.ckpt"
     )
@@ -111,7 +132,7 @@ def test_a_separate_critics_inf_gradient_skips_its_step_only(monkeypatch, traine
 
     poison_critic_0_once(monkeypatch)
     model = iac()
-    trainer = trainer_factory(max_steps=IAC.max_steps_for(1, 2, num_critics=2) - 1)  # critic 0 is not counted
+    trainer = trainer_factory(max_steps=IAC.max_steps_for(1, 2, num_critics=2))  # one batch, skip included
     with pytest.warns(
         UserWarning, match=r"critic 0: non-finite loss .* or gradient norm \(inf\) at epoch 0, batch 0"
     ):

@@ -49,7 +49,6 @@ from comlrl_lightning.core.td import (
 from comlrl_lightning.core.update import agent_backward, prepare_agent_batch
 from comlrl_lightning.core.value_head import ValueHead, hidden_size_of
 from comlrl_lightning.envs.base import DecPOMDP, Episode
-from comlrl_lightning.envs.reward_model import reward_models_of
 from comlrl_lightning.team.agents import AgentSpec, normalize_agents
 from comlrl_lightning.team.critics import (
     ActorCriticRolloutConfig,
@@ -130,7 +129,6 @@ class ActorCritic(CoMLRLModule):
         """Per critic, separate-critic optimizer steps skipped for non-finite values (a head on a trunk
         steps with its agent: counted in ``skipped_steps``)."""
         self.critic_tokenizers: list[Any] = []
-        self.reward_models = nn.ModuleList()
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -162,8 +160,7 @@ class ActorCritic(CoMLRLModule):
             raise ValueError(f"num_turns={self.num_turns} needs an env transition (data.transition)")
 
     def configure_model(self) -> None:
-        """Load the team (base class), then each critic and every reward model of the env's reward
-        (listed in ``reward_models`` so the strategy places them). Idempotent."""
+        """Load the team and the env's reward models (base class), then each critic. Idempotent."""
         super().configure_model()
         if len(self.critics):
             return
@@ -175,13 +172,6 @@ class ActorCritic(CoMLRLModule):
                 model, tok = ValueHead(hidden_size_of(agent), spec.value_head_hidden_dim), self.tokenizers[c]
             self.critics.append(model)
             self.critic_tokenizers.append(tok)
-        env = (
-            self._env
-            if self._env is not None
-            else getattr(getattr(self._trainer, "datamodule", None), "env", None)
-        )
-        if env is not None:
-            self.reward_models.extend(rm.load() for rm in reward_models_of(env.reward_fn))
 
     def configure_optimizers(self) -> list[dict[str, Any]]:
         """The agents' optimizers (base class), a parameter group per head on a trunk in its agent's

@@ -19,12 +19,14 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
 
 from comlrl_lightning.algorithms.optimization import AgentOptimization
 from comlrl_lightning.core.evaluation import repeat_episodes, validation_metrics
 from comlrl_lightning.core.records import Turn
 from comlrl_lightning.core.rollout import Actors, RolloutPlan, compute_returns, rollout_tree
 from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.envs.reward_model import reward_models_of
 from comlrl_lightning.infra.placement import (
     optimizer_state_to_param_devices,
     place_module,
@@ -37,6 +39,9 @@ from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
 from comlrl_lightning.infra.strategy import AgentParallelStrategy
 from comlrl_lightning.team.agents import AgentSpec, validate_spec
 from comlrl_lightning.team.team import Team
+
+_REWARD_MODELS = "reward_models."
+"""The state-dict prefix of :attr:`CoMLRLModule.reward_models` (left out of checkpoints)."""
 
 
 class CoMLRLModule(AgentOptimization):
@@ -96,6 +101,11 @@ class CoMLRLModule(AgentOptimization):
         # registered here so checkpoints, device moves and strategies see them (the team holds the same lists)
         self.agents = self.team.agents
         self.reference_models = self.team.reference_models
+        self.reward_models = nn.ModuleList()
+        """The env's frozen reward models (:func:`~comlrl_lightning.envs.reward_model.reward_models_of`),
+        loaded by :meth:`configure_model` so the strategy places them (``reward_devices``). Never
+        written into a Lightning checkpoint: :meth:`on_save_checkpoint` drops them and a resumed run
+        reloads them from their source (``RewardModelReward.model``)."""
 
     # ------------------------------------------------------------------ the team
     @property
@@ -171,8 +181,16 @@ class CoMLRLModule(AgentOptimization):
             )
 
     def configure_model(self) -> None:
-        """Load every agent (and reference copy) once; idempotent across stages."""
+        """Load every agent (and reference copy) and every reward model of the env's reward (listed
+        in :attr:`reward_models` for the strategy to place) once; idempotent across stages."""
         self.team.load(with_reference=self.uses_reference_model)
+        env = (
+            self._env
+            if self._env is not None
+            else getattr(getattr(self._trainer, "datamodule", None), "env", None)
+        )
+        if env is not None and not len(self.reward_models):
+            self.reward_models.extend(rm.load() for rm in reward_models_of(env.reward_fn))
 
     # ------------------------------------------------------------------ placement
     def _place_team(self) -> None:
@@ -282,6 +300,9 @@ class CoMLRLModule(AgentOptimization):
                     )
         checkpoint["rng_states"] = collect_rng_states()
         checkpoint["skipped_steps"] = self.skip_counts()
+        state = checkpoint.get("state_dict", {})
+        for key in [k for k in state if k.startswith(_REWARD_MODELS)]:  # frozen: reloaded from their source
+            del state[key]
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the saved RNG states until :meth:`on_train_start` applies them: code that runs between
@@ -291,6 +312,15 @@ class CoMLRLModule(AgentOptimization):
         the batch-end form Lightning resumes exactly from
         (:func:`~comlrl_lightning.infra.resume.canonical_loop_state`, Lightning #19617)."""
         self._resume_rng_states = checkpoint.get("rng_states")
+        # the reward models are not saved (on_save_checkpoint): keep the ones configure_model loaded,
+        # and ignore those an older checkpoint carries for a module that has none (no env given)
+        state = checkpoint.get("state_dict")
+        if state is not None:
+            own = self.reward_models.state_dict(prefix=_REWARD_MODELS)
+            for key in [k for k in state if k.startswith(_REWARD_MODELS) and k not in own]:
+                del state[key]
+            for key, value in own.items():
+                state[key] = value
         canonical_loop_state(checkpoint)  # epoch-end / after-fit checkpoints resume exactly (infra/resume.py)
         for name, saved in checkpoint.get("skipped_steps", {}).items():
             counts = self.skip_counts().get(name)

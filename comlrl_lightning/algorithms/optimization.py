@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.utilities import rank_zero_warn
 
 from comlrl_lightning.core import metrics as M
@@ -89,7 +90,8 @@ class AgentOptimization(pl.LightningModule):
 
         First the agent's ``loss`` and gradients are checked (:meth:`finite_or_skip`): if any is
         NaN/inf, ``cfg.on_nonfinite`` either skips the step (gradients dropped, counted in
-        :attr:`skipped_steps` and logged as ``agent_<i>/skipped_steps``) or raises.
+        :attr:`skipped_steps` and logged as ``agent_<i>/skipped_steps``; the step still counts in
+        ``global_step``, so the cadence is unchanged) or raises.
 
         Returns:
             Whether the optimizer stepped.
@@ -139,9 +141,22 @@ class AgentOptimization(pl.LightningModule):
             counter.counts[counter.slot] += 1
             rank_zero_warn(f"{warning} ({counter.counts[counter.slot]} skipped so far)")
             optimizer.zero_grad(set_to_none=True)
+            self._count_skipped_step(optimizer)
         if self._trainer is not None:
             self.log(counter.metric, float(counter.counts[counter.slot]))
         return finite
+
+    @staticmethod
+    def _count_skipped_step(optimizer: Any) -> None:
+        """Count a skipped step in ``trainer.global_step`` as if the optimizer had stepped, so a skip
+        shifts neither the step count, the checkpoint cadence (``every_n_train_steps``) nor where
+        ``max_steps`` stops (as ``transformers.Trainer`` counts a step its grad scaler skipped). The
+        LR scheduler is not stepped for it (``transformers.Trainer`` steps it only when the optimizer
+        ran). Lightning counts a manual step in the hooks :class:`~lightning.pytorch.core.optimizer.
+        LightningOptimizer` calls around ``step()``; they are no-ops outside a Trainer (Fabric)."""
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer._on_before_step()
+            optimizer._on_after_step()
 
     def locked_backward(self, loss: torch.Tensor) -> None:
         """``manual_backward`` under :data:`~comlrl_lightning.team.team.BACKWARD_LOCK` (agent threads)."""

@@ -71,6 +71,7 @@ from comlrl_lightning.coordinator.rounds import (
     play_round,
 )
 from comlrl_lightning.coordinator.schedule import Alternate, Schedule, scheduled
+from comlrl_lightning.core import metrics as M
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import RewardFunction, WeightedReward, as_weighted_reward
 from comlrl_lightning.infra.checkpoint_io import atomic_torch_save
@@ -290,16 +291,15 @@ class Coordinator:
         return self.history
 
     def _log(self, out: RoundOutput) -> None:
-        metrics = {"reward": float(out.rewards.mean()), "reward_std": float(out.rewards.std()) if out.rewards.numel() > 1
+        metrics = {M.REWARD: float(out.rewards.mean()), M.REWARD_STD: float(out.rewards.std()) if out.rewards.numel() > 1
                    else 0.0, "seconds_per_round": out.seconds, "num_trained": float(len(out.trained))}  # fmt: skip
         for name, v in out.components.items():
-            metrics[f"rewards/{name}/mean"] = float(v.nanmean())
+            metrics[M.reward_fn(name)] = float(v.nanmean())
         self.fabric.log_dict(metrics, step=out.round)
         for name, learner in self.learners.items():
             gens = [e.generation for e in out.experiences[name]]
-            lengths = torch.cat([g.lengths for g in gens]).float()
-            m = {"reward": _mean_return(out, name), "completions/mean_length": float(lengths.mean()),
-                 "completions/clipped_ratio": float(torch.cat([g.clipped for g in gens]).float().mean()),
+            lengths, clipped = torch.cat([g.lengths for g in gens]), torch.cat([g.clipped for g in gens])
+            m = {M.REWARD: _mean_return(out, name), **M.length_metrics(lengths, clipped),
                  "trained": float(name in out.trained), "num_updates": float(learner.num_updates)}  # fmt: skip
             m.update({k: float(v) for k, v in out.learner_stats.get(name, {}).items()})
             learner.log(m, out.round)

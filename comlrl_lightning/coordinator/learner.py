@@ -14,7 +14,7 @@ the rest of the coordinator sees :class:`Learner`'s small API (``render``, ``gen
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from lightning.fabric.loggers import TensorBoardLogger
 
 from comlrl_lightning.algorithms.magrpo import MAGRPO
 from comlrl_lightning.coordinator.rounds import Experience
+from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.advantages import group_advantages
 from comlrl_lightning.core.generation import Generation, render_prompt
 from comlrl_lightning.core.records import Turn
@@ -160,7 +161,9 @@ class Learner:
         """One update on the buffered experience (``num_iterations`` optimizer steps); clears the buffer.
 
         Returns:
-            ``loss``, ``kl``, ``clip_ratio``, ``grad_norm`` of the last iteration, and ``num_samples``.
+            The last iteration's ``loss`` and :func:`~comlrl_lightning.core.metrics.update_metrics`
+            (``grad_norm``, ``entropy``, ``kl`` when ``beta > 0``, TRL's ``clip_ratio/*``: the names a
+            MAGRPO team logs, without the ``agent_<i>/`` prefix), and ``num_samples``.
 
         Raises:
             RuntimeError: the buffer is empty. FloatingPointError: a non-finite gradient (nothing stepped).
@@ -176,10 +179,17 @@ class Learner:
         ]  # fmt: skip
         self.module.train()
         with self.fabric.autocast():
-            stats = asdict(self.module.update_agents(turns)[0])
+            stats = self.module.update_agents(turns)[0]
         self.num_updates += 1
         self.buffer = []
-        return {**stats, "num_samples": float(sum(len(e.generation.texts) for e in experiences))}
+        metrics = M.update_metrics(stats, self.module.loss.beta)
+        num_samples = float(sum(len(e.generation.texts) for e in experiences))
+        return {
+            M.LOSS: float(stats.loss),
+            **metrics,
+            **M.team_update_metrics([metrics]),
+            "num_samples": num_samples,
+        }
 
     def log(self, metrics: dict[str, float], round: int) -> None:
         """Log ``metrics`` to this learner's own TensorBoard folder at x = ``round``."""

@@ -3,7 +3,18 @@
 Scalars of a training step: the module logs :data:`REWARD`, :data:`REWARD_STD`,
 :data:`FRAC_REWARD_ZERO_STD`, :data:`MEAN_LENGTH` and :func:`agent` ``(i, "loss")``;
 :class:`~comlrl_lightning.callbacks.RewardLogger` logs the rest. Validation logs the ``VAL_*`` names.
+
+One scheme everywhere: a team-level metric has TRL's name (``entropy``, ``clip_ratio/low_mean``,
+``completions/min_length``); the same quantity for one agent is ``agent_<i>/<that name>``
+(:func:`agent`). TRL reduces ``clip_ratio/low_min`` / ``high_max`` over processes; here they are
+the min / max over agents (and ranks). The coordinator's learners, one agent each in their own log
+folder, log :func:`update_metrics` under the same names without a prefix.
 """
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
 
 REWARD = "reward"
 """Mean shared reward over the step's joint actions (all turns)."""
@@ -15,6 +26,29 @@ MEAN_LENGTH = "completions/mean_length"
 """Mean completion length in tokens over all agents."""
 CLIPPED_RATIO = "completions/clipped_ratio"
 """Fraction of completions that hit ``max_new_tokens``."""
+MIN_LENGTH = "completions/min_length"
+"""Shortest completion in tokens (EOS included), over all agents."""
+MAX_LENGTH = "completions/max_length"
+"""Longest completion in tokens, over all agents."""
+MEAN_TERMINATED_LENGTH = "completions/mean_terminated_length"
+"""Mean length of the completions that ended before ``max_new_tokens`` (0 when none did), over all agents."""
+ENTROPY = "entropy"
+"""Mean over agents of each agent's mean policy entropy over its loss's completion tokens (nats)."""
+KL = "kl"
+"""Mean over agents of each agent's k3 KL to its reference model (logged when ``beta > 0``)."""
+GRAD_NORM = "grad_norm"
+"""Total gradient norm before clipping (per agent: ``agent_<i>/grad_norm``; learners: their own)."""
+LOSS = "loss"
+CLIP_RATIO_LOW_MEAN = "clip_ratio/low_mean"
+"""Fraction of completion tokens with ``ρ < 1 − ε`` and ``A < 0`` (clipped below), mean over agents."""
+CLIP_RATIO_LOW_MIN = "clip_ratio/low_min"
+"""The smallest agent's ``clip_ratio/low_mean``."""
+CLIP_RATIO_HIGH_MEAN = "clip_ratio/high_mean"
+"""Fraction of completion tokens with ``ρ > 1 + ε_high`` and ``A > 0`` (clipped above), mean over agents."""
+CLIP_RATIO_HIGH_MAX = "clip_ratio/high_max"
+"""The largest agent's ``clip_ratio/high_mean``."""
+CLIP_RATIO_REGION_MEAN = "clip_ratio/region_mean"
+"""Fraction of completion tokens clipped on either side, mean over agents (0 on-policy)."""
 TOKENS_PER_SECOND = "tokens_per_second"
 EPISODES_PER_SECOND = "episodes_per_second"
 
@@ -57,3 +91,55 @@ def reward_fn(name: str, prefix: str = "") -> str:
 def turn(t: int, name: str, prefix: str = "") -> str:
     """``[prefix]turn_<t>/<name>``: a per-turn ``reward`` or ``return``."""
     return f"{prefix}turn_{t}/{name}"
+
+
+def update_metrics(stats: Any, beta: float) -> dict[str, float]:
+    """One agent's update statistics under their TRL names (prefix them with :func:`agent` for one
+    agent of a team): ``grad_norm``, ``entropy``, ``clip_ratio/low_mean``, ``high_mean``,
+    ``region_mean``, and ``kl`` when ``beta > 0``.
+
+    Args:
+        stats: an :class:`~comlrl_lightning.core.records.AgentStats` (or a mapping with its keys).
+        beta: the KL coefficient (``LossConfig.beta``).
+    """
+    keys = {
+        GRAD_NORM: "grad_norm",
+        ENTROPY: "entropy",
+        CLIP_RATIO_LOW_MEAN: "clip_ratio_low",
+        CLIP_RATIO_HIGH_MEAN: "clip_ratio_high",
+        CLIP_RATIO_REGION_MEAN: "clip_ratio",
+    }
+    if beta > 0:
+        keys[KL] = "kl"
+    return {name: float(stats[key]) for name, key in keys.items()}
+
+
+def team_update_metrics(per_agent: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The team-level TRL names from each agent's :func:`update_metrics`: ``entropy``, ``kl`` and the
+    ``*_mean`` clip ratios are means over agents, ``clip_ratio/low_min`` the min of the agents'
+    ``low_mean``, ``clip_ratio/high_max`` the max of their ``high_mean``. Empty for no agents."""
+    if not per_agent:
+        return {}
+    out = {}
+    for name in (ENTROPY, KL, CLIP_RATIO_LOW_MEAN, CLIP_RATIO_HIGH_MEAN, CLIP_RATIO_REGION_MEAN):
+        if name in per_agent[0]:
+            out[name] = sum(a[name] for a in per_agent) / len(per_agent)
+    out[CLIP_RATIO_LOW_MIN] = min(a[CLIP_RATIO_LOW_MEAN] for a in per_agent)
+    out[CLIP_RATIO_HIGH_MAX] = max(a[CLIP_RATIO_HIGH_MEAN] for a in per_agent)
+    return out
+
+
+def length_metrics(lengths: torch.Tensor, clipped: torch.Tensor) -> dict[str, float]:
+    """TRL's completion-length metrics of ``lengths`` ``[S]`` (tokens) and ``clipped`` ``[S]`` (hit
+    ``max_new_tokens``): ``completions/mean_length``, ``min_length``, ``max_length``,
+    ``mean_terminated_length`` (over the completions that were not clipped; 0 when all were) and
+    ``clipped_ratio``."""
+    lengths, clipped = lengths.float().flatten(), clipped.bool().flatten()
+    terminated = lengths[~clipped]
+    return {
+        MEAN_LENGTH: float(lengths.mean()),
+        MIN_LENGTH: float(lengths.min()),
+        MAX_LENGTH: float(lengths.max()),
+        MEAN_TERMINATED_LENGTH: float(terminated.mean()) if terminated.numel() else 0.0,
+        CLIPPED_RATIO: float(clipped.float().mean()),
+    }

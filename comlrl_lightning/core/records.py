@@ -136,6 +136,8 @@ class AgentStats:
         loss: the loss summed over micro-batches (its aggregation is ``loss_type``).
         kl: k3 KL to the reference model, token mean (0 when ``beta == 0``).
         clip_ratio: fraction of completion tokens whose ratio was clipped (0 when on-policy).
+        clip_ratio_low: fraction clipped below (``ρ < 1 − ε``, ``A < 0``; TRL's ``clip_ratio/low_*``).
+        clip_ratio_high: fraction clipped above (``ρ > 1 + ε_high``, ``A > 0``; ``clip_ratio/high_*``).
         grad_norm: total gradient norm before clipping.
         entropy: mean policy entropy over the loss's completion tokens (nats; TRL's ``entropy``).
     """
@@ -143,6 +145,8 @@ class AgentStats:
     loss: float = 0.0
     kl: float = 0.0
     clip_ratio: float = 0.0
+    clip_ratio_low: float = 0.0
+    clip_ratio_high: float = 0.0
     grad_norm: float = 0.0
     entropy: float = 0.0
 

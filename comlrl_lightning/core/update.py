@@ -59,12 +59,16 @@ class LossTerms:
     Attributes:
         loss: the scalar to backpropagate.
         kl: its k3 KL term alone, ``dapo``-reduced (0.0 without a reference).
-        clipped_tokens: tokens whose ratio was clipped (TRL's ``clip_ratio`` numerator).
+        clipped_tokens: tokens whose ratio was clipped (TRL's ``clip_ratio/region_mean`` numerator).
+        low_clipped_tokens, high_clipped_tokens: of those, clipped below / above (``clip_ratio/low_*``,
+            ``clip_ratio/high_*``).
     """
 
     loss: torch.Tensor
     kl: float
     clipped_tokens: int
+    low_clipped_tokens: int = 0
+    high_clipped_tokens: int = 0
 
 
 def agent_loss(
@@ -107,7 +111,8 @@ def agent_loss(
         kl = float(reduce_loss(k3.detach(), mask, "dapo", totals))
     # aggregation: loss_type's normaliser over the whole agent batch (grpo, dr_grpo, dapo, bnpo, sequence_sum)
     loss = reduce_loss(per_token, mask, cfg.loss_type, totals)
-    return LossTerms(loss, kl, int(((low | high) & mask.bool()).sum()))
+    m = mask.bool()
+    return LossTerms(loss, kl, int(((low | high) & m).sum()), int((low & m).sum()), int((high & m).sum()))
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -157,7 +162,7 @@ def agent_backward(
     the caller zeroes them first and steps after). ``backward`` is the module's (thread-safe)
     ``manual_backward``. The entropy is logged, never optimised."""
     loss_sum = kl_sum = entropy_sum = 0.0
-    clipped = 0
+    clipped = low_clipped = high_clipped = 0
     for c, (g, adv) in enumerate(batch.chunks):
         mask = batch.masks[c].to(_device(model))
         logps, entropy = completion_logprobs_and_entropy(
@@ -168,6 +173,8 @@ def agent_backward(
         loss_sum += float(terms.loss.detach())
         kl_sum += terms.kl
         clipped += terms.clipped_tokens
+        low_clipped += terms.low_clipped_tokens
+        high_clipped += terms.high_clipped_tokens
         entropy_sum += float((entropy * mask).sum())
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
@@ -176,6 +183,8 @@ def agent_backward(
         loss=loss_sum,
         kl=kl_sum,
         clip_ratio=clipped / tokens,
+        clip_ratio_low=low_clipped / tokens,
+        clip_ratio_high=high_clipped / tokens,
         grad_norm=grad_norm,
         entropy=entropy_sum / tokens,
     )

@@ -12,10 +12,11 @@ Two kinds of model (``kind``):
 It is a :class:`~comlrl_lightning.envs.rewards.RewardFunction`, so it composes with programmatic
 rewards in a :class:`~comlrl_lightning.envs.rewards.WeightedReward`. The model loads lazily
 (:meth:`RewardModelReward.load`, or at the first call), never at construction, so a bad config
-fails before any weights are read. Its device is wherever its weights are: a LightningModule
-lists it in ``reward_models`` and the strategy places it on ``reward_devices[i]``
-(:mod:`comlrl_lightning.infra.strategy`). It is never trained here (CoMLRL's MARLHF trains a
-reward model first; that is out of scope).
+fails before any weights are read. Its device is wherever its weights are: every algorithm
+(:class:`~comlrl_lightning.algorithms.base.CoMLRLModule`) lists it in ``reward_models`` and the
+strategy places it on ``reward_devices[i]`` (:mod:`comlrl_lightning.infra.strategy`). Its frozen
+weights are left out of Lightning checkpoints and reloaded from ``model`` on resume. It is never
+trained here (CoMLRL's MARLHF trains a reward model first; that is out of scope).
 """
 
 from __future__ import annotations
