@@ -80,7 +80,9 @@ def test_main_job_config_runs_end_to_end_on_the_tiny_model(tmp_path, capsys):
           "--trainer.enable_progress_bar=false", f"--trainer.logger.init_args.save_dir={tmp_path}"])  # fmt: skip
     out = capsys.readouterr().out
     assert "val/pass@1: 0.000 -> 0.000" in out  # random tiny agents solve nothing, before or after
-    assert "val/pass@2: 0.000 -> 0.000" in out  # the config's num_generations_eval: 2 sampled paths per problem
+    assert (
+        "val/pass@2: 0.000 -> 0.000" in out
+    )  # the config's num_generations_eval: 2 sampled paths per problem
     assert list(tmp_path.rglob("agents/*/agent_1/config.json"))  # AgentCheckpoint at the end
 
 
