@@ -113,8 +113,13 @@ class AgentCheckpoint(pl.Callback):
             return None
         assert self.dirpath is not None, "setup() sets dirpath"
         final = os.path.join(self.dirpath, f"step_{batches}")
-        save_agents(pl_module.agents, pl_module.tokenizers, final, getattr(pl_module, "critics", None),
-                    getattr(pl_module, "critic_tokenizers", None))  # fmt: skip
+        save_agents(
+            pl_module.agents,
+            pl_module.tokenizers,
+            final,
+            getattr(pl_module, "critics", None),
+            getattr(pl_module, "critic_tokenizers", None),
+        )
         if final in self.saved:
             self.saved.remove(final)
         self.saved.append(final)

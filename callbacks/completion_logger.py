@@ -113,8 +113,15 @@ def completion_report(out: dict[str, Any], max_rows: int, max_chars: int) -> str
             for i in range(n):
                 prompt = (prompts[i][e] if e < len(prompts[i]) else "") if a == 0 else ""
                 completion = completions[i][e * k + int(joint[a, i])]
-                cells = [str(e), str(a), "0", f"agent_{i}", _cell(_cut(prompt, max_chars)),
-                         _cell(_cut(completion, max_chars), code=True), f"{float(rewards[e, a]):.4g}"]  # fmt: skip
+                cells = [
+                    str(e),
+                    str(a),
+                    "0",
+                    f"agent_{i}",
+                    _cell(_cut(prompt, max_chars)),
+                    _cell(_cut(completion, max_chars), code=True),
+                    f"{float(rewards[e, a]):.4g}",
+                ]
                 lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

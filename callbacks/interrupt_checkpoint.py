@@ -97,8 +97,11 @@ class InterruptCheckpoint(pl.Callback):
                 log_dir if log_dir is not None else trainer.default_root_dir, "checkpoints"
             )
         if trainer.is_global_zero and stage == "fit":
-            folders = {str(self.dirpath)} | {str(cb.dirpath) for cb in trainer.checkpoint_callbacks
-                                             if isinstance(cb, ModelCheckpoint) and cb.dirpath}  # fmt: skip
+            folders = {str(self.dirpath)} | {
+                str(cb.dirpath)
+                for cb in trainer.checkpoint_callbacks
+                if isinstance(cb, ModelCheckpoint) and cb.dirpath
+            }
             for folder in sorted(folders):
                 prepare_checkpoint_dir(folder)
 
@@ -124,8 +127,10 @@ class InterruptCheckpoint(pl.Callback):
             if self._abandonable and trainer.world_size == 1:
                 self._stop(trainer, "abandoning the current batch (its updates undone) or validation")
             self._pending = True
-            rank_zero_info(f"\n{signal.Signals(signum).name}: finishing the current batch's updates, then saving a "
-                           "checkpoint" + (" (Ctrl+C again: stop now)" if signum == signal.SIGINT else ""))  # fmt: skip
+            rank_zero_info(
+                f"\n{signal.Signals(signum).name}: finishing the current batch's updates, then saving a "
+                "checkpoint" + (" (Ctrl+C again: stop now)" if signum == signal.SIGINT else "")
+            )
 
         return handler
 
@@ -135,8 +140,9 @@ class InterruptCheckpoint(pl.Callback):
         raise SIGTERMException(self._exit_code)
 
     # the phases in which an interrupt abandons the work at once: nothing of the training state moved
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._abandonable = True
         if self._pending and trainer.world_size == 1:
             self._stop(trainer, "stopping before the next batch")
@@ -170,8 +176,9 @@ class InterruptCheckpoint(pl.Callback):
             config.scheduler.load_state_dict(state)
         self._undo, self._undo_schedulers = [], None
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._abandonable = False
         self._undo, self._undo_schedulers = [], None  # the batch is done: nothing to undo
         # the batch-end state a ModelCheckpoint writes here, less the weights (unchanged until the

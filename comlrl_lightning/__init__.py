@@ -24,11 +24,36 @@ from comlrl_lightning.team.critics import CriticConfig, CriticSpec
 from comlrl_lightning.team.team import Team
 
 __all__ = [
-    "MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax", "AgentSpec", "DecPOMDP", "Episode", "PromptTemplate",
-    "Transition", "RewardFunction", "RewardOutput", "RewardProcessor", "WeightedReward", "AgentParallelStrategy",
-    "CoMLRLModule", "Team", "RolloutConfig", "AdvantageConfig", "LossConfig", "SamplingConfig", "PlacementConfig",
-    "StepOutput", "AgentStats", "IAC", "MAAC", "ActorCritic", "ActorCriticRolloutConfig", "CriticConfig", "CriticSpec",
-]  # fmt: skip
+    "MAGRPO",
+    "MAREINFORCE",
+    "MARLOO",
+    "MAReMax",
+    "AgentSpec",
+    "DecPOMDP",
+    "Episode",
+    "PromptTemplate",
+    "Transition",
+    "RewardFunction",
+    "RewardOutput",
+    "RewardProcessor",
+    "WeightedReward",
+    "AgentParallelStrategy",
+    "CoMLRLModule",
+    "Team",
+    "RolloutConfig",
+    "AdvantageConfig",
+    "LossConfig",
+    "SamplingConfig",
+    "PlacementConfig",
+    "StepOutput",
+    "AgentStats",
+    "IAC",
+    "MAAC",
+    "ActorCritic",
+    "ActorCriticRolloutConfig",
+    "CriticConfig",
+    "CriticSpec",
+]
 __version__ = "0.1.0"
 
 silence_start_up_noise()  # precise filters for Lightning/transformers start-up noise (infra/quiet.py)

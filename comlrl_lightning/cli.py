@@ -54,11 +54,19 @@ class CoMLRLCLI(LightningCLI):
     """
 
     def add_arguments_to_parser(self, parser: Any) -> None:
-        parser.add_argument("--validate_before_fit", type=bool, default=False,
-                            help="fit only: run validation once before training (logged at step 0)")  # fmt: skip
-        parser.add_argument("--save_on_interrupt", type=bool, default=True,
-                            help="fit only: add an InterruptCheckpoint when trainer.callbacks lists none "
-                                 "(SIGTERM / Ctrl+C save <log_dir>/checkpoints/interrupted.ckpt)")  # fmt: skip
+        parser.add_argument(
+            "--validate_before_fit",
+            type=bool,
+            default=False,
+            help="fit only: run validation once before training (logged at step 0)",
+        )
+        parser.add_argument(
+            "--save_on_interrupt",
+            type=bool,
+            default=True,
+            help="fit only: add an InterruptCheckpoint when trainer.callbacks lists none "
+            "(SIGTERM / Ctrl+C save <log_dir>/checkpoints/interrupted.ckpt)",
+        )
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """Parse; a config error ends in one line naming the full key, the value, what is allowed
@@ -148,8 +156,10 @@ class CoMLRLCLI(LightningCLI):
         previous = {}
 
         def stop(signum: int, frame: Any) -> None:
-            print(f"\n{signal.Signals(signum).name} in the validation before fit: stopping, nothing trained to save",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"\n{signal.Signals(signum).name} in the validation before fit: stopping, nothing trained to save",
+                file=sys.stderr,
+            )
             raise SystemExit(128 + signum)
 
         if threading.current_thread() is threading.main_thread():
@@ -236,10 +246,14 @@ def main(args: list[str] | None = None) -> None:
         subclass_mode_data=True,
         auto_configure_optimizers=False,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"logger": {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                                     "init_args": {"save_dir": SAVE_DIR_MARK}}},
+        trainer_defaults={
+            "logger": {
+                "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                "init_args": {"save_dir": SAVE_DIR_MARK},
+            }
+        },
         args=args,  # None: parsed from sys.argv
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

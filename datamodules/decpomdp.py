@@ -40,8 +40,10 @@ def load_rows(source: Any, split: str = "train", field: str = "data.dataset") ->
     ext = os.path.splitext(stem)[1]
     local = ext in _LOCAL_FORMATS or path.startswith(("/", "./", "../", "~")) or path.count("/") > 1
     if local and not os.path.exists(path):
-        raise FileNotFoundError(f"{field}: no file or folder {os.path.abspath(path)!r} ({os.fspath(source)!r} is a "
-                                "local path; a Hub dataset id is 'name' or 'owner/name')")  # fmt: skip
+        raise FileNotFoundError(
+            f"{field}: no file or folder {os.path.abspath(path)!r} ({os.fspath(source)!r} is a "
+            "local path; a Hub dataset id is 'name' or 'owner/name')"
+        )
     if os.path.isdir(path):
         return datasets.load_dataset(path, split=split)
     if os.path.exists(path):
@@ -65,9 +67,11 @@ def load_rows(source: Any, split: str = "train", field: str = "data.dataset") ->
     try:
         return datasets.load_dataset(path, split=split)
     except Exception as err:  # noqa: BLE001 - a Hub name: say what was tried, message last
-        raise ValueError(f"{field}: {path!r} is no local file or folder, and the Hugging Face Hub (or, with "
-                         f"HF_HUB_OFFLINE=1, its cache) has no dataset of that name: {type(err).__name__}: "
-                         f"{str(err).splitlines()[0] if str(err) else ''}") from None  # fmt: skip
+        raise ValueError(
+            f"{field}: {path!r} is no local file or folder, and the Hugging Face Hub (or, with "
+            f"HF_HUB_OFFLINE=1, its cache) has no dataset of that name: {type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}"
+        ) from None
 
 
 def _json_lines_problem(path: str, field: str) -> str | None:
@@ -80,8 +84,10 @@ def _json_lines_problem(path: str, field: str) -> str | None:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                return (f"{where}: not valid JSON ({err.msg}, column {err.colno}); a .jsonl file holds one JSON "
-                        "object per line")  # fmt: skip
+                return (
+                    f"{where}: not valid JSON ({err.msg}, column {err.colno}); a .jsonl file holds one JSON "
+                    "object per line"
+                )
             if not isinstance(row, dict):
                 return f"{where}: a JSON {type(row).__name__}, not an object; a .jsonl file holds one JSON object per line"
     return None
@@ -151,8 +157,10 @@ class DecPOMDPDataModule(pl.LightningDataModule):
             raise ValueError(f"data.batch_size: got {batch_size}, must be >= 1")
         for name, cap in (("max_train_samples", max_train_samples), ("max_val_samples", max_val_samples)):
             if cap is not None and cap < 1:
-                raise ValueError(f"data.{name}: got {cap}, must be >= 1 or None (all rows); to skip validation "
-                                 "set trainer.limit_val_batches=0")  # fmt: skip
+                raise ValueError(
+                    f"data.{name}: got {cap}, must be >= 1 or None (all rows); to skip validation "
+                    "set trainer.limit_val_batches=0"
+                )
         if reward_timeout_s is not None and not reward_timeout_s > 0:
             raise ValueError(
                 f"data.reward_timeout_s: got {reward_timeout_s!r}, must be > 0 seconds or None (no limit)"
@@ -210,16 +218,22 @@ class DecPOMDPDataModule(pl.LightningDataModule):
             try:
                 text = fmt(row)
             except Exception as err:  # noqa: BLE001 - any failure here is the user's formatter; say which
-                raise ValueError(f"data.formatters[{i}] ({fmt!r}) fails on the first {split} row "
-                                 f"(fields {sorted(row)}): {type(err).__name__}: {err}") from None  # fmt: skip
+                raise ValueError(
+                    f"data.formatters[{i}] ({fmt!r}) fails on the first {split} row "
+                    f"(fields {sorted(row)}): {type(err).__name__}: {err}"
+                ) from None
             if not isinstance(text, str):
-                raise TypeError(f"data.formatters[{i}] ({fmt!r}) returned a {type(text).__name__} on the first "
-                                 f"{split} row; a formatter returns the prompt text (str)")  # fmt: skip
+                raise TypeError(
+                    f"data.formatters[{i}] ({fmt!r}) returned a {type(text).__name__} on the first "
+                    f"{split} row; a formatter returns the prompt text (str)"
+                )
             for name in getattr(fmt, "fields", ()):  # a template: every row must have its fields
                 index = _first_missing(rows, name)
                 if index is not None:
-                    raise ValueError(f"data.formatters[{i}] ({fmt!r}) uses the field {name!r}, which {split} row "
-                                     f"{index} lacks (or has as None); fill or drop such rows")  # fmt: skip
+                    raise ValueError(
+                        f"data.formatters[{i}] ({fmt!r}) uses the field {name!r}, which {split} row "
+                        f"{index} lacks (or has as None); fill or drop such rows"
+                    )
 
     def train_dataloader(self) -> DataLoader:
         ds = EpisodeDataset(self.train_rows)
@@ -227,15 +241,26 @@ class DecPOMDPDataModule(pl.LightningDataModule):
         if self._resume_batches:
             self._sampler.skip(self._resume_batches * self.batch_size)
             self._resume_batches = 0
-        return DataLoader(ds, batch_size=self.batch_size, sampler=self._sampler, collate_fn=collate_episodes,
-                          num_workers=self.num_workers, generator=self._generator())  # fmt: skip
+        return DataLoader(
+            ds,
+            batch_size=self.batch_size,
+            sampler=self._sampler,
+            collate_fn=collate_episodes,
+            num_workers=self.num_workers,
+            generator=self._generator(),
+        )
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_rows is None:
             return []
-        return DataLoader(EpisodeDataset(self.val_rows), batch_size=self.val_batch_size, shuffle=False,
-                          collate_fn=collate_episodes, num_workers=self.num_workers,
-                          generator=self._generator())  # fmt: skip
+        return DataLoader(
+            EpisodeDataset(self.val_rows),
+            batch_size=self.val_batch_size,
+            shuffle=False,
+            collate_fn=collate_episodes,
+            num_workers=self.num_workers,
+            generator=self._generator(),
+        )
 
     def _generator(self) -> torch.Generator:
         # Without its own generator a DataLoader draws its workers' base seed from torch's global RNG

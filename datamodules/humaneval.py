@@ -65,8 +65,15 @@ class HumanEvalDataModule(DecPOMDPDataModule):
             reward = CooperativeCodeReward(sandbox) if num_agents == 2 else SingleAgentCodeReward(sandbox)
         if isinstance(transition, CodingFeedbackTransition) and transition.reward is None:
             transition.reward = reward  # share the reward's sandbox reports: no program runs twice
-        super().__init__(dataset=path, formatters=formatters, reward=reward, transition=transition,
-                         num_agents=num_agents, val_fraction=val_fraction, **kwargs)  # fmt: skip
+        super().__init__(
+            dataset=path,
+            formatters=formatters,
+            reward=reward,
+            transition=transition,
+            num_agents=num_agents,
+            val_fraction=val_fraction,
+            **kwargs,
+        )
 
     def load_train_val(self) -> tuple[Any, Any]:
         rows = load_humaneval_rows(self.dataset)

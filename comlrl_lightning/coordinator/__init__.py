@@ -1,8 +1,15 @@
 """A coordinator of one trainer per agent (multi-agent recursive self-improvement); see coordinator.py."""
 
-from comlrl_lightning.coordinator.coordinator import Coordinator, EpisodeSource, RowEpisodes
+from comlrl_lightning.coordinator.coordinator import Coordinator
 from comlrl_lightning.coordinator.learner import Learner, LearnerConfig
-from comlrl_lightning.coordinator.rounds import Experience, RoundOutput, Stage, play_round
+from comlrl_lightning.coordinator.rounds import (
+    EpisodeSource,
+    Experience,
+    RoundOutput,
+    RowEpisodes,
+    Stage,
+    play_round,
+)
 from comlrl_lightning.coordinator.schedule import (
     Alternate,
     EveryN,
@@ -28,4 +35,4 @@ __all__ = [
     "WarmupFreeze",
     "play_round",
     "scheduled",
-]  # fmt: skip
+]

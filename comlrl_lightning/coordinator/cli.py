@@ -20,8 +20,12 @@ from comlrl_lightning.coordinator.coordinator import Coordinator
 
 def parser() -> LightningArgumentParser:
     """The argument parser of ``comlrl-lightning coordinate``."""
-    p = LightningArgumentParser(prog="comlrl-lightning coordinate", description=__doc__.split("\n")[0],
-                                env_prefix="COMLRL", default_env=False)  # fmt: skip
+    p = LightningArgumentParser(
+        prog="comlrl-lightning coordinate",
+        description=__doc__.split("\n")[0],
+        env_prefix="COMLRL",
+        default_env=False,
+    )
     p.add_argument("--config", action=ActionConfigFile, help="a YAML file of Coordinator arguments")
     p.add_class_arguments(Coordinator, None, fail_untyped=False, sub_configs=True)
     return p
@@ -47,15 +51,19 @@ def summary(coordinator: Coordinator) -> str:
         return "no rounds played"
     lines = [f"\nTensorBoard logs: {coordinator.root_dir}  (tensorboard --logdir {coordinator.root_dir})"]
     for name in coordinator.names:
-        lines.append(f"  learner {name}: reward first {h[0]['learner_reward'][name]:.3f}  last "
-                     f"{h[-1]['learner_reward'][name]:.3f}  (trained at rounds "
-                     f"{[r['round'] for r in h if name in r['trained']]})")  # fmt: skip
+        lines.append(
+            f"  learner {name}: reward first {h[0]['learner_reward'][name]:.3f}  last "
+            f"{h[-1]['learner_reward'][name]:.3f}  (trained at rounds "
+            f"{[r['round'] for r in h if name in r['trained']]})"
+        )
     secs = [r["seconds"] for r in h]
     lines.append(
         f"  shared reward: first {h[0]['reward']:.3f}  last {h[-1]['reward']:.3f}  ({len(h)} rounds)"
     )
-    lines.append(f"  seconds per round: median {statistics.median(secs):.2f}  "
-                 f"(first {secs[0]:.2f}, last {secs[-1]:.2f})")  # fmt: skip
+    lines.append(
+        f"  seconds per round: median {statistics.median(secs):.2f}  "
+        f"(first {secs[0]:.2f}, last {secs[-1]:.2f})"
+    )
     return "\n".join(lines)
 
 

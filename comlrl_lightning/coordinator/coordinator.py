@@ -51,7 +51,6 @@ from __future__ import annotations
 import glob
 import os
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -63,6 +62,7 @@ from tqdm.auto import tqdm
 
 from comlrl_lightning.coordinator.learner import Learner, LearnerConfig
 from comlrl_lightning.coordinator.rounds import (
+    EpisodeSource,
     JointMode,
     RoundOutput,
     Stage,
@@ -79,26 +79,6 @@ from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
 from comlrl_lightning.infra.strategy import resolve_devices
 
 ACCELERATORS = ("auto", "cpu", "gpu")
-
-
-class EpisodeSource(ABC):
-    """Where a coordinator's episodes come from (a class, so YAML can name one by ``class_path``)."""
-
-    @abstractmethod
-    def episodes(self) -> list[Episode]:
-        """The training episodes, in a fixed order (the coordinator shuffles them per epoch)."""
-
-
-class RowEpisodes(EpisodeSource):
-    """Episodes from a list of rows (dicts), e.g. inline in YAML or in tests."""
-
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        if not rows:
-            raise ValueError("episodes.rows: give at least one row")
-        self.rows = rows
-
-    def episodes(self) -> list[Episode]:
-        return [Episode(i, dict(r)) for i, r in enumerate(self.rows)]
 
 
 class Coordinator:
@@ -157,14 +137,20 @@ class Coordinator:
             if c.share_weights_with is None:
                 continue
             if c.share_weights_with not in names[: names.index(c.name)]:
-                raise ValueError(f"learners[{c.name!r}].share_weights_with: got {c.share_weights_with!r}; "
-                                 f"name an earlier learner of {names}")  # fmt: skip
+                raise ValueError(
+                    f"learners[{c.name!r}].share_weights_with: got {c.share_weights_with!r}; "
+                    f"name an earlier learner of {names}"
+                )
             owner = learners[names.index(c.share_weights_with)]
-            for what, mine, theirs in (("module.agents.model", c.module.specs[0].model, owner.module.specs[0].model),
-                                       ("precision", c.precision, owner.precision)):  # fmt: skip
+            for what, mine, theirs in (
+                ("module.agents.model", c.module.specs[0].model, owner.module.specs[0].model),
+                ("precision", c.precision, owner.precision),
+            ):
                 if mine != theirs:
-                    raise ValueError(f"learners[{c.name!r}].{what}: got {mine!r}, but it shares the model of "
-                                     f"{owner.name!r}, which has {theirs!r}")  # fmt: skip
+                    raise ValueError(
+                        f"learners[{c.name!r}].{what}: got {mine!r}, but it shares the model of "
+                        f"{owner.name!r}, which has {theirs!r}"
+                    )
         checks = [  # (field, value, ok, allowed)
             ("num_rounds", num_rounds, num_rounds >= 1, ">= 1"),
             ("batch_size", batch_size, batch_size >= 1, ">= 1"),
@@ -177,8 +163,10 @@ class Coordinator:
                 raise ValueError(f"{name}: got {value!r}, must be {allowed}")
         check_stages(stages, {c.name: c for c in learners}, joint_mode)
         if ckpt_path not in (None, "last") and not os.path.isfile(ckpt_path):
-            raise FileNotFoundError(f"ckpt_path: no coordinator checkpoint {os.path.abspath(ckpt_path)!r}; give a "
-                                    f"round-*.pt file of <root_dir>/coordinator/checkpoints, or 'last'")  # fmt: skip
+            raise FileNotFoundError(
+                f"ckpt_path: no coordinator checkpoint {os.path.abspath(ckpt_path)!r}; give a "
+                f"round-*.pt file of <root_dir>/coordinator/checkpoints, or 'last'"
+            )
         self.configs, self.names, self.stages = learners, names, stages
         self.reward = as_weighted_reward(reward)
         self.schedule = schedule if schedule is not None else Alternate()
@@ -191,8 +179,12 @@ class Coordinator:
         self.root_dir, self.checkpoint_every, self.keep_last = root_dir, checkpoint_every, keep_last
         self.ckpt_path, self.accelerator, self.save_agents = ckpt_path, accelerator, save_agents
         self.progress_bar = progress_bar
-        self.fabric = Fabric(accelerator="cpu", devices=1, callbacks=callbacks or [],
-                             loggers=TensorBoardLogger(os.path.join(root_dir, "coordinator"), name="", version=""))  # fmt: skip
+        self.fabric = Fabric(
+            accelerator="cpu",
+            devices=1,
+            callbacks=callbacks or [],
+            loggers=TensorBoardLogger(os.path.join(root_dir, "coordinator"), name="", version=""),
+        )
         self._episodes_source = episodes
         self.learners: dict[str, Learner] = {}
         self.round = 0
@@ -212,11 +204,18 @@ class Coordinator:
         gpus = 0 if self.accelerator == "cpu" else gpus
         if self.accelerator == "gpu" and gpus == 0:
             raise ValueError("accelerator: got 'gpu', but no CUDA device is visible")
-        owners = [self.names.index(c.share_weights_with) if c.share_weights_with else i
-                  for i, c in enumerate(self.configs)]  # fmt: skip
-        return resolve_devices("auto", len(self.configs), num_gpus=gpus, owners=owners,
-                               overrides=[c.module.specs[0].device for c in self.configs],
-                               field_name="learners[].module.agents.device")  # fmt: skip
+        owners = [
+            self.names.index(c.share_weights_with) if c.share_weights_with else i
+            for i, c in enumerate(self.configs)
+        ]
+        return resolve_devices(
+            "auto",
+            len(self.configs),
+            num_gpus=gpus,
+            owners=owners,
+            overrides=[c.module.specs[0].device for c in self.configs],
+            field_name="learners[].module.agents.device",
+        )
 
     def setup(self) -> None:
         """Seed, build every learner on its device and (with ``ckpt_path``) restore the system. Idempotent."""
@@ -264,9 +263,15 @@ class Coordinator:
             out.learner_stats[name] = self.learners[name].update()
         out.seconds = time.perf_counter() - t0
         self._log(out)
-        self.history.append({"round": round, "trained": out.trained, "reward": float(out.rewards.mean()),
-                             "learner_reward": {x: _mean_return(out, x) for x in self.names},
-                             "seconds": out.seconds})  # fmt: skip
+        self.history.append(
+            {
+                "round": round,
+                "trained": out.trained,
+                "reward": float(out.rewards.mean()),
+                "learner_reward": {x: _mean_return(out, x) for x in self.names},
+                "seconds": out.seconds,
+            }
+        )
         self.fabric.call("on_round_end", coordinator=self, output=out)
         return out
 
@@ -291,16 +296,24 @@ class Coordinator:
         return self.history
 
     def _log(self, out: RoundOutput) -> None:
-        metrics = {M.REWARD: float(out.rewards.mean()), M.REWARD_STD: float(out.rewards.std()) if out.rewards.numel() > 1
-                   else 0.0, "seconds_per_round": out.seconds, "num_trained": float(len(out.trained))}  # fmt: skip
+        metrics = {
+            M.REWARD: float(out.rewards.mean()),
+            M.REWARD_STD: float(out.rewards.std()) if out.rewards.numel() > 1 else 0.0,
+            "seconds_per_round": out.seconds,
+            "num_trained": float(len(out.trained)),
+        }
         for name, v in out.components.items():
             metrics[M.reward_fn(name)] = float(v.nanmean())
         self.fabric.log_dict(metrics, step=out.round)
         for name, learner in self.learners.items():
             gens = [e.generation for e in out.experiences[name]]
             lengths, clipped = torch.cat([g.lengths for g in gens]), torch.cat([g.clipped for g in gens])
-            m = {M.REWARD: _mean_return(out, name), **M.length_metrics(lengths, clipped),
-                 "trained": float(name in out.trained), "num_updates": float(learner.num_updates)}  # fmt: skip
+            m = {
+                M.REWARD: _mean_return(out, name),
+                **M.length_metrics(lengths, clipped),
+                "trained": float(name in out.trained),
+                "num_updates": float(learner.num_updates),
+            }
             m.update({k: float(v) for k, v in out.learner_stats.get(name, {}).items()})
             learner.log(m, out.round)
 
@@ -311,11 +324,21 @@ class Coordinator:
     def save(self) -> str:
         """Checkpoint the whole system after ``self.round`` rounds: learners first, then the coordinator."""
         path = self.checkpoint_path(self.round)
-        paths = {name: os.path.relpath(learner.save(self.round), os.path.dirname(path))  # a moved run folder resumes
-                 for name, learner in self.learners.items()}  # fmt: skip
-        state = {"round": self.round, "rng_states": collect_rng_states(), "history": self.history,
-                 "buffers": {x: lr.buffer for x, lr in self.learners.items()}, "learner_checkpoints": paths,
-                 "names": self.names, "episodes_seen": self.round * self.batch_size}  # fmt: skip
+        paths = {
+            name: os.path.relpath(
+                learner.save(self.round), os.path.dirname(path)
+            )  # a moved run folder resumes
+            for name, learner in self.learners.items()
+        }
+        state = {
+            "round": self.round,
+            "rng_states": collect_rng_states(),
+            "history": self.history,
+            "buffers": {x: lr.buffer for x, lr in self.learners.items()},
+            "learner_checkpoints": paths,
+            "names": self.names,
+            "episodes_seen": self.round * self.batch_size,
+        }
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_torch_save(state, path)
         self._prune()

@@ -19,13 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_lightning.coordinator.coordinator import EpisodeSource
+from comlrl_lightning.coordinator.rounds import EpisodeSource
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
 from comlrl_lightning.sandbox.api import SandboxConfig
 from comlrl_lightning.tasks.coding.code_text import clean_completion, compiles
 from comlrl_lightning.tasks.coding.reward import load_humaneval_rows, train_val_split
-from comlrl_lightning.tasks.coding.single_agent import (  # fmt: skip
+from comlrl_lightning.tasks.coding.single_agent import (
     SingleAgentCodeReward,
     single_agent_program,
 )
@@ -45,8 +45,14 @@ class HumanEvalEpisodes(EpisodeSource):
         ValueError: ``split`` not train/val, ``max_samples`` < 1.
     """
 
-    def __init__(self, split: str = "train", val_fraction: float = 0.2, seed: int = 0,
-                 max_samples: int | None = None, path: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        split: str = "train",
+        val_fraction: float = 0.2,
+        seed: int = 0,
+        max_samples: int | None = None,
+        path: str | None = None,
+    ) -> None:
         if split not in ("train", "val"):
             raise ValueError(f"episodes.split: got {split!r}, allowed: ['train', 'val']")
         if max_samples is not None and max_samples < 1:
@@ -94,8 +100,10 @@ class ReviserPrompt:
 
     def __call__(self, row: dict[str, Any], responses: Mapping[str, str]) -> str:
         if self.draft_from not in responses:
-            raise KeyError(f"ReviserPrompt.draft_from: no response of {self.draft_from!r} yet; earlier stages: "
-                           f"{sorted(responses)}")  # fmt: skip
+            raise KeyError(
+                f"ReviserPrompt.draft_from: no response of {self.draft_from!r} yet; earlier stages: "
+                f"{sorted(responses)}"
+            )
         draft = clean_completion(responses[self.draft_from]) or "pass"
         return self.template.format(
             prompt=row["prompt"].strip("\n"), entry_point=row["entry_point"], draft=draft
@@ -139,6 +147,10 @@ class RevisionReward:
             float(compiles(single_agent_program(ja[-1], ep.data))) for ja, ep in zip(joint_actions, episodes)
         ]
         values = [p + self.syntax_weight * c for p, c in zip(passed, ok)]
-        metrics = {"pass_rate": passed, "compiles": ok, PASS_AT_1: list(both.metrics[PASS_AT_1][:n]),
-                   "draft_pass_rate": draft}  # fmt: skip
+        metrics = {
+            "pass_rate": passed,
+            "compiles": ok,
+            PASS_AT_1: list(both.metrics[PASS_AT_1][:n]),
+            "draft_pass_rate": draft,
+        }
         return RewardResult(values, metrics)  # type: ignore[return-value]

@@ -63,8 +63,10 @@ class LearnerConfig:
                 f"learners[].name: got {self.name!r}; a non-empty folder name without '/' is needed"
             )
         if self.module.num_agents != 1:
-            raise ValueError(f"learners[{self.name!r}].module: num_agents={self.module.num_agents}; a learner is a "
-                             "single-agent module (num_agents=1)")  # fmt: skip
+            raise ValueError(
+                f"learners[{self.name!r}].module: num_agents={self.module.num_agents}; a learner is a "
+                "single-agent module (num_agents=1)"
+            )
         if self.precision not in PRECISIONS:
             raise ValueError(
                 f"learners[{self.name!r}].precision: got {self.precision!r}, allowed: {list(PRECISIONS)}"
@@ -74,8 +76,10 @@ class LearnerConfig:
                 f"learners[{self.name!r}].experience_window: got {self.experience_window}, must be >= 1"
             )
         if self.share_weights_with is not None and self.module.loss.beta > 0:
-            raise ValueError(f"learners[{self.name!r}]: share_weights_with with beta > 0 is not supported "
-                             "(the reference model would be loaded twice); use beta=0")  # fmt: skip
+            raise ValueError(
+                f"learners[{self.name!r}]: share_weights_with with beta > 0 is not supported "
+                "(the reference model would be loaded twice); use beta=0"
+            )
 
     @property
     def num_generations(self) -> int:
@@ -88,8 +92,10 @@ def _finite_grads_hook(name: str) -> Any:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is not None and not torch.isfinite(p.grad).all():
-                    raise FloatingPointError(f"learner {name!r}: non-finite gradient; the step is refused "
-                                             "(lower the learning rate or set max_grad_norm)")  # fmt: skip
+                    raise FloatingPointError(
+                        f"learner {name!r}: non-finite gradient; the step is refused "
+                        "(lower the learning rate or set max_grad_norm)"
+                    )
 
     return hook
 
@@ -113,7 +119,7 @@ class Learner:
             devices=[device.index or 0] if device.type == "cuda" else 1,
             precision=config.precision,  # type: ignore[arg-type]
             loggers=TensorBoardLogger(log_dir, name="", version=""),
-        )  # fmt: skip
+        )
         module = config.module
         if shared is not None:  # one model, two learners: configure_model then loads nothing
             module.agents.append(shared.module.agents[0])
@@ -172,11 +178,20 @@ class Learner:
         if not experiences:
             raise RuntimeError(f"learner {self.name!r}: update with no experience")
         turns = [
-            Turn(turn=0, nodes=[], prompt_texts=[e.prompt_texts], generations=[e.generation], rewards=e.returns,
-                 components={}, child=torch.full(e.returns.shape, -1), returns=e.returns,
-                 agent_returns=[e.returns.flatten()], advantages=[e.advantages])
+            Turn(
+                turn=0,
+                nodes=[],
+                prompt_texts=[e.prompt_texts],
+                generations=[e.generation],
+                rewards=e.returns,
+                components={},
+                child=torch.full(e.returns.shape, -1),
+                returns=e.returns,
+                agent_returns=[e.returns.flatten()],
+                advantages=[e.advantages],
+            )
             for e in experiences
-        ]  # fmt: skip
+        ]
         self.module.train()
         with self.fabric.autocast():
             stats = self.module.update_agents(turns)[0]
@@ -210,8 +225,11 @@ class Learner:
                 raise FloatingPointError(f"learner {self.name!r}: non-finite weight {n}; checkpoint refused")
         path = self.checkpoint_path(round)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        state: dict[str, Any] = {"agent": self.module.agents[0], "optimizer": self.optimizer,
-                                 "num_updates": self.num_updates}  # fmt: skip
+        state: dict[str, Any] = {
+            "agent": self.module.agents[0],
+            "optimizer": self.optimizer,
+            "num_updates": self.num_updates,
+        }
         if self.scheduler is not None:
             state["scheduler"] = self.scheduler
         tmp = path + ".tmp"

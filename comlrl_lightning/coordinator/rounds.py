@@ -24,6 +24,7 @@ response (same prompt). Each learner's own ``advantage_mode`` / ``scale_advantag
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -33,6 +34,27 @@ import torch
 from comlrl_lightning.core.generation import Generation
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import WeightedReward
+
+
+class EpisodeSource(ABC):
+    """Where a coordinator's episodes come from (a class, so YAML can name one by ``class_path``)."""
+
+    @abstractmethod
+    def episodes(self) -> list[Episode]:
+        """The training episodes, in a fixed order (the coordinator shuffles them per epoch)."""
+
+
+class RowEpisodes(EpisodeSource):
+    """Episodes from a list of rows (dicts), e.g. inline in YAML or in tests."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            raise ValueError("episodes.rows: give at least one row")
+        self.rows = rows
+
+    def episodes(self) -> list[Episode]:
+        return [Episode(i, dict(r)) for i, r in enumerate(self.rows)]
+
 
 JointMode = Literal["aligned", "cross"]
 
@@ -73,8 +95,10 @@ class Stage:
         try:
             return self.prompt.format(**fields)
         except KeyError as err:
-            raise KeyError(f"stage of learner {self.learner!r}: the prompt uses {{{err.args[0]}}}; available: "
-                           f"{sorted(fields)} (row fields and earlier stages' learner names)") from None  # fmt: skip
+            raise KeyError(
+                f"stage of learner {self.learner!r}: the prompt uses {{{err.args[0]}}}; available: "
+                f"{sorted(fields)} (row fields and earlier stages' learner names)"
+            ) from None
 
 
 class Player(Protocol):
@@ -166,8 +190,10 @@ def check_stages(stages: Sequence[Stage], players: Mapping[str, Player], joint_m
         )
     ks = {st.learner: players[st.learner].num_generations for st in stages}
     if joint_mode == "aligned" and len(set(ks.values())) > 1:
-        raise ValueError(f"num_generations: joint_mode='aligned' pairs the j-th responses of every stage, so every "
-                         f"learner needs the same K; got {ks} (use joint_mode='cross' for different K)")  # fmt: skip
+        raise ValueError(
+            f"num_generations: joint_mode='aligned' pairs the j-th responses of every stage, so every "
+            f"learner needs the same K; got {ks} (use joint_mode='cross' for different K)"
+        )
 
 
 def check_stage_fields(stages: Sequence[Stage], episodes: Sequence[Episode]) -> None:
@@ -190,9 +216,11 @@ def check_stage_fields(stages: Sequence[Stage], episodes: Sequence[Episode]) -> 
         for ep in episodes:
             missing = sorted(f for f in fields - earlier if ep.data.get(f) is None)
             if missing:
-                raise ValueError(f"rounds.stages[{s}].prompt: uses {{{missing[0]}}}, which episode {ep.index} (row "
-                                 f"fields {sorted(ep.data)}) lacks and no earlier stage answers; fill or drop such "
-                                 "rows")  # fmt: skip
+                raise ValueError(
+                    f"rounds.stages[{s}].prompt: uses {{{missing[0]}}}, which episode {ep.index} (row "
+                    f"fields {sorted(ep.data)}) lacks and no earlier stage answers; fill or drop such "
+                    "rows"
+                )
 
 
 def play_round(
@@ -227,8 +255,11 @@ def play_round(
         else:
             gen = player.generate(texts, k)
             prompts = [t for t in texts for _ in range(k)]
-            prefixes = [(g, {**resp, st.learner: gen.texts[p * k + i]}) for p, (g, resp) in enumerate(prefixes)
-                        for i in range(k)]  # fmt: skip
+            prefixes = [
+                (g, {**resp, st.learner: gen.texts[p * k + i]})
+                for p, (g, resp) in enumerate(prefixes)
+                for i in range(k)
+            ]
         stage_rows.append((st.learner, prompts, gen, k))
     joint = _joint_texts(stage_rows, len(episodes), joint_mode)
     ep_of_joint = [g for g, _ in prefixes]
@@ -239,16 +270,26 @@ def play_round(
         returns = _stage_returns(rewards, [r[3] for r in stage_rows], s, len(episodes), joint_mode)
         adv = players[name].advantages(returns).flatten()
         rows_per_ep = returns.numel() // len(episodes)
-        experiences[name].append(Experience(
-            learner=name, round=round, stage=s, prompt_texts=prompts, generation=gen, returns=returns,
-            advantages=adv, episode_indices=[episodes[r // rows_per_ep].index for r in range(returns.numel())],
-        ))  # fmt: skip
-    return RoundOutput(round, rewards, dict(out.components), joint, [episodes[g].index for g in ep_of_joint],
-                       experiences)  # fmt: skip
+        experiences[name].append(
+            Experience(
+                learner=name,
+                round=round,
+                stage=s,
+                prompt_texts=prompts,
+                generation=gen,
+                returns=returns,
+                advantages=adv,
+                episode_indices=[episodes[r // rows_per_ep].index for r in range(returns.numel())],
+            )
+        )
+    return RoundOutput(
+        round, rewards, dict(out.components), joint, [episodes[g].index for g in ep_of_joint], experiences
+    )
 
 
-def _joint_texts(stage_rows: list[tuple[str, list[str], Generation, int]], num_episodes: int,
-                 joint_mode: str) -> list[list[str]]:  # fmt: skip
+def _joint_texts(
+    stage_rows: list[tuple[str, list[str], Generation, int]], num_episodes: int, joint_mode: str
+) -> list[list[str]]:
     """One response per stage for every joint response (episode-major order)."""
     if joint_mode == "aligned":
         return [list(texts) for texts in zip(*(gen.texts for _, _, gen, _ in stage_rows))]

@@ -116,8 +116,10 @@ class WarmupFreeze:
     def __post_init__(self) -> None:
         for name in set(self.start) & set(self.stop):
             if self.stop[name] <= self.start[name]:
-                raise ValueError(f"WarmupFreeze.stop[{name!r}]: got {self.stop[name]}, must be > "
-                                 f"start[{name!r}]={self.start[name]}")  # fmt: skip
+                raise ValueError(
+                    f"WarmupFreeze.stop[{name!r}]: got {self.stop[name]}, must be > "
+                    f"start[{name!r}]={self.start[name]}"
+                )
 
     def __call__(self, round: int, names: Sequence[str]) -> frozenset[str]:
         _check_names("WarmupFreeze.start", self.start, names)
@@ -130,8 +132,9 @@ class WarmupFreeze:
         )
 
 
-def scheduled(schedule: Schedule | Callable[[int, Sequence[str]], Iterable[str]], round: int,
-              names: Sequence[str]) -> frozenset[str]:  # fmt: skip
+def scheduled(
+    schedule: Schedule | Callable[[int, Sequence[str]], Iterable[str]], round: int, names: Sequence[str]
+) -> frozenset[str]:
     """The learners that train at ``round``, checked.
 
     Raises:

@@ -155,10 +155,16 @@ def check_reward_signature(fn: object, where: str) -> None:
         signature.bind(None, None, None)
     except TypeError:
         trl = {"prompts", "completions"} & set(signature.parameters)
-        hint = (" It looks like a TRL reward: use comlrl_lightning.envs.TRLReward(fn) (agents' completions "
-                "mapped as its docstring says)." if trl else "")  # fmt: skip
-        raise TypeError(f"{where}: {reward_name(fn)}{signature} cannot be called as fn(joint_actions, episodes, "
-                        f"turn), the RewardFunction protocol.{hint}") from None  # fmt: skip
+        hint = (
+            " It looks like a TRL reward: use comlrl_lightning.envs.TRLReward(fn) (agents' completions "
+            "mapped as its docstring says)."
+            if trl
+            else ""
+        )
+        raise TypeError(
+            f"{where}: {reward_name(fn)}{signature} cannot be called as fn(joint_actions, episodes, "
+            f"turn), the RewardFunction protocol.{hint}"
+        ) from None
 
 
 def reward_name(fn: object) -> str:
@@ -282,8 +288,12 @@ class WeightedReward:
                     ) from err
                 timed_out = isinstance(err, RewardTimeout)
                 kind = "timeout" if timed_out else "raised"
-                self._warn_once(name, kind, f"reward function {name!r} failed at step {step}, turn {turn}: "
-                                      f"{type(err).__name__}: {err}")  # fmt: skip
+                self._warn_once(
+                    name,
+                    kind,
+                    f"reward function {name!r} failed at step {step}, turn {turn}: "
+                    f"{type(err).__name__}: {err}",
+                )
                 values = torch.full((n,), float("nan"))
             bad = ~torch.isfinite(values)
             bad = bad.any(-1) if bad.dim() == 2 else bad  # one bad agent value spoils the joint action
@@ -293,8 +303,11 @@ class WeightedReward:
                     f"(joint actions {bad.nonzero().flatten().tolist()})"
                 )
             if bad.any():
-                self._warn_once(name, "non-finite", f"reward function {name!r} returned a non-finite value at step {step}, "
-                                      f"turn {turn}")  # fmt: skip
+                self._warn_once(
+                    name,
+                    "non-finite",
+                    f"reward function {name!r} returned a non-finite value at step {step}, turn {turn}",
+                )
             invalid |= bad
             components[name] = values
             for key, extra in extras.items():
@@ -322,8 +335,11 @@ class WeightedReward:
         if (name, kind) not in self._warned:
             self._warned.add((name, kind))
             why = "skip_invalid=True" if self.skip_invalid else "a timeout"
-            warnings.warn(f"{message} ({why}: such joint actions get invalid_reward and are counted "
-                          f"in the metric rewards/{ERRORS}; further such faults are not shown)", stacklevel=3)  # fmt: skip
+            warnings.warn(
+                f"{message} ({why}: such joint actions get invalid_reward and are counted "
+                f"in the metric rewards/{ERRORS}; further such faults are not shown)",
+                stacklevel=3,
+            )
 
 
 def _as_values(out: object, n: int, num_agents: int) -> torch.Tensor:
@@ -351,8 +367,10 @@ def _as_values(out: object, n: int, num_agents: int) -> torch.Tensor:
                 f"returned a non-numeric value {bad[0]!r} ({type(bad[0]).__name__}); expected {n} numbers"
             )
         if shape == (-1,):
-            raise RewardError(f"returned rows of different lengths {[len(r) for r in rows]}; expected [{n}] "
-                              f"(shared) or [{n}, {num_agents}] (one per agent)")  # fmt: skip
+            raise RewardError(
+                f"returned rows of different lengths {[len(r) for r in rows]}; expected [{n}] "
+                f"(shared) or [{n}, {num_agents}] (one per agent)"
+            )
         values = torch.as_tensor([float(v) for v in flat], dtype=torch.float32).view(shape)
     if values.dim() == 1 and values.numel() == n:
         return values
@@ -360,8 +378,10 @@ def _as_values(out: object, n: int, num_agents: int) -> torch.Tensor:
         return values
     if values.dim() == 1:
         raise RewardError(f"returned {values.numel()} values for {n} joint actions")
-    raise RewardError(f"returned shape {list(values.shape)} for {n} joint actions of {num_agents} agents; expected "
-                      f"[{n}] (shared) or [{n}, {num_agents}] (one per agent)")  # fmt: skip
+    raise RewardError(
+        f"returned shape {list(values.shape)} for {n} joint actions of {num_agents} agents; expected "
+        f"[{n}] (shared) or [{n}, {num_agents}] (one per agent)"
+    )
 
 
 def as_weighted_reward(reward: RewardFunction | WeightedReward | Sequence[RewardFunction]) -> WeightedReward:

@@ -131,6 +131,8 @@ def _check_trl_signature(function: Callable[..., Any]) -> None:
     try:
         signature.bind_partial(prompts=[], completions=[], completion_ids=None)  # columns may be named too
     except TypeError as err:
-        raise TypeError(f"TRLReward.function: {getattr(function, '__name__', function)}{signature} cannot be called "
-                        f"as fn(prompts=..., completions=..., completion_ids=..., **columns) ({err}); a TRL reward "
-                        "takes (prompts, completions, **kwargs)") from None  # fmt: skip
+        raise TypeError(
+            f"TRLReward.function: {getattr(function, '__name__', function)}{signature} cannot be called "
+            f"as fn(prompts=..., completions=..., completion_ids=..., **columns) ({err}); a TRL reward "
+            "takes (prompts, completions, **kwargs)"
+        ) from None

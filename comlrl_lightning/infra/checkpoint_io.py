@@ -74,9 +74,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if full:
                 folder = os.path.dirname(target)
                 free = shutil.disk_usage(folder).free
-                raise OSError(errno.ENOSPC, f"could not write the checkpoint {target!r}: no space left on the device "
-                              f"(it needs about {_size(tensor_bytes(checkpoint))}, {_size(free)} left in {folder!r})"
-                              ) from err  # fmt: skip
+                raise OSError(
+                    errno.ENOSPC,
+                    f"could not write the checkpoint {target!r}: no space left on the device "
+                    f"(it needs about {_size(tensor_bytes(checkpoint))}, {_size(free)} left in {folder!r})",
+                ) from err
             raise OSError(
                 err.errno, f"could not write the checkpoint {target!r}: {err.strerror or err}"
             ) from err

@@ -103,6 +103,8 @@ class CodingFeedbackTransition:
         for i in range(n):
             role = f"the function `{entry}`" if n == 1 else _ROLE[i].format(entry_point=entry)
             extra = f" You may call `{AUX}` written by your teammate." if n == 2 and i == 1 else ""
-            out.append(f"Test feedback on your team's code:\n{fb}\n\nRevise {role}.{extra} "
-                       "Answer with one ```python code block.")  # fmt: skip
+            out.append(
+                f"Test feedback on your team's code:\n{fb}\n\nRevise {role}.{extra} "
+                "Answer with one ```python code block."
+            )
         return out
