@@ -249,3 +249,16 @@ def test_learners_log_the_same_trl_names_as_a_team(tmp_path):
     }
     assert trl <= tags, trl - tags
     assert not tags & {"clip_ratio", "clip_ratio_low", "clip_ratio_high", "kl"}  # no second scheme; beta = 0
+
+
+def test_rounds_take_the_rollouts_joint_mode_choice():
+    import typing
+
+    from comlrl_lightning.coordinator.rounds import JointMode, check_stages
+    from comlrl_lightning.core.advantages import JOINT_MODE
+
+    assert set(typing.get_args(JointMode)) == {*JOINT_MODE.values, *JOINT_MODE.aliases}
+    with pytest.raises(
+        ValueError, match=r"joint_mode: got 'diagonal', allowed: \['aligned', 'cross', 'crossed'\]"
+    ):
+        check_stages([Stage("p", lambda row, responses: "x")], {"p": None}, "diagonal")

@@ -27,10 +27,11 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from comlrl_lightning.core.advantages import JOINT_MODE
 from comlrl_lightning.core.generation import Generation
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import WeightedReward
@@ -56,7 +57,8 @@ class RowEpisodes(EpisodeSource):
         return [Episode(i, dict(r)) for i, r in enumerate(self.rows)]
 
 
-JointMode = Literal["aligned", "cross"]
+JointMode = JOINT_MODE.literal
+"""The rollout's ``joint_mode`` choice (``core/advantages.py``), also for a coordinator's rounds."""
 
 
 @runtime_checkable
@@ -176,8 +178,7 @@ def check_stages(stages: Sequence[Stage], players: Mapping[str, Player], joint_m
     different ``num_generations`` across stages in ``aligned`` mode."""
     if not stages:
         raise ValueError("rounds.stages: give at least one stage")
-    if joint_mode not in ("aligned", "cross"):
-        raise ValueError(f"rounds.joint_mode: got {joint_mode!r}, allowed: ['aligned', 'cross']")
+    JOINT_MODE.check(joint_mode)
     for s, st in enumerate(stages):
         if st.learner not in players:
             raise ValueError(
@@ -241,6 +242,7 @@ def play_round(
         RewardError: from the reward (named, with the round as its step).
     """
     check_stages(stages, players, joint_mode)
+    joint_mode = JOINT_MODE.canonical(joint_mode)
     # A partial joint response: (episode position, the responses so far by learner name).
     prefixes: list[tuple[int, dict[str, str]]] = [(g, {}) for g in range(len(episodes))]
     stage_rows: list[tuple[str, list[str], Generation, int]] = []  # learner, prompts, generation, K
