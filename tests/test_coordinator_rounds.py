@@ -83,7 +83,7 @@ def test_a_learner_answering_two_stages_gets_one_experience_per_stage():
     ([Stage("a", "{q}")], {"a": Scripted("a"), "b": Scripted("b")}, "aligned", r"\['b'\] answer in no stage"),
     ([Stage("a", "{q}"), Stage("b", "{a}")], {"a": Scripted("a", 2), "b": Scripted("b", 3)}, "aligned",
      "the same K"),
-    ([Stage("a", "{q}")], {"a": Scripted("a")}, "crossed", r"joint_mode: got 'crossed'"),
+    ([Stage("a", "{q}")], {"a": Scripted("a")}, "diagonal", r"joint_mode: got 'diagonal'"),
 ])  # fmt: skip
 def test_bad_routing_is_refused_naming_the_field(stages, players, mode, message):
     with pytest.raises(ValueError, match=message):
