@@ -22,8 +22,12 @@ Features:
     - user callbacks through Fabric (``on_round_end(coordinator, output)``), a tqdm progress bar,
       TensorBoard for the system (``<run>/coordinator``) and for every learner (``<run>/learners/<name>``).
 
+    - held-out evaluation (:mod:`.evaluation`): :meth:`Coordinator.evaluate`, and with
+      ``eval_every`` during ``fit``; greedy, one pass through the stages per episode, logged as
+      ``val/reward`` and ``val/pass@1`` like the Lightning modules, kept in ``eval_history``.
+
 Not supported: multi-turn episodes inside a round (a round is one pass through the stages),
-multi-process strategies (DDP), validation loops.
+multi-process strategies (DDP).
 
 Why Fabric per learner, not a Trainer per learner: a ``Trainer`` owns the loop. K learners whose
 updates interleave at scheduled rounds would need K fit loops that take turns, which Lightning
@@ -60,7 +64,8 @@ from lightning.fabric.loggers import TensorBoardLogger
 from lightning.fabric.utilities.seed import seed_everything
 from tqdm.auto import tqdm
 
-from comlrl_lightning.coordinator.learner import Learner, LearnerConfig
+from comlrl_lightning.coordinator.evaluation import EvalOutput, evaluate_episodes
+from comlrl_lightning.coordinator.learner import Learner, LearnerConfig, check_learners
 from comlrl_lightning.coordinator.rounds import (
     EpisodeSource,
     JointMode,
@@ -105,6 +110,10 @@ class Coordinator:
         save_agents: after the last round, save every learner as a Hugging Face folder.
         callbacks: objects with an optional ``on_round_end(coordinator, output)`` (called by Fabric).
         progress_bar: show a tqdm bar over rounds.
+        eval_episodes: the held-out episodes of :meth:`evaluate` (never trained on); None: none.
+        eval_every: during ``fit``, evaluate ``eval_episodes`` after every this many rounds (>= 0;
+            0: never during ``fit``; needs ``eval_episodes`` when > 0). Evaluation draws nothing
+            from the training RNG streams, so it changes no training sample.
 
     Raises:
         ValueError: a bad value (named), before any model loads.
@@ -129,34 +138,18 @@ class Coordinator:
         save_agents: bool = True,
         callbacks: list[Any] | None = None,
         progress_bar: bool = True,
+        eval_episodes: EpisodeSource | None = None,
+        eval_every: int = 0,
     ) -> None:
-        names = [c.name for c in learners]
-        if not names or len(set(names)) != len(names):
-            raise ValueError(f"learners: give one or more learners with unique names, got {names}")
-        for c in learners:
-            if c.share_weights_with is None:
-                continue
-            if c.share_weights_with not in names[: names.index(c.name)]:
-                raise ValueError(
-                    f"learners[{c.name!r}].share_weights_with: got {c.share_weights_with!r}; "
-                    f"name an earlier learner of {names}"
-                )
-            owner = learners[names.index(c.share_weights_with)]
-            for what, mine, theirs in (
-                ("module.agents.model", c.module.specs[0].model, owner.module.specs[0].model),
-                ("precision", c.precision, owner.precision),
-            ):
-                if mine != theirs:
-                    raise ValueError(
-                        f"learners[{c.name!r}].{what}: got {mine!r}, but it shares the model of "
-                        f"{owner.name!r}, which has {theirs!r}"
-                    )
+        names = check_learners(learners)
         checks = [  # (field, value, ok, allowed)
             ("num_rounds", num_rounds, num_rounds >= 1, ">= 1"),
             ("batch_size", batch_size, batch_size >= 1, ">= 1"),
             ("checkpoint_every", checkpoint_every, checkpoint_every >= 0, ">= 0"),
             ("keep_last", keep_last, keep_last >= 1, ">= 1"),
             ("accelerator", accelerator, accelerator in ACCELERATORS, f"one of {list(ACCELERATORS)}"),
+            ("eval_every", eval_every, eval_every >= 0, ">= 0"),
+            ("eval_every", eval_every, not eval_every or eval_episodes, "0 when eval_episodes is None"),
         ]
         for name, value, ok, allowed in checks:
             if not ok:
@@ -170,12 +163,8 @@ class Coordinator:
         self.configs, self.names, self.stages = learners, names, stages
         self.reward = as_weighted_reward(reward)
         self.schedule = schedule if schedule is not None else Alternate()
-        self.joint_mode, self.num_rounds, self.batch_size, self.seed = (
-            joint_mode,
-            num_rounds,
-            batch_size,
-            seed,
-        )
+        self.joint_mode, self.num_rounds = joint_mode, num_rounds
+        self.batch_size, self.seed = batch_size, seed
         self.root_dir, self.checkpoint_every, self.keep_last = root_dir, checkpoint_every, keep_last
         self.ckpt_path, self.accelerator, self.save_agents = ckpt_path, accelerator, save_agents
         self.progress_bar = progress_bar
@@ -185,7 +174,8 @@ class Coordinator:
             callbacks=callbacks or [],
             loggers=TensorBoardLogger(os.path.join(root_dir, "coordinator"), name="", version=""),
         )
-        self._episodes_source = episodes
+        self._episodes_source, self._eval_source, self.eval_every = episodes, eval_episodes, eval_every
+        self.eval_history: list[dict[str, Any]] = []  # per evaluation: EvalOutput.record()
         self.learners: dict[str, Learner] = {}
         self.round = 0
         self.history: list[dict[str, Any]] = []  # per round: trained learners, rewards, seconds
@@ -224,7 +214,9 @@ class Coordinator:
         devices = self.device_plan()
         seed_everything(self.seed, verbose=False)
         self.episodes = self._episodes_source.episodes()
-        check_stage_fields(self.stages, self.episodes)  # every round's rows, before any learner loads
+        self.eval_episodes = self._eval_source.episodes() if self._eval_source else None
+        for eps in (self.episodes, self.eval_episodes or []):  # every row, before any learner loads
+            check_stage_fields(self.stages, eps)
         path = self._latest() if self.ckpt_path == "last" else self.ckpt_path
         resumed_round = (
             int(torch.load(path, map_location="cpu", weights_only=False)["round"]) if path else None
@@ -282,6 +274,8 @@ class Coordinator:
         while self.round < self.num_rounds:
             out = self.play(self.round)
             self.round += 1
+            if self.eval_every and self.round % self.eval_every == 0:
+                self.evaluate()  # before the checkpoint, which keeps eval_history
             bar.update(1)
             bar.set_postfix(reward=f"{float(out.rewards.mean()):.3f}", trained=",".join(out.trained) or "-")
             last = self.round == self.num_rounds
@@ -317,6 +311,25 @@ class Coordinator:
             m.update({k: float(v) for k, v in out.learner_stats.get(name, {}).items()})
             learner.log(m, out.round)
 
+    def evaluate(self, episodes: list[Episode] | None = None, **kwargs: Any) -> EvalOutput:
+        """Play ``episodes`` (default ``eval_episodes``) once through the stages, greedily, train
+        nothing; log ``val/*`` at x = ``self.round``, append to ``eval_history``, call the callbacks'
+        ``on_evaluate_end(coordinator, output)``. ``kwargs``: :func:`.evaluation.evaluate_episodes`'s
+        ``num_generations_eval``, ``pass_at_k``, ``val_sampling``, ``batch_size``.
+
+        Raises:
+            ValueError: no episodes given and no ``eval_episodes``, or a bad ``kwargs`` value.
+        """
+        self.setup()
+        episodes = self.eval_episodes if episodes is None else episodes
+        if not episodes:
+            raise ValueError("evaluate: no episodes; pass some or set the coordinator's eval_episodes")
+        out = evaluate_episodes(self.round, self.stages, episodes, self.learners, self.reward, **kwargs)
+        self.fabric.log_dict(out.metrics, step=self.round)
+        self.eval_history.append(out.record())
+        self.fabric.call("on_evaluate_end", coordinator=self, output=out)
+        return out
+
     # ------------------------------------------------------------ checkpoint
     def checkpoint_path(self, round: int) -> str:
         return os.path.join(self.root_dir, "coordinator", "checkpoints", f"round-{round:06d}.pt")
@@ -324,16 +337,13 @@ class Coordinator:
     def save(self) -> str:
         """Checkpoint the whole system after ``self.round`` rounds: learners first, then the coordinator."""
         path = self.checkpoint_path(self.round)
-        paths = {
-            name: os.path.relpath(
-                learner.save(self.round), os.path.dirname(path)
-            )  # a moved run folder resumes
-            for name, learner in self.learners.items()
-        }
+        folder = os.path.dirname(path)  # paths relative to it: a moved run folder resumes
+        paths = {name: os.path.relpath(lr.save(self.round), folder) for name, lr in self.learners.items()}
         state = {
             "round": self.round,
             "rng_states": collect_rng_states(),
             "history": self.history,
+            "eval_history": self.eval_history,
             "buffers": {x: lr.buffer for x, lr in self.learners.items()},
             "learner_checkpoints": paths,
             "names": self.names,
@@ -346,9 +356,7 @@ class Coordinator:
 
     def load(self, path: str) -> None:
         """Restore the system from a coordinator checkpoint (learner files are found next to it)."""
-        state = torch.load(
-            path, map_location="cpu", weights_only=False
-        )  # our own file: buffers are dataclasses
+        state = torch.load(path, map_location="cpu", weights_only=False)  # ours: buffers are dataclasses
         if state["names"] != self.names:
             raise ValueError(f"ckpt_path: {path} holds learners {state['names']}, this run has {self.names}")
         for name, learner in self.learners.items():  # next to the coordinator file (relative in newer files)
@@ -357,6 +365,7 @@ class Coordinator:
             learner.load(near if near and os.path.exists(near) else learner.checkpoint_path(state["round"]))
             learner.buffer = state["buffers"][name]
         self.round, self.history = state["round"], state["history"]
+        self.eval_history = state.get("eval_history", [])  # files from before evaluation: none
         set_rng_states(state["rng_states"])
 
     def _checkpoints(self) -> list[str]:

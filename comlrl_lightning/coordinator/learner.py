@@ -87,6 +87,37 @@ class LearnerConfig:
         return int(self.module.rollout_config.num_generations)
 
 
+def check_learners(learners: list[LearnerConfig]) -> list[str]:
+    """The learners' names, checked: unique, and each ``share_weights_with`` an earlier learner with
+    the same model and precision.
+
+    Raises:
+        ValueError: naming the learner, the field and the value.
+    """
+    names = [c.name for c in learners]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"learners: give one or more learners with unique names, got {names}")
+    for c in learners:
+        if c.share_weights_with is None:
+            continue
+        if c.share_weights_with not in names[: names.index(c.name)]:
+            raise ValueError(
+                f"learners[{c.name!r}].share_weights_with: got {c.share_weights_with!r}; "
+                f"name an earlier learner of {names}"
+            )
+        owner = learners[names.index(c.share_weights_with)]
+        for what, mine, theirs in (
+            ("module.agents.model", c.module.specs[0].model, owner.module.specs[0].model),
+            ("precision", c.precision, owner.precision),
+        ):
+            if mine != theirs:
+                raise ValueError(
+                    f"learners[{c.name!r}].{what}: got {mine!r}, but it shares the model of "
+                    f"{owner.name!r}, which has {theirs!r}"
+                )
+    return names
+
+
 def _finite_grads_hook(name: str) -> Any:
     def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         for group in optimizer.param_groups:
@@ -149,10 +180,11 @@ class Learner:
         """``prompt`` as the model reads it (the chat template when the spec uses one)."""
         return render_prompt(self.module.tokenizers[0], [prompt], [], self.module.specs[0].chat_template)
 
-    def generate(self, rendered: list[str], k: int) -> Generation:
-        """``k`` sampled responses per rendered prompt, one batched ``generate`` (rows ``b·k + i``)."""
+    def generate(self, rendered: list[str], k: int, greedy: bool = False) -> Generation:
+        """``k`` responses per rendered prompt, one batched ``generate`` (rows ``b·k + i``): sampled
+        with the module's ``SamplingConfig``, or greedy (``greedy=True``, evaluation)."""
         with self.fabric.autocast():
-            return self.module.team.generate([rendered], k)[0]
+            return self.module.team.generate([rendered], k, greedy=greedy)[0]
 
     def advantages(self, returns: torch.Tensor) -> torch.Tensor:
         """``[groups, K]`` -> ``[groups, K]`` with the module's ``advantage_mode`` and ``scale_rewards``."""

@@ -160,6 +160,8 @@ class RoundOutput:
         trained: the learners that updated at this round (filled by the coordinator).
         learner_stats: learner name -> its update stats (filled by the coordinator).
         seconds: wall-clock seconds of the round (filled by the coordinator).
+        pass_at_1: ``[J]`` 1.0 where the joint response solved the task (the reward's ``PASS_AT_1``
+            metric), None when the reward reports none.
     """
 
     round: int
@@ -171,6 +173,7 @@ class RoundOutput:
     trained: list[str] = field(default_factory=list)
     learner_stats: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: float = 0.0
+    pass_at_1: torch.Tensor | None = None
 
 
 def check_stages(stages: Sequence[Stage], players: Mapping[str, Player], joint_mode: str) -> None:
@@ -285,7 +288,13 @@ def play_round(
             )
         )
     return RoundOutput(
-        round, rewards, dict(out.components), joint, [episodes[g].index for g in ep_of_joint], experiences
+        round,
+        rewards,
+        dict(out.components),
+        joint,
+        [episodes[g].index for g in ep_of_joint],
+        experiences,
+        pass_at_1=out.pass_at_1,
     )
 
 
