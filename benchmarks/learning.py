@@ -121,7 +121,7 @@ def rows(
     banned, seen = {key(r) for r in exclude}, set()
     rng, out = random.Random(seed), []
     for _ in range(1000 * n):
-        r = TASKS[task]["make"](rng)
+        r = (TASKS[task] if task in TASKS else COORD_TASKS[task])["make"](rng)
         k = key(r)
         if k in banned or (distinct and k in seen):
             continue
@@ -374,6 +374,181 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     }
 
 
+# --------------------------------------------------------------------------- the coordinator's own task
+def _one_rows(ops: str, lo: int, hi: int) -> Any:
+    """One question ``a <op> b`` (operands in [lo, hi]) and its answer: a proposer/reviser problem."""
+    sym, f = {"+": ("+", lambda x, y: x + y), "*": ("×", lambda x, y: x * y)}[ops]
+
+    def make(rng: random.Random) -> dict[str, Any]:
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        return {"q": f"What is {a} {sym} {b}?", "answer": f(a, b)}
+
+    return make
+
+
+PROPOSER_PROMPT = f"{{q}} {ANSWER_ONLY}"
+REVISER_PROMPT = f"{{q}}\nA teammate answered: {{proposer}}\nCheck the teammate's answer and give the correct answer. {ANSWER_ONLY}"
+COORD_TASKS: dict[str, dict[str, Any]] = {  # the proposer answers, the reviser sees the draft and answers
+    "revise_add_1d_last8": {"make": _one_rows("+", 1, 9)},  # 81 problems
+    "revise_add_2d_last8": {"make": _one_rows("+", 10, 49)},  # 1600 problems
+    "revise_mul_12_last8": {"make": _one_rows("*", 2, 12)},  # 121 problems (times tables to 12)
+}
+"""Candidates of the coordinator's task (:data:`TASK_RULE`, measured by ``calibrate_coordinator``): the
+same prompts for all (:data:`PROPOSER_PROMPT`, :data:`REVISER_PROMPT`), at most 8 new tokens per stage,
+solved when the *reviser's* last stated integer is the answer (:class:`RevisionExactMatch`)."""
+COORD_TASK = "revise_mul_12_last8"
+"""The candidate :data:`TASK_RULE` chose (``learning_calibration_coordinator.json``, measured once before any
+training: untrained greedy held-out success revise_add_1d_last8 0.78, revise_add_2d_last8 0.00 (8 tokens end
+at "36 + 10 = "), revise_mul_12_last8 0.46 (the proposer's drafts alone: 0.36) -> the only one in [0.10, 0.60])."""
+COORD_SCHEDULE = "EveryRound"
+"""Both learners update every round (as MAGRPO's two agents update every batch); the same samples."""
+
+
+class RevisionExactMatch:
+    """Shared reward of a (draft, revision): 1.0 when the revision's last integer is the answer (also
+    ``all_passed``, pass@1); metric ``draft_correct``: the same check on the proposer's draft."""
+
+    name = "exact_match"
+
+    def __call__(self, joint_actions: Any, episodes: Any, turn: Any) -> RewardResult:
+        right = [float(last_integer(ja[-1]) == ep.data["answer"]) for ja, ep in zip(joint_actions, episodes)]
+        draft = [float(last_integer(ja[0]) == ep.data["answer"]) for ja, ep in zip(joint_actions, episodes)]
+        return RewardResult(right, {PASS_AT_1: right, "draft_correct": draft})
+
+
+def build_coordinator(
+    task: str, cfg: dict[str, Any], seed: int, root: str, model: str = SMOLLM2, callbacks: Any = None
+) -> Any:
+    """Proposer and reviser (each a one-agent MAGRPO learner of ``model``) through the library's
+    :class:`~comlrl_lightning.coordinator.Coordinator`, held-out evaluation every ``eval_every`` rounds."""
+    from comlrl_lightning import MAGRPO, RolloutConfig, SamplingConfig
+    from comlrl_lightning.coordinator import Coordinator, EveryRound, LearnerConfig, RowEpisodes, Stage
+    from comlrl_lightning.team.agents import AgentSpec
+
+    def learner(name: str) -> Any:
+        module = MAGRPO(
+            agents=[AgentSpec(model=model)],
+            rollout=RolloutConfig(num_generations=cfg["k"]),
+            sampling=SamplingConfig(max_new_tokens=8, temperature=cfg["temperature"]),
+            learning_rate=cfg["learning_rate"],
+        )
+        return LearnerConfig(name, module)
+
+    held, train = held_out_and_train(task)
+    return Coordinator(
+        [learner("proposer"), learner("reviser")],
+        stages=[Stage("proposer", PROPOSER_PROMPT), Stage("reviser", REVISER_PROMPT)],
+        reward=RevisionExactMatch(),
+        episodes=RowEpisodes(train),
+        schedule=EveryRound(),
+        num_rounds=cfg["batches"],
+        batch_size=cfg["batch_size"],
+        seed=seed,
+        root_dir=root,
+        accelerator="cpu",
+        save_agents=False,
+        progress_bar=False,
+        callbacks=callbacks,
+        eval_episodes=RowEpisodes(held),
+        eval_every=cfg["eval_every"],
+    )
+
+
+class CoordHeldOut:
+    """Fabric callback of the coordinator: the greedy texts of each evaluation and a progress line."""
+
+    def __init__(self) -> None:
+        self.texts: list[list[str]] = []
+
+    def on_evaluate_end(self, coordinator: Any, output: Any) -> None:
+        joint = output.joint_responses
+        self.texts = [[j[s] for j in joint[:6]] for s in range(len(joint[0]))]
+        print(
+            f"[learning]   after {coordinator.round} rounds: held-out {output.metrics['val/pass@1']:.3f} "
+            f"({time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
+
+
+def calibrate_coordinator(tasks: Sequence[str] = tuple(COORD_TASKS), model: str = SMOLLM2) -> dict[str, Any]:
+    """Untrained greedy held-out success of each coordinator candidate, and the task :data:`TASK_RULE` picks."""
+    import shutil
+    import tempfile
+
+    from comlrl_lightning.coordinator import RowEpisodes
+
+    out: dict[str, Any] = {"rule": TASK_RULE, "tasks": {}}
+    root = tempfile.mkdtemp(prefix="coord_calibrate_")
+    try:
+        rec = CoordHeldOut()
+        torch.manual_seed(0)
+        c = build_coordinator(tasks[0], CONFIG, 0, root, model, callbacks=[rec])
+        for task in tasks:
+            t0 = time.time()
+            res = c.evaluate(RowEpisodes(held_out_and_train(task)[0]).episodes())
+            solved = res.solved.tolist()
+            out["tasks"][task] = {
+                "success": sum(solved) / len(solved),
+                "draft_success": res.metrics["val/rewards/exact_match/draft_correct/mean"],
+                "n": len(solved),
+                "wall_s": time.time() - t0,
+                "examples": rec.texts,
+                "loadavg": os.getloadavg(),
+            }
+            print(task, json.dumps(out["tasks"][task]), flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    ok = [
+        (abs(r["success"] - 0.35), i, t)
+        for i, (t, r) in enumerate(out["tasks"].items())
+        if 0.10 <= r["success"] <= 0.60
+    ]
+    out["chosen"] = min(ok)[2] if ok else None
+    return out
+
+
+def run_coordinator(
+    algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG, model: str = SMOLLM2
+) -> dict[str, Any]:
+    """:func:`run_one` for the coordinator: held-out success before training and every ``eval_every``
+    rounds (a round = a batch: ``batch_size`` problems, K drafts each, one revision per draft)."""
+    import shutil
+    import tempfile
+
+    assert algorithm == "coordinator"
+    root = tempfile.mkdtemp(prefix=f"coord_learning_{seed}_")
+    per_batch = cfg["batch_size"] * cfg["k"] * 2  # K drafts + K revisions per problem
+    rec = CoordHeldOut()
+    try:
+        c = build_coordinator(task, cfg, seed, root, model, callbacks=[rec])
+        t0, load0 = time.time(), os.getloadavg()
+        c.evaluate()
+        c.fit()
+        wall = time.time() - t0
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # the final system checkpoint (GBs): not needed
+    return {
+        "algorithm": algorithm,
+        "task": task,
+        "seed": seed,
+        "config": cfg,
+        "schedule": COORD_SCHEDULE,
+        "samples_per_batch": per_batch,
+        "history": [{"samples": h["round"] * per_batch, "solved": h["solved"]} for h in c.eval_history],
+        "final_texts": rec.texts,
+        "wall_s": wall,
+        "loadavg_start": load0,
+        "loadavg_end": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+RUNNERS: dict[str, Any] = {"coordinator": run_coordinator}
+"""Algorithms with a runner of their own (default :func:`run_one`)."""
+TASK_OF: dict[str, str] = {"coordinator": COORD_TASK}
+"""Algorithms trained on a task of their own (default :data:`TASK`)."""
+
+
 def recorded_runs(task: str, cfg: dict[str, Any] = CONFIG, path: str | None = None) -> list[dict[str, Any]]:
     """The finished runs of ``task`` under ``cfg`` in ``path`` (default :data:`RUNS_FILE`)."""
     path = path or RUNS_FILE
@@ -392,13 +567,15 @@ def run_missing(
     path: str = RUNS_FILE,
 ) -> None:
     """Run every (algorithm, seed) not yet in ``path``, appending each as it finishes."""
-    done = {(r["algorithm"], r["seed"]) for r in recorded_runs(task, cfg, path)}
+    done = {
+        (r["algorithm"], r["seed"]) for t in {task, *TASK_OF.values()} for r in recorded_runs(t, cfg, path)
+    }
     for algorithm in algorithms:
         for seed in seeds:
             if (algorithm, seed) in done:
                 continue
             print(f"[learning] {algorithm} seed {seed} ...", flush=True)
-            r = run_one(algorithm, task, seed, cfg)
+            r = RUNNERS.get(algorithm, run_one)(algorithm, TASK_OF.get(algorithm, task), seed, cfg)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:  # one write of the whole line: runs in parallel processes may share the file
                 os.write(fd, (json.dumps(r) + "\n").encode())
@@ -648,7 +825,12 @@ def render(res: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["calibrate"]:
+    if sys.argv[1:2] == ["calibrate_coordinator"]:
+        res = calibrate_coordinator()
+        with open(os.path.join(HERE, "learning_calibration_coordinator.json"), "w") as fh:
+            json.dump(res, fh, indent=1)
+        print("chosen:", res["chosen"])
+    elif sys.argv[1:2] == ["calibrate"]:
         res = calibrate(ROUNDS[int(sys.argv[2]) - 1] if len(sys.argv) > 2 else tuple(TASKS))
         name = f"learning_calibration_{sys.argv[2] if len(sys.argv) > 2 else 'all'}.json"
         with open(os.path.join(HERE, name), "w") as fh:
