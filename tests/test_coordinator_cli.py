@@ -25,7 +25,7 @@ def tiny_learners(tmp_path, num_rounds=2):
     module = {"class_path": "comlrl_lightning.MAGRPO",
               "init_args": {"agents": "builtin:tiny-llama-gpt2tok", "rollout": {"num_generations": 2},
                             "sampling": {"max_new_tokens": 16, "max_prompt_length": 256}, "learning_rate": 1e-3}}  # fmt: skip
-    override = {"num_rounds": num_rounds, "root_dir": str(tmp_path / "run"), "progress_bar": False,
+    override = {"num_rounds": num_rounds, "root_dir": str(tmp_path / "run"), "progress_bar": False, "eval_every": 2,
                 "learners": [{"name": "proposer", "module": module}, {"name": "reviser", "module": module}]}  # fmt: skip
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(override))
@@ -58,6 +58,7 @@ def test_the_shipped_humaneval_example_runs_from_the_cli_on_tiny_learners(tmp_pa
     assert "learner proposer: reward first" in out and "trained at rounds [0]" in out
     assert "learner reviser: reward first" in out and "trained at rounds [1]" in out
     assert "seconds per round: median" in out
+    assert "held-out after 2 rounds: val/reward " in out and " val/pass@1 " in out
     run = tmp_path / "run"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -69,7 +70,11 @@ def test_the_shipped_humaneval_example_runs_from_the_cli_on_tiny_learners(tmp_pa
         "seconds_per_round",
         "rewards/revision/pass_rate/mean",
         "rewards/revision/draft_pass_rate/mean",
+        "val/reward",
+        "val/pass@1",
+        "val/rewards/revision/pass_rate/mean",
     } <= tags
+    assert [e.step for e in system.Scalars("val/pass@1")] == [2]
     for name, trained in (("proposer", [1.0, 0.0]), ("reviser", [0.0, 1.0])):
         acc = EventAccumulator(glob.glob(str(run / "learners" / name / "events.out.tfevents.*"))[0])
         acc.Reload()

@@ -89,8 +89,16 @@ def test_a_sampled_evaluation_between_rounds_leaves_the_training_rng_streams_as_
 
 def test_a_resumed_run_with_evaluation_equals_an_uninterrupted_one(tmp_path):
     def make(root, **kw):
-        return coordinator(root, [learner("a"), learner("b", experience_window=2)], num_rounds=4,
-                           checkpoint_every=1, keep_last=2, eval_episodes=HELD, eval_every=1, **kw)  # fmt: skip
+        return coordinator(
+            root,
+            [learner("a"), learner("b", experience_window=2)],
+            num_rounds=4,
+            checkpoint_every=1,
+            keep_last=2,
+            eval_episodes=HELD,
+            eval_every=1,
+            **kw,
+        )
 
     full_rec = Recorder()
     full = make(tmp_path / "full", callbacks=[full_rec])
@@ -115,20 +123,29 @@ def test_a_resumed_run_with_evaluation_equals_an_uninterrupted_one(tmp_path):
         )
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"eval_every": -1}, "eval_every: got -1, must be >= 0"),
-    ({"eval_every": 2}, "eval_every: got 2, must be 0 when eval_episodes is None"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"eval_every": -1}, "eval_every: got -1, must be >= 0"),
+        ({"eval_every": 2}, "eval_every: got 2, must be 0 when eval_episodes is None"),
+    ],
+)
 def test_bad_evaluation_config_fails_before_any_model_loads(tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
         coordinator(tmp_path, **change)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"num_generations_eval": 0}, "num_generations_eval: got 0, must be >= 1"),
-    ({"num_generations_eval": 2, "pass_at_k": [3]}, r"pass_at_k: got \[3\], must be non-empty, each k in \[1, 2\]"),
-    ({"batch_size": 0}, "batch_size: got 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_generations_eval": 0}, "num_generations_eval: got 0, must be >= 1"),
+        (
+            {"num_generations_eval": 2, "pass_at_k": [3]},
+            r"pass_at_k: got \[3\], must be non-empty, each k in \[1, 2\]",
+        ),
+        ({"batch_size": 0}, "batch_size: got 0"),
+    ],
+)
 def test_bad_evaluation_arguments_are_refused_by_name(tmp_path, kwargs, message):
     c = coordinator(tmp_path, eval_episodes=HELD)
     with pytest.raises(ValueError, match=message):

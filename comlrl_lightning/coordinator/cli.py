@@ -4,7 +4,8 @@ The YAML's top-level keys are :class:`Coordinator`'s arguments (``learners``, ``
 ``episodes``, ``schedule``, ``num_rounds``, …); classes are given as ``class_path``/``init_args``
 as everywhere in LightningCLI configs. ``--print_config`` prints the full config; any key can be
 overridden on the command line (``--num_rounds=2``). After the run it prints where the logs are,
-each learner's reward at the first and last round, and the seconds per round.
+each learner's reward at the first and last round, each held-out evaluation's ``val/reward`` and
+``val/pass@k`` (``eval_every``), and the seconds per round.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def build(args: list[str]) -> Coordinator:
 
 
 def summary(coordinator: Coordinator) -> str:
-    """Per-learner reward at the first and last round, and the seconds per round (median, and all)."""
+    """Per-learner reward at the first and last round, the held-out evaluations, and the seconds per
+    round (median, first, last)."""
     h = coordinator.history
     if not h:
         return "no rounds played"
@@ -56,6 +58,11 @@ def summary(coordinator: Coordinator) -> str:
             f"{h[-1]['learner_reward'][name]:.3f}  (trained at rounds "
             f"{[r['round'] for r in h if name in r['trained']]})"
         )
+    for e in coordinator.eval_history:
+        vals = "  ".join(
+            f"{k} {v:.3f}" for k, v in e.items() if k.startswith("val/") and "/rewards/" not in k
+        )
+        lines.append(f"  held-out after {e['round']} rounds: {vals}")
     secs = [r["seconds"] for r in h]
     lines.append(
         f"  shared reward: first {h[0]['reward']:.3f}  last {h[-1]['reward']:.3f}  ({len(h)} rounds)"
