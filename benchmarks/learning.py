@@ -295,7 +295,7 @@ CONFIG: dict[str, Any] = {  # the same task, samples and sampling for every algo
     "critic_learning_rate": 1e-4,  # IAC/MAAC critics (value heads start from scratch)
     "temperature": 0.7,
 }
-ALGORITHMS = ("magrpo", "iac", "maac")
+ALGORITHMS = ("magrpo", "iac", "maac", "coordinator")
 TASK = "mul_1d_last8"
 """The task :data:`TASK_RULE` chose (``learning_calibration_2.json``: untrained greedy held-out success
 add_1d_last8 0.60, add_2d_last8 0.00, mul_1d_last8 0.42 -> closest to 0.35 in [0.10, 0.60])."""
@@ -685,6 +685,9 @@ def _load_calibration() -> dict[str, Any]:
         out[r] = {t: v["success"] for t, v in tasks.items()}
         if TASK in tasks:
             out["untrained_texts"] = tasks[TASK]["examples"]
+    with open(os.path.join(HERE, "learning_calibration_coordinator.json")) as fh:
+        tasks = json.load(fh)["tasks"]
+    out["coordinator"] = {t: [v["success"], v["draft_success"]] for t, v in tasks.items()}
     return out
 
 
@@ -697,18 +700,19 @@ def section(
     """Run the (algorithm, seed) pairs not yet recorded in :data:`RUNS_FILE` (each appended as it
     ends) and summarise every recorded one; :func:`plot_section` draws the figure after the numbers are
     written (benchmarks/run.py's ``PLOTS``).
-    ``quick``: one 2-batch MAGRPO run in a scratch file, a check that the harness runs; ``run=False``:
+    ``quick``: one 2-batch MAGRPO run and one 2-round coordinator run in a scratch file, a check that the
+    harness runs; ``run=False``:
     summarise what is recorded, run nothing."""
     if quick:
         path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "learning_quick_runs.jsonl")
         if os.path.exists(path):
             os.remove(path)
-        run_missing(TASK, ["magrpo"], [0], QUICK, path)
-        runs = recorded_runs(TASK, QUICK, path)
+        run_missing(TASK, ["magrpo", "coordinator"], [0], QUICK, path)
+        runs = recorded_runs(TASK, QUICK, path) + recorded_runs(COORD_TASK, QUICK, path)
     else:
         if run:
             run_missing(TASK, algorithms, seeds)
-        runs = recorded_runs(TASK)
+        runs = recorded_runs(TASK) + recorded_runs(COORD_TASK)
     out = {
         "task": TASK,
         "rule": TASK_RULE,
@@ -716,13 +720,15 @@ def section(
         "config": QUICK if quick else CONFIG,
         "summary": summarize(runs),
         "png": PNG,
+        "coordinator": {"task": COORD_TASK, "schedule": COORD_SCHEDULE},
     }
     return out
 
 
 def plot_section(res: dict[str, Any], path: str) -> None:
     """The held-out curves of :func:`section`'s result, drawn to ``path``."""
-    plot(res["summary"], path, f"SmolLM2-135M x2 (fp32 from Q4_1 GGUF), {res['task']}, held-out")
+    coord = f" (coordinator: {res['coordinator']['task']})" if "coordinator" in res["summary"] else ""
+    plot(res["summary"], path, f"SmolLM2-135M x2 (fp32 from Q4_1 GGUF), {res['task']}{coord}, held-out")
 
 
 def _pct(x: float) -> str:
@@ -817,10 +823,33 @@ def render(res: dict[str, Any]) -> str:
   seed 0; `make learn` runs them one after another in one process.
 - **CI**: not run there (one run is ~15 min at load ~10); `tests/test_learning_bench.py` checks the pieces
   (held-out split, exact-match reward, bootstrap, table).
-- **Not in this table**: MADPO, MARLHF and centralized MAGRPO have not landed; the coordinator
-  (proposer/reviser, `comlrl-lightning coordinate`) has no validation loop and was not run on a task of its own here.
+{_coordinator_notes(res)}- **Not in this table**: MADPO, MARLHF and centralized MAGRPO have not landed.
 - Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
+"""
+
+
+def _coordinator_notes(res: dict[str, Any]) -> str:
+    """The section's bullet on the coordinator's row (empty when it has no recorded run)."""
+    s = res["summary"].get("coordinator")
+    if s is None:
+        return ""
+    task, cfg = res["coordinator"]["task"], res["config"]
+    cal = ", ".join(
+        f"`{t}` {v[0]:.2f} (drafts alone {v[1]:.2f})" for t, v in res["calibration"]["coordinator"].items()
+    )
+    return f"""- **The coordinator's row** (`comlrl_lightning.coordinator.Coordinator`: two one-agent MAGRPO learners, each
+  under its own Fabric, through `Coordinator.fit` and `Coordinator.evaluate`) is on its own task `{task}`: a proposer
+  answers "What is a × b? {ANSWER_ONLY}" (operands 2-12), a reviser sees the question and the draft ("A teammate
+  answered: … Check the teammate's answer and give the correct answer. {ANSWER_ONLY}") and answers; solved when the
+  *reviser's* last stated integer is right, at most 8 new tokens per stage; shared reward 1/0 for both learners.
+  Fixed by the same rule before training; untrained greedy held-out success: {cal}. Schedule
+  `{res["coordinator"]["schedule"]}` (both learners update every round on their own samples, group baseline over the
+  episode's K joint responses); a round is a batch: {cfg["batch_size"]} problems × K={cfg["k"]} drafts + one revision per
+  draft = {s["samples"] // cfg["batches"]} samples, every sampled completion of both learners counted as above. Held-out:
+  {s["n_problems"]} problems (seed {HELD_OUT_SEED}), no question of which is a training question; greedy, one pass
+  through the stages, before training and every {cfg["eval_every"]} rounds (`eval_every`). Its seeds ran one after
+  another in one process, one torch thread. Its examples above: agent 0 is the proposer, agent 1 the reviser.
 """
 
 
@@ -843,7 +872,7 @@ if __name__ == "__main__":
         with open(json_path) as fh:
             res = json.load(fh)
         res["learning"] = section(False, run=False)
-        runs = recorded_runs(TASK)
+        runs = recorded_runs(TASK) + recorded_runs(COORD_TASK)
         import datetime
 
         ends = [datetime.datetime.strptime(r["date"], "%Y-%m-%d %H:%M") for r in runs]

@@ -74,4 +74,64 @@ def test_summary_and_render_report_the_gain_and_whether_its_interval_excludes_ze
     }
     text = L.render(res)
     assert "| MAGRPO | 3 | 96 | 40.0%" in text and "+30.0 pts" in text and "**excludes 0**" in text
-    assert "Not run in the recorded budget: IAC, MAAC." in text
+    assert "Not run in the recorded budget: IAC, MAAC, COORDINATOR." in text
+
+
+def test_the_coordinator_task_checks_the_revisers_last_integer_and_holds_out_whole_questions():
+    ep = Episode(0, {"q": "What is 7 × 3?", "answer": 21})
+    joint = [["7 × 3 = 18", "7 × 3 = 21"], ["21", "The answer is 18."], ["21", "To solve this"], ["x", "21."]]
+    r = L.RevisionExactMatch()(joint, [ep] * 4, 0)
+    assert r.values == [1.0, 0.0, 0.0, 1.0] and r.metrics[PASS_AT_1] == r.values
+    assert r.metrics["draft_correct"] == [0.0, 1.0, 1.0, 0.0]
+    for task in L.COORD_TASKS:
+        held, train = L.held_out_and_train(task)
+        held_q, train_q = {r["q"] for r in held}, {r["q"] for r in train}
+        assert len(held_q) == L.NUM_HELD_OUT and not train_q & held_q
+        for r in held[:10]:  # "What is a <op> b?"
+            a, op, b = r["q"].removeprefix("What is ").rstrip("?").split()
+            assert (int(a) + int(b) if op == "+" else int(a) * int(b)) == r["answer"]
+    assert L.COORD_TASK in L.COORD_TASKS and L.TASK_OF["coordinator"] == L.COORD_TASK
+
+
+def _tiny_coordinator_runs(tmp_path, monkeypatch):
+    """The harness's coordinator path, quick config, on the tiny model: the runs it appends."""
+    from functools import partial
+
+    monkeypatch.setitem(L.RUNNERS, "coordinator", partial(L.run_coordinator, model="builtin:tiny-gpt2"))
+    path = str(tmp_path / "runs.jsonl")
+    L.run_missing(L.TASK, ["coordinator"], [0, 1], L.QUICK, path)
+    L.run_missing(L.TASK, ["coordinator"], [0, 1], L.QUICK, path)  # recorded: nothing runs twice
+    return L.recorded_runs(L.COORD_TASK, L.QUICK, path)
+
+
+def test_the_harness_runs_the_coordinator_on_its_task_counting_both_learners_samples(tmp_path, monkeypatch):
+    runs = _tiny_coordinator_runs(tmp_path, monkeypatch)
+    assert [(r["algorithm"], r["seed"], r["task"]) for r in runs] == [
+        ("coordinator", 0, L.COORD_TASK),
+        ("coordinator", 1, L.COORD_TASK),
+    ]
+    # QUICK: 2 rounds of 2 problems, K=2 drafts + 2 revisions each: 8 samples a round; evaluated before and after each
+    assert [h["samples"] for h in runs[0]["history"]] == [0, 8, 16]
+    assert all(len(h["solved"]) == L.NUM_HELD_OUT for h in runs[0]["history"])
+    summ = L.summarize(runs)["coordinator"]
+    assert summ["samples"] == 16 and summ["n_problems"] == L.NUM_HELD_OUT and summ["seeds"] == [0, 1]
+    res = {
+        "task": L.TASK,
+        "rule": L.TASK_RULE,
+        "calibration": L._load_calibration(),
+        "config": L.QUICK,
+        "summary": {"coordinator": summ},
+        "png": "x.png",
+        "coordinator": {"task": L.COORD_TASK, "schedule": L.COORD_SCHEDULE},
+    }
+    text = L.render(res)
+    assert "| COORDINATOR | 2 | 16 |" in text and f"own task `{L.COORD_TASK}`" in text
+    assert "`revise_mul_12_last8` 0.46 (drafts alone 0.36)" in text
+
+
+@pytest.mark.slow
+def test_the_coordinators_quick_run_on_smollm2_starts_at_its_calibrated_held_out_success():
+    r = L.run_coordinator("coordinator", L.COORD_TASK, 0, L.QUICK)
+    first = r["history"][0]["solved"]
+    assert sum(first) / len(first) == pytest.approx(0.46)  # learning_calibration_coordinator.json, greedy
+    assert [h["samples"] for h in r["history"]] == [0, 8, 16]
