@@ -245,6 +245,16 @@ def _quiet_trainer(**kw: Any) -> pl.Trainer:
     )
 
 
+def rule_pick(measured: dict[str, dict[str, Any]]) -> str | None:
+    """:data:`TASK_RULE`'s choice among ``task -> {"success": ...}`` (in the order measured), or None."""
+    ok = [
+        (abs(r["success"] - 0.35), i, t)
+        for i, (t, r) in enumerate(measured.items())
+        if 0.10 <= r["success"] <= 0.60
+    ]
+    return min(ok)[2] if ok else None
+
+
 def calibrate(tasks: Sequence[str] = tuple(TASKS)) -> dict[str, Any]:
     """Untrained greedy held-out success of each candidate task, and the task :data:`TASK_RULE` picks."""
     from comlrl_lightning import MAGRPO, SamplingConfig
@@ -273,12 +283,7 @@ def calibrate(tasks: Sequence[str] = tuple(TASKS)) -> dict[str, Any]:
             "loadavg": os.getloadavg(),
         }
         print(task, json.dumps(out["tasks"][task]), flush=True)
-    ok = [
-        (abs(r["success"] - 0.35), i, t)
-        for i, (t, r) in enumerate(out["tasks"].items())
-        if 0.10 <= r["success"] <= 0.60
-    ]
-    out["chosen"] = min(ok)[2] if ok else None
+    out["chosen"] = rule_pick(out["tasks"])
     return out
 
 
@@ -498,12 +503,7 @@ def calibrate_coordinator(tasks: Sequence[str] = tuple(COORD_TASKS), model: str 
             print(task, json.dumps(out["tasks"][task]), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    ok = [
-        (abs(r["success"] - 0.35), i, t)
-        for i, (t, r) in enumerate(out["tasks"].items())
-        if 0.10 <= r["success"] <= 0.60
-    ]
-    out["chosen"] = min(ok)[2] if ok else None
+    out["chosen"] = rule_pick(out["tasks"])
     return out
 
 

@@ -135,3 +135,13 @@ def test_the_coordinators_quick_run_on_smollm2_starts_at_its_calibrated_held_out
     first = r["history"][0]["solved"]
     assert sum(first) / len(first) == pytest.approx(0.46)  # learning_calibration_coordinator.json, greedy
     assert [h["samples"] for h in r["history"]] == [0, 8, 16]
+
+
+def test_the_task_rule_picks_the_success_in_range_closest_to_0_35_and_the_earlier_of_equals():
+    def measured(*xs):
+        return {f"t{i}": {"success": x} for i, x in enumerate(xs)}
+
+    assert L.rule_pick(measured(0.78, 0.0, 0.46)) == "t2"  # the coordinator's calibration
+    assert L.rule_pick(measured(0.60, 0.0, 0.42)) == "t2"  # round 2 of the harness's
+    assert L.rule_pick(measured(0.09, 0.61, 0.0)) is None
+    assert L.rule_pick(measured(0.10, 0.2, 0.2, 0.58)) == "t1"
