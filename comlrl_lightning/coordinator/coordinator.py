@@ -20,8 +20,7 @@ Features:
       scheduler; the round; the RNG states; the buffered experience; the data position, which is a
       function of the round): an interrupted-then-resumed run equals an uninterrupted one;
     - user callbacks through Fabric (``on_round_end(coordinator, output)``), a tqdm progress bar,
-      TensorBoard for the system (``<run>/coordinator``) and for every learner (``<run>/learners/<name>``).
-
+      TensorBoard for the system (``<run>/coordinator``) and for every learner (``<run>/learners/<name>``);
     - held-out evaluation (:mod:`.evaluation`): :meth:`Coordinator.evaluate`, and with
       ``eval_every`` during ``fit``; greedy, one pass through the stages per episode, logged as
       ``val/reward`` and ``val/pass@1`` like the Lightning modules, kept in ``eval_history``.
@@ -311,7 +310,9 @@ class Coordinator:
             m.update({k: float(v) for k, v in out.learner_stats.get(name, {}).items()})
             learner.log(m, out.round)
 
-    def evaluate(self, episodes: list[Episode] | None = None, **kwargs: Any) -> EvalOutput:
+    def evaluate(
+        self, episodes: Sequence[Episode] | EpisodeSource | None = None, **kwargs: Any
+    ) -> EvalOutput:
         """Play ``episodes`` (default ``eval_episodes``) once through the stages, greedily, train
         nothing; log ``val/*`` at x = ``self.round``, append to ``eval_history``, call the callbacks'
         ``on_evaluate_end(coordinator, output)``. ``kwargs``: :func:`.evaluation.evaluate_episodes`'s
@@ -322,6 +323,7 @@ class Coordinator:
         """
         self.setup()
         episodes = self.eval_episodes if episodes is None else episodes
+        episodes = episodes.episodes() if isinstance(episodes, EpisodeSource) else episodes
         if not episodes:
             raise ValueError("evaluate: no episodes; pass some or set the coordinator's eval_episodes")
         out = evaluate_episodes(self.round, self.stages, episodes, self.learners, self.reward, **kwargs)
@@ -366,6 +368,8 @@ class Coordinator:
             learner.buffer = state["buffers"][name]
         self.round, self.history = state["round"], state["history"]
         self.eval_history = state.get("eval_history", [])  # files from before evaluation: none
+        for e in [e for e in self.eval_history if e["round"] >= self.round]:  # logged at a purged step
+            self.fabric.log_dict({k: v for k, v in e.items() if k.startswith("val/")}, step=e["round"])
         set_rng_states(state["rng_states"])
 
     def _checkpoints(self) -> list[str]:
