@@ -45,7 +45,7 @@ bench: setup
 	$(PIP) install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/run.py
 
-learn: setup  ## held-out success before/after training, MAGRPO/IAC/MAAC x 3 seeds (benchmarks/learning.py; ~2-2.5 h on 2 shared cores)
+learn: setup  ## held-out success before/after training, MAGRPO/IAC/MAAC and the coordinator x 3 seeds (benchmarks/learning.py; ~2-2.5 h on 2 shared cores)
 	$(PIP) install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/run.py --only learning --write
 

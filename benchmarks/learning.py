@@ -547,6 +547,8 @@ RUNNERS: dict[str, Any] = {"coordinator": run_coordinator}
 """Algorithms with a runner of their own (default :func:`run_one`)."""
 TASK_OF: dict[str, str] = {"coordinator": COORD_TASK}
 """Algorithms trained on a task of their own (default :data:`TASK`)."""
+ROW_NOTE: dict[str, str] = {"coordinator": f" (own task: `{COORD_TASK}`)"}
+"""What the table says after an algorithm's name (its own task: its numbers compare with its own before)."""
 
 
 def recorded_runs(task: str, cfg: dict[str, Any] = CONFIG, path: str | None = None) -> list[dict[str, Any]]:
@@ -759,7 +761,7 @@ def render(res: dict[str, Any]) -> str:
     for name, s in summ.items():
         excl = " **excludes 0**" if s["gain_ci"][0] > 0 or s["gain_ci"][1] < 0 else ""
         lines.append(
-            f"| {name.upper()} | {len(s['seeds'])} | {s['samples']} | {_pct(s['before'])} {_ci(s['before_ci'])} | "
+            f"| {name.upper()}{ROW_NOTE.get(name, '')} | {len(s['seeds'])} | {s['samples']} | {_pct(s['before'])} {_ci(s['before_ci'])} | "
             f"{_pct(s['after'])} {_ci(s['after_ci'])} | {100 * s['gain']:+.1f} pts {_ci(s['gain_ci'], True)}{excl} | "
             f"{100 * s['min_detectable_gain']:.1f} pts | {s['wall_s'] / 60:.1f} min | "
             f"{s['loadavg'][0]:.1f}-{s['loadavg'][1]:.1f} |"

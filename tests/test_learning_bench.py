@@ -125,7 +125,10 @@ def test_the_harness_runs_the_coordinator_on_its_task_counting_both_learners_sam
         "coordinator": {"task": L.COORD_TASK, "schedule": L.COORD_SCHEDULE},
     }
     text = L.render(res)
-    assert "| COORDINATOR | 2 | 16 |" in text and f"own task `{L.COORD_TASK}`" in text
+    assert (
+        f"| COORDINATOR (own task: `{L.COORD_TASK}`) | 2 | 16 |" in text
+        and f"own task `{L.COORD_TASK}`" in text
+    )
     assert "`revise_mul_12_last8` 0.46 (drafts alone 0.36)" in text
 
 
