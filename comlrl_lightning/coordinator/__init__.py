@@ -1,6 +1,7 @@
 """A coordinator of one trainer per agent (multi-agent recursive self-improvement); see coordinator.py."""
 
 from comlrl_lightning.coordinator.coordinator import Coordinator
+from comlrl_lightning.coordinator.evaluation import EvalOutput, evaluate_episodes
 from comlrl_lightning.coordinator.learner import Learner, LearnerConfig
 from comlrl_lightning.coordinator.rounds import (
     EpisodeSource,
@@ -23,6 +24,7 @@ __all__ = [
     "Alternate",
     "Coordinator",
     "EpisodeSource",
+    "EvalOutput",
     "EveryN",
     "EveryRound",
     "Experience",
@@ -33,6 +35,7 @@ __all__ = [
     "RowEpisodes",
     "Stage",
     "WarmupFreeze",
+    "evaluate_episodes",
     "play_round",
     "scheduled",
 ]
