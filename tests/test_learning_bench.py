@@ -134,10 +134,10 @@ def test_the_harness_runs_the_coordinator_on_its_task_counting_both_learners_sam
 
 @pytest.mark.slow
 def test_the_coordinators_quick_run_on_smollm2_starts_at_its_calibrated_held_out_success():
-    r = L.run_coordinator("coordinator", L.COORD_TASK, 0, L.QUICK)
+    r = L.run_coordinator("coordinator", L.COORD_TASK, 0, {**L.QUICK, "batches": 1})  # ~1 min of CPU
     first = r["history"][0]["solved"]
     assert sum(first) / len(first) == pytest.approx(0.46)  # learning_calibration_coordinator.json, greedy
-    assert [h["samples"] for h in r["history"]] == [0, 8, 16]
+    assert [h["samples"] for h in r["history"]] == [0, 8]
 
 
 def test_the_task_rule_picks_the_success_in_range_closest_to_0_35_and_the_earlier_of_equals():
