@@ -13,8 +13,8 @@ Logged names (the modules' validation names, :mod:`comlrl_lightning.core.metrics
 ``val/pass@k`` when the reward reports :data:`~comlrl_lightning.envs.rewards.PASS_AT_1` (a path
 the reward could not judge counts as unsolved).
 
-Training state is untouched: no experience is stored, no learner updates, and the Python / NumPy /
-torch RNG states are restored afterwards, so a run that evaluates draws the same training samples
+Training state is untouched: no experience is stored, no learner updates, and the Python, NumPy and
+torch (CPU, CUDA) RNG states are restored afterwards, so a run that evaluates draws the same training samples
 as one that does not (and a resumed run equals an uninterrupted one with evaluation on).
 """
 
