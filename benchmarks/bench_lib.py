@@ -310,8 +310,31 @@ def ran_lines(res: dict[str, Any], sections: Sequence[str]) -> str:
             start, end = (tuple(round(x, 2) for x in r[k]) for k in ("loadavg_start", "loadavg_end"))
             lines.append(
                 f"- `{name}`: {r['date']}, {r['wall_s'] / 60:.1f} min, load average {start} -> {end}"
+                + machine_difference(r.get("machine"), res.get("machine"))
             )
     return "\n".join(lines)
+
+
+def machine_difference(own: dict[str, Any] | None, header: dict[str, Any] | None) -> str:
+    """What a section's own machine record (``ran["machine"]``) says that the header's does not:
+    torch threads and package versions that differ (a section re-run alone, ``--only X --write``,
+    keeps the header of the full run and names its own set-up here)."""
+    if not own or not header:
+        return ""
+    diffs = []
+    if own.get("torch_threads") != header.get("torch_threads"):
+        diffs.append(f"torch threads {own.get('torch_threads')}")
+    ours, theirs = own.get("versions", {}), header.get("versions", {})
+    diffs += [f"{pkg} {v}" for pkg, v in ours.items() if theirs.get(pkg) != v]
+    return f" (its own set-up: {', '.join(diffs)})" if diffs else ""
+
+
+def recorded_machine(path: str) -> dict[str, Any] | None:
+    """The header machine of an earlier ``results.json`` (None: no file)."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        return json.load(fh).get("machine")
 
 
 def recorded_sections(path: str, sections: Sequence[str]) -> dict[str, Any]:

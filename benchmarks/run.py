@@ -45,6 +45,7 @@ from bench_lib import (  # noqa: E402
     med,
     paired,
     ran_lines,
+    recorded_machine,
     recorded_sections,
     tokenizer_for,
 )  # fmt: skip
@@ -511,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] {name} ...", flush=True)
         res[name] = RUNNERS[name](args.quick, None)
         res[name]["ran"] = {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "wall_s": time.time() - ts,
-                            "loadavg_start": load, "loadavg_end": os.getloadavg()}  # fmt: skip
+                            "loadavg_start": load, "loadavg_end": os.getloadavg(), "machine": machine()}  # fmt: skip
         print(f"[bench] {name} done in {time.time() - ts:.0f} s", flush=True)
         with open(PARTIAL, "w") as fh:  # this section's numbers, before anything later can fail
             json.dump(res, fh, indent=1, default=str)
@@ -522,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         res = {
             **recorded_sections(json_path, SECTIONS),
             **res,
-        }  # sections not re-run keep their recorded numbers
+        }  # sections not re-run keep their recorded numbers, and the header its recorded machine
+        res["machine"] = recorded_machine(json_path) or res["machine"]
     table = render(res)
     print(table)
     if args.write or (not args.quick and not args.only):

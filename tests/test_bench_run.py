@@ -39,3 +39,28 @@ def test_matplotlib_is_declared_for_make_bench():
     ]
     assert "matplotlib" in names
     assert "import matplotlib" in (BENCH / "credit.py").read_text()  # the script that needs it
+
+
+def test_one_section_rewritten_alone_keeps_the_recorded_machine_and_names_its_own(
+    run_module, monkeypatch, tmp_path
+):
+    full = {"cores": 2, "cpu": "x", "torch_threads": 2, "python": "3.11",
+            "versions": {"torch": "2.13.0", "trl": "1.16.0"}, "loadavg_start": [1, 1, 1]}  # fmt: skip
+    here = {**full, "torch_threads": 1, "versions": {"torch": "2.13.0", "trl": "not installed"}}
+    ran = {"date": "d", "wall_s": 60.0, "loadavg_start": [1, 1, 1], "loadavg_end": [1, 1, 1]}
+    recorded = {"machine": full, "vs_trl": {"ran": ran, "ratio": 1.0}}
+    (tmp_path / "results.json").write_text(json.dumps(recorded))
+    monkeypatch.setattr(run_module, "PARTIAL", str(tmp_path / "partial.json"))
+    monkeypatch.setattr(run_module, "machine", lambda: here)
+    monkeypatch.setitem(run_module.RUNNERS, "learning", lambda quick, base=None: {"gain": 0.4})
+    monkeypatch.setitem(run_module.PLOTS, "learning", lambda res: None)
+    monkeypatch.setattr(run_module, "render", lambda res: "table")
+    monkeypatch.setattr(run_module, "write_results", lambda path, res, table: written.update(res))
+    written: dict = {}
+    args = ["--only", "learning", "--write", "--results", str(tmp_path / "RESULTS.md")]
+    assert run_module.main(args) == 0
+    assert written["machine"] == full  # before: the header said trl "not installed" for the vs_trl row
+    assert written["vs_trl"]["ratio"] == 1.0
+    lines = run_module.ran_lines(written, ["vs_trl", "learning"]).splitlines()
+    assert lines[0].endswith("-> (1, 1, 1)")
+    assert lines[1].endswith("(its own set-up: torch threads 1, trl not installed)")
