@@ -295,7 +295,7 @@ CONFIG: dict[str, Any] = {  # the same task, samples and sampling for every algo
     "critic_learning_rate": 1e-4,  # IAC/MAAC critics (value heads start from scratch)
     "temperature": 0.7,
 }
-ALGORITHMS = ("magrpo", "iac", "maac")
+ALGORITHMS = ("magrpo", "iac", "maac", "madpo")
 TASK = "mul_1d_last8"
 """The task :data:`TASK_RULE` chose (``learning_calibration_2.json``: untrained greedy held-out success
 add_1d_last8 0.60, add_2d_last8 0.00, mul_1d_last8 0.42 -> closest to 0.35 in [0.10, 0.60])."""
@@ -318,6 +318,18 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
     sampling = SamplingConfig(
         max_new_tokens=TASKS[task].get("max_new_tokens", MAX_NEW_TOKENS), temperature=cfg["temperature"]
     )
+    if (
+        algorithm == "madpo"
+    ):  # online: each batch's K candidates per problem -> pairs (same samples as MAGRPO)
+        from comlrl_lightning import MADPO, DPOConfig, PreferenceConfig
+
+        return MADPO(
+            agents=agents,
+            preference=PreferenceConfig(preference_num_candidates=cfg["k"]),
+            dpo=DPOConfig(preference_mode="online"),
+            sampling=sampling,
+            learning_rate=cfg["learning_rate"],
+        )
     if algorithm == "magrpo":
         return MAGRPO(
             agents=agents,

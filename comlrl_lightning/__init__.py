@@ -4,6 +4,7 @@ from comlrl_lightning.algorithms.actor_critic import ActorCritic, ActorCriticRol
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.algorithms.iac import IAC
 from comlrl_lightning.algorithms.maac import MAAC
+from comlrl_lightning.algorithms.madpo import MADPO
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.config import (
     AdvantageConfig,
@@ -12,6 +13,8 @@ from comlrl_lightning.core.config import (
     RolloutConfig,
     SamplingConfig,
 )
+from comlrl_lightning.core.dpo import DPOConfig
+from comlrl_lightning.core.preference import PreferenceConfig
 from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
 from comlrl_lightning.envs.rewards import RewardFunction, RewardOutput, RewardProcessor, WeightedReward
@@ -53,6 +56,9 @@ __all__ = [
     "ActorCriticRolloutConfig",
     "CriticConfig",
     "CriticSpec",
+    "MADPO",
+    "DPOConfig",
+    "PreferenceConfig",
 ]
 __version__ = "0.1.0"
 

@@ -42,6 +42,27 @@ PAIR_SELECTION = Choice(
 )
 """How winner/loser pairs are chosen among one prompt's scored candidates (ties never pair)."""
 
+PairSelection = PAIR_SELECTION.literal
+
+
+@dataclass
+class PreferenceConfig:
+    """How preference pairs are built from rollouts (CoMLRL's names and defaults; MADPO, MARLHF)."""
+
+    preference_num_candidates: int = 80
+    """Joint responses sampled per prompt (K, >= 2; one batched ``generate`` per agent). CoMLRL name."""
+    preference_pairs_per_sample: int | None = 16
+    """At most this many pairs per prompt (>= 1); must be null with ``pair_selection="all"``. CoMLRL name."""
+    pair_selection: PairSelection = "reward_gap"
+    """One of :data:`PAIR_SELECTION`. CoMLRL name."""
+
+    def __post_init__(self) -> None:
+        k = self.preference_num_candidates
+        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+            raise ValueError(f"preference_num_candidates: got {k!r}, must be an integer >= 2")
+        PAIR_SELECTION.check(self.pair_selection)
+        check_limit(self.pair_selection, self.preference_pairs_per_sample)
+
 
 def select_pair_indices(
     rewards: Sequence[float],
