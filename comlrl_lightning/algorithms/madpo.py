@@ -36,7 +36,7 @@ from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.core.config import DEFAULTS, PlacementConfig, RolloutConfig, SamplingConfig
 from comlrl_lightning.core.dpo import DPOConfig, PairLogps, dpo_metrics, joint_dpo_losses
-from comlrl_lightning.core.pair_batch import PairTokens, agent_pair_logps, pair_tokens
+from comlrl_lightning.core.pair_batch import PairTokens, agent_pair_logps, pair_step_output, pair_tokens
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.preference import PreferenceConfig, build_preference_pairs
 from comlrl_lightning.core.records import AgentStats, StepOutput
@@ -128,6 +128,14 @@ class MADPO(CoMLRLModule):
     @property
     def uses_reference_model(self) -> bool:
         return not self.dpo.reference_free
+
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        if self.dpo.preference_mode == "one_shot" and self.trainer.world_size > 1:
+            raise ValueError(
+                f"preference_mode: got 'one_shot' with {self.trainer.world_size} processes; the one-shot "
+                "pair set is built from the whole training set in one process: use 'online' under DDP"
+            )
 
     def on_fit_start(self) -> None:
         """The base class's, then the frozen reference copies flagged as training until
@@ -337,44 +345,3 @@ def _candidate_rollout(rollout: RolloutConfig, preference: PreferenceConfig) -> 
             f"={k}; MADPO samples preference_num_candidates per prompt: set that one (leave num_generations unset)"
         )
     return replace(rollout, num_generations=k)
-
-
-def pair_step_output(
-    pairs: list[PreferencePair], tokens: list[list[PairTokens]], stats: list[AgentStats]
-) -> StepOutput:
-    """A one-shot step's :class:`StepOutput`: the ``P`` pairs it trained on as ``P`` episodes of two
-    joint actions (``K = 2``: row ``2p`` the chosen, ``2p + 1`` the rejected one); rewards are the
-    pairs' task rewards (from when the pair set was built), prompts the agents' observation texts."""
-    n = len(stats)
-    chosen = torch.tensor([p.chosen_reward or 0.0 for p in pairs])
-    rejected = torch.tensor([p.rejected_reward or 0.0 for p in pairs])
-    per_pair = torch.stack([chosen, rejected], 1)  # [P, 2]
-    rewards = per_pair.flatten()
-    std = per_pair.std(1)
-    lengths = [
-        torch.tensor([len(x) for row in tokens for x in (row[i].chosen, row[i].rejected)]) for i in range(n)
-    ]
-    clipped = [
-        torch.tensor([c for row in tokens for c in (row[i].chosen_clipped, row[i].rejected_clipped)])
-        for i in range(n)
-    ]
-    prompts = [[p.prompts[i] for p in pairs] for i in range(n)]
-    return StepOutput(
-        loss=torch.tensor(sum(s.loss for s in stats)),
-        rewards=rewards,
-        reward_std=std.mean(),
-        frac_reward_zero_std=(std == 0).float().mean(),
-        reward_components={},
-        turn_rewards=[rewards],
-        turn_returns=[rewards],
-        completion_lengths=lengths,
-        clipped=clipped,
-        agent_stats=stats,
-        num_episodes=len(pairs),
-        num_tokens=int(sum(int(x.sum()) for x in lengths)),
-        prompts=prompts,
-        completions=[[t for p in pairs for t in (p.chosen[i], p.rejected[i])] for i in range(n)],
-        turn0_rewards=per_pair,
-        num_generations=2,
-        user_prompts=prompts,
-    )

@@ -16,7 +16,9 @@ from torch import nn
 
 from comlrl_lightning.core.dpo import sequence_logps
 from comlrl_lightning.core.losses import completion_logprobs
+from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.preference import PairSet
+from comlrl_lightning.core.records import AgentStats, StepOutput
 
 
 @dataclass(frozen=True)
@@ -101,3 +103,44 @@ def agent_pair_logps(
     token_logps = completion_logprobs(model, pi, pm, ci, cm, temperature)
     seq = sequence_logps(token_logps, cm.to(token_logps.device), mean)
     return seq[: len(tokens)], seq[len(tokens) :]
+
+
+def pair_step_output(
+    pairs: list[PreferencePair], tokens: list[list[PairTokens]], stats: list[AgentStats]
+) -> StepOutput:
+    """A one-shot step's :class:`StepOutput`: the ``P`` pairs it trained on as ``P`` episodes of two
+    joint actions (``K = 2``: row ``2p`` the chosen, ``2p + 1`` the rejected one); rewards are the
+    pairs' task rewards (from when the pair set was built), prompts the agents' observation texts."""
+    n = len(stats)
+    chosen = torch.tensor([p.chosen_reward or 0.0 for p in pairs])
+    rejected = torch.tensor([p.rejected_reward or 0.0 for p in pairs])
+    per_pair = torch.stack([chosen, rejected], 1)  # [P, 2]
+    rewards = per_pair.flatten()
+    std = per_pair.std(1)
+    lengths = [
+        torch.tensor([len(x) for row in tokens for x in (row[i].chosen, row[i].rejected)]) for i in range(n)
+    ]
+    clipped = [
+        torch.tensor([c for row in tokens for c in (row[i].chosen_clipped, row[i].rejected_clipped)])
+        for i in range(n)
+    ]
+    prompts = [[p.prompts[i] for p in pairs] for i in range(n)]
+    return StepOutput(
+        loss=torch.tensor(sum(s.loss for s in stats)),
+        rewards=rewards,
+        reward_std=std.mean(),
+        frac_reward_zero_std=(std == 0).float().mean(),
+        reward_components={},
+        turn_rewards=[rewards],
+        turn_returns=[rewards],
+        completion_lengths=lengths,
+        clipped=clipped,
+        agent_stats=stats,
+        num_episodes=len(pairs),
+        num_tokens=int(sum(int(x.sum()) for x in lengths)),
+        prompts=prompts,
+        completions=[[t for p in pairs for t in (p.chosen[i], p.rejected[i])] for i in range(n)],
+        turn0_rewards=per_pair,
+        num_generations=2,
+        user_prompts=prompts,
+    )
