@@ -652,7 +652,11 @@ def render(res: dict[str, Any]) -> str:
   seed 0; `make learn` runs them one after another in one process.
 - **CI**: not run there (one run is ~15 min at load ~10); `tests/test_learning_bench.py` checks the pieces
   (held-out split, exact-match reward, bootstrap, table).
-- **Not in this table**: MADPO, MARLHF and centralized MAGRPO have not landed; the coordinator
+- **MADPO** (`preference_mode: online`): each batch's K={cfg["k"]} samples per agent per problem are the candidates
+  (the same sampled completions per batch as MAGRPO's), pairs by `reward_gap` (at most 16 per problem: with K={cfg["k"]}
+  every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch; CoMLRL's
+  one-shot mode was not run on this budget.
+- **Not in this table**: MARLHF and centralized MAGRPO have not landed; the coordinator
   (proposer/reviser, `comlrl-lightning coordinate`) has no validation loop and was not run on a task of its own here.
 - Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.

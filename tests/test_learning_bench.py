@@ -74,4 +74,4 @@ def test_summary_and_render_report_the_gain_and_whether_its_interval_excludes_ze
     }
     text = L.render(res)
     assert "| MAGRPO | 3 | 96 | 40.0%" in text and "+30.0 pts" in text and "**excludes 0**" in text
-    assert "Not run in the recorded budget: IAC, MAAC." in text
+    assert "Not run in the recorded budget: IAC, MAAC, MADPO." in text
