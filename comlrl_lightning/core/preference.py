@@ -29,7 +29,7 @@ import torch
 from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.records import Turn
-from comlrl_lightning.core.rollout import Actors, RolloutPlan, rollout_tree
+from comlrl_lightning.core.rollout import Actors, RolloutPlan, compute_returns, rollout_tree
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 
 PAIR_SELECTION = Choice(
@@ -229,4 +229,5 @@ def build_preference_pairs(
     PAIR_SELECTION.check(pair_selection)
     check_limit(pair_selection, pairs_per_sample)
     turns = rollout_tree(env, episodes, actors, RolloutPlan(num_generations=num_candidates), step=step)
+    compute_returns(turns, 1.0)  # one turn: each candidate's return is its reward
     return pairs_of_turn(turns[0], pair_selection, pairs_per_sample, rng)
