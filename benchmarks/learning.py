@@ -206,12 +206,13 @@ class HeldOut(pl.Callback):
         self.batches = 0
         self._cur: dict[int, float] = {}
         self.texts: list[list[str]] = []
+        self._failed: list[float] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.batches += 1
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
-        self._cur, self.texts = {}, []
+        self._cur, self.texts, self._failed = {}, [], []
 
     def on_validation_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
@@ -220,12 +221,16 @@ class HeldOut(pl.Callback):
         solved = path_solved(turns)
         for ep, s in zip(batch, solved.tolist()):
             self._cur[ep.index] = 0.0 if s != s else s
+        if hasattr(pl_module, "joint_actor"):  # centralized: which joint completions had no role section
+            self._failed += [float(x.failed) for x in pl_module.joint_actor.splits]
         if not self.texts:
             self.texts = [list(g.texts[:6]) for g in turns[0].generations]
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         solved = [self._cur[i] for i in sorted(self._cur)]
         self.history.append({"samples": self.batches * self.samples_per_batch, "solved": solved})
+        if self._failed:
+            self.history[-1]["parse_failure"] = sum(self._failed) / len(self._failed)
         print(
             f"[learning]   after {self.batches} batches: held-out {sum(solved) / max(len(solved), 1):.3f} "
             f"({time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f})",
@@ -295,7 +300,18 @@ CONFIG: dict[str, Any] = {  # the same task, samples and sampling for every algo
     "critic_learning_rate": 1e-4,  # IAC/MAAC critics (value heads start from scratch)
     "temperature": 0.7,
 }
-ALGORITHMS = ("magrpo", "iac", "maac")
+ALGORITHMS = ("magrpo", "iac", "maac", "centralized_magrpo")
+TAG_TOKENS = 25
+"""SmolLM2 tokens of the tagged format's four tags with their newlines
+(``"<agent_0>\\n\\n</agent_0>\\n<agent_1>\\n\\n</agent_1>"``, what TaggedAdapter's prompt asks for)."""
+
+
+def central_max_new_tokens(task: str) -> int:
+    """Centralized MAGRPO's token budget: both roles' answers (MAGRPO's per-agent budget each) plus
+    the tags, so the one joint model gets the tokens the two agents get and the format's overhead."""
+    return 2 * TASKS[task].get("max_new_tokens", MAX_NEW_TOKENS) + TAG_TOKENS
+
+
 TASK = "mul_1d_last8"
 """The task :data:`TASK_RULE` chose (``learning_calibration_2.json``: untrained greedy held-out success
 add_1d_last8 0.60, add_2d_last8 0.00, mul_1d_last8 0.42 -> closest to 0.35 in [0.10, 0.60])."""
@@ -308,6 +324,7 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
         MAAC,
         MAGRPO,
         ActorCriticRolloutConfig,
+        CentralizedMAGRPO,
         CriticConfig,
         RolloutConfig,
         SamplingConfig,
@@ -318,6 +335,16 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
     sampling = SamplingConfig(
         max_new_tokens=TASKS[task].get("max_new_tokens", MAX_NEW_TOKENS), temperature=cfg["temperature"]
     )
+    if algorithm == "centralized_magrpo":  # one SmolLM2 writes both agents' answers in the tagged format
+        return CentralizedMAGRPO(
+            agents=AgentSpec(model=SMOLLM2),
+            num_roles=2,
+            rollout=RolloutConfig(num_generations=cfg["k"]),
+            sampling=SamplingConfig(
+                max_new_tokens=central_max_new_tokens(task), temperature=cfg["temperature"]
+            ),
+            learning_rate=cfg["learning_rate"],
+        )
     if algorithm == "magrpo":
         return MAGRPO(
             agents=agents,
@@ -341,13 +368,13 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     pl.seed_everything(seed, workers=True, verbose=False)
     module = build_module(algorithm, task, cfg)
     dm = datamodule(task, cfg["batch_size"], seed)
-    per_batch = cfg["batch_size"] * cfg["k"] * 2
+    per_batch = cfg["batch_size"] * cfg["k"] * 2  # answers (centralized: 2 role answers per joint completion)
     rec = HeldOut(per_batch)
     n_critics = 1 if algorithm == "maac" else 0
     steps = (
         module.max_steps_for(cfg["batches"], 2, 1, n_critics)
         if n_critics
-        else module.max_steps_for(cfg["batches"], 2)
+        else module.max_steps_for(cfg["batches"], module.num_agents)  # centralized: one model
     )
     trainer = _quiet_trainer(
         callbacks=[rec],
@@ -367,6 +394,7 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
         "samples_per_batch": per_batch,
         "history": rec.history,
         "final_texts": rec.texts,
+        "max_new_tokens": module.team.sampling[0].max_new_tokens,
         "wall_s": time.time() - t0,
         "loadavg_start": load0,
         "loadavg_end": os.getloadavg(),

@@ -59,6 +59,13 @@ CRITIC_VALUE_LOSS = "critic/value_loss"
 CRITIC_EXPLAINED_VARIANCE = "critic/explained_variance"
 """IAC / MAAC: ``1 − Var(T − V) / Var(T)`` of the values against their TD targets, mean over critics."""
 
+PARSE_FAILURE = "centralized/parse_failure"
+"""Centralized actor: fraction of the step's joint completions in which the adapter found no role
+section (every role's text was then empty; CoMLRL's outcome). ``val/`` prefixed in validation."""
+EMPTY_ROLE = "centralized/empty_role"
+"""Centralized actor: fraction of role texts (joint completions × roles) that are empty: a parse
+failure, a missing section or an empty one. ``val/`` prefixed in validation."""
+
 VAL_REWARD = "val/reward"
 VAL_RETURN = "val/return"
 VAL_PASS_AT_1 = "val/pass@1"
