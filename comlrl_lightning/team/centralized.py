@@ -49,6 +49,8 @@ class CentralizedAdapter(Protocol):
         ...
 
 
+# TaggedAdapter's methods carry the protocol's exact signatures: LightningCLI (jsonargparse) accepts
+# a class_path for `adapter` only when they match.
 _PROMPT = """You are a centralized coordinator producing the separate outputs of {n} agents.
 
 Each output must satisfy its corresponding original prompt. Keep the outputs separate;
@@ -79,7 +81,9 @@ class TaggedAdapter:
         sections = "\n".join(f"<agent_{i}>\n...\n</agent_{i}>" for i in range(len(agent_prompts)))
         return _PROMPT.format(n=len(agent_prompts), prompts=prompts, sections=sections)
 
-    def parse_completion(self, completion: str, batch_item: dict[str, Any], num_agents: int) -> list[str]:
+    def parse_completion(
+        self, completion: str, batch_item: dict[str, Any], num_agents: int
+    ) -> Sequence[str] | None:
         """The ``num_agents`` role texts. Raises :class:`CentralizedParseError`: no role section."""
         outputs, found = [], False
         for i in range(num_agents):
