@@ -218,8 +218,13 @@ def test_an_interrupted_then_resumed_run_equals_the_uninterrupted_one_bit_for_bi
     assert seen_a + seen_b == seen_c and len(seen_a) == 3
     for (name, a), b in zip(resumed.agents[0].named_parameters(), straight.agents[0].parameters()):
         assert torch.equal(a, b), name
-    ckpt = torch.load(tmp_path / ckpt, weights_only=False)
-    assert ckpt["hyper_parameters"]["num_roles"] == 2 and "num_agents" not in ckpt["hyper_parameters"]
+    saved = torch.load(tmp_path / ckpt, weights_only=False)
+    hparams = saved["hyper_parameters"]
+    assert hparams["num_roles"] == 2 and "num_agents" not in hparams and "adapter" not in hparams
+    restored = CentralizedMAGRPO.load_from_checkpoint(tmp_path / ckpt, adapter=HalfAdapter())
+    assert isinstance(restored.adapter, HalfAdapter) and restored.rollout_config.num_generations == 2
+    for name, p in restored.agents[0].named_parameters():
+        assert torch.equal(p, saved["state_dict"][f"agents.0.{name}"]), name
 
 
 # ------------------------------------------------------------------ the shipped configs from the CLI

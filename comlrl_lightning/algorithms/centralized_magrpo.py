@@ -101,21 +101,6 @@ class CentralizedMAGRPO(MAGRPO):
             raise ValueError(
                 f"num_roles: got {num_roles!r}, must be an integer >= 1 (the env's formatter count)"
             )
-        if rollout.num_turns != 1:
-            raise ValueError(
-                f"rollout.num_turns: got {rollout.num_turns}, allowed: [1]; centralized MAGRPO rolls out "
-                "one turn (as CoMLRL 1.4.3): the joint prompt is built from the roles' turn-0 prompts"
-            )
-        if rollout.joint_mode != "aligned":
-            raise ValueError(
-                f"rollout.joint_mode: got {rollout.joint_mode!r}, allowed: ['aligned']; one joint "
-                "completion holds every role's text, so there are no separate samples to combine"
-            )
-        if rollout.credit != "shared":
-            raise ValueError(
-                f"rollout.credit: got {rollout.credit!r}, allowed: ['shared']; credit modes re-score "
-                "combinations of separate samples, and a joint actor's roles share one completion"
-            )
         adapter = TaggedAdapter() if adapter is None else adapter
         for name in ("build_prompt", "parse_completion"):
             if not callable(getattr(adapter, name, None)):
@@ -135,6 +120,22 @@ class CentralizedMAGRPO(MAGRPO):
             val_sampling=val_sampling,
             env=env,
         )
+        cfg = self.rollout_config  # checked here, where a dict (a checkpoint's hparams) is a config
+        if cfg.num_turns != 1:
+            raise ValueError(
+                f"rollout.num_turns: got {cfg.num_turns}, allowed: [1]; centralized MAGRPO rolls out "
+                "one turn (as CoMLRL 1.4.3): the joint prompt is built from the roles' turn-0 prompts"
+            )
+        if cfg.joint_mode != "aligned":
+            raise ValueError(
+                f"rollout.joint_mode: got {cfg.joint_mode!r}, allowed: ['aligned']; one joint "
+                "completion holds every role's text, so there are no separate samples to combine"
+            )
+        if cfg.credit != "shared":
+            raise ValueError(
+                f"rollout.credit: got {cfg.credit!r}, allowed: ['shared']; credit modes re-score "
+                "combinations of separate samples, and a joint actor's roles share one completion"
+            )
         self.num_roles, self.adapter = num_roles, adapter
         self.joint_actor = JointActor(self.team, adapter, num_roles)
         for key in ("adapter", "num_agents"):  # an object YAML cannot hold (see Args); MAGRPO's, not ours
