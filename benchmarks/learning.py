@@ -497,6 +497,10 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "loadavg": [min(r["loadavg_start"][0] for r in rs), max(r["loadavg_end"][0] for r in rs)],
             "final_texts": rs[-1]["final_texts"],
         }
+        if all("parse_failure" in h for r in rs for h in r["history"]):  # centralized: per eval, seed mean
+            fails = [[h["parse_failure"] for h in r["history"]] for r in rs]
+            out[algorithm]["parse_failure"] = [sum(c) / len(c) for c in zip(*fails)]
+            out[algorithm]["max_new_tokens"] = rs[0].get("max_new_tokens")
     return out
 
 
@@ -586,6 +590,21 @@ def _ci(ci: Sequence[float], pts: bool = False) -> str:
     return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
 
 
+def _central(summ: dict[str, Any]) -> str:
+    """The centralized MAGRPO bullet (empty when it has no row)."""
+    s = summ.get("centralized_magrpo")
+    if s is None or "parse_failure" not in s:
+        return ""
+    fails = ", ".join(f"{100 * f:.0f}%" for f in s["parse_failure"])
+    return f"""- **Centralized MAGRPO**: one SmolLM2-135M-Instruct (one optimizer) writes both agents' answers in one
+  completion in CoMLRL's tagged format (`TaggedAdapter`: `<agent_0>...</agent_0>` `<agent_1>...</agent_1>`), the
+  tags parsed back into the two answers the same exact-match reward checks; the same problems, K, batches and
+  learning rate as MAGRPO, at most {s["max_new_tokens"]} new tokens (2 x the agents' 8 plus the {TAG_TOKENS} tokens of the four
+  tags). "Training samples" counts role answers (2 per joint completion), as for the two-agent rows. Held-out
+  greedy parse failures (no tagged section, both answers empty), mean over seeds at each evaluation: {fails}.
+"""
+
+
 def render(res: dict[str, Any]) -> str:
     """The section's Markdown: the table, the curves, what was run and how the intervals are made."""
     cfg, summ = res["config"], res["summary"]
@@ -668,7 +687,7 @@ def render(res: dict[str, Any]) -> str:
   seed 0; `make learn` runs them one after another in one process.
 - **CI**: not run there (one run is ~15 min at load ~10); `tests/test_learning_bench.py` checks the pieces
   (held-out split, exact-match reward, bootstrap, table).
-- **Not in this table**: MADPO, MARLHF and centralized MAGRPO have not landed; the coordinator
+{_central(summ)}- **Not in this table**: MADPO and MARLHF have not landed; the coordinator
   (proposer/reviser, `comlrl-lightning coordinate`) has no validation loop and was not run on a task of its own here.
 - Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
