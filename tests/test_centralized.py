@@ -174,6 +174,15 @@ def test_one_model_one_optimizer_trains_on_the_joint_completions_the_roles_were_
     assert out.completions == [joint] and out.turn0_rewards.shape == (2, 3)
 
 
+@pytest.mark.parametrize("kl_mode", ["loss", "reward"])
+def test_magrpo_loss_knobs_apply_to_the_joint_actor(trainer_factory, kl_mode):
+    model = make(HalfAdapter(), loss=dict(beta=0.1, kl_mode=kl_mode, num_iterations=2, loss_type="dapo"))
+    trainer = trainer_factory(max_steps=model.max_steps_for(1, 1, 2), log_every_n_steps=1)
+    trainer.fit(model, topics(Recorded()))
+    assert trainer.global_step == 2 and len(model.reference_models) == 1  # 2 iterations of the one optimizer
+    assert not any(p.requires_grad for p in model.reference_models[0].parameters())
+
+
 def test_parse_failures_are_scored_as_empty_roles_and_logged(trainer_factory):
     reward = Recorded()
     model = make()  # the tagged adapter: the random tiny model writes no tags
