@@ -27,7 +27,6 @@ Step counting: one optimizer, so ``global_step`` grows by ``num_iterations`` per
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -43,7 +42,7 @@ from comlrl_lightning.core.config import (
     RolloutConfig,
     SamplingConfig,
 )
-from comlrl_lightning.core.records import StepOutput, Turn
+from comlrl_lightning.core.records import StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.centralized import (
@@ -51,7 +50,6 @@ from comlrl_lightning.team.centralized import (
     JointActor,
     RoleSplit,
     TaggedAdapter,
-    joint_prompt,
 )
 
 
@@ -153,26 +151,15 @@ class CentralizedMAGRPO(MAGRPO):
 
     # ------------------------------------------------------------------ the step
     def training_step(self, batch: list[Episode], batch_idx: int) -> StepOutput:
-        t0 = time.perf_counter()
-        turns = self.rollout(batch)  # joint prompt → K joint completions → role texts → shared reward
-        splits = self.joint_actor.splits
-        t_rollout = time.perf_counter() - t0
-        stats = self.update_agents(turns)  # the one joint actor's update
-        out = StepOutput.from_turns(turns, stats, self.rollout_config.num_generations)
-        out.user_prompts = [self.joint_prompts(turns[0])]
-        out.rollout_time_s, out.step_time_s = t_rollout, time.perf_counter() - t0
-        self.log_step(out)
-        self.log_parse(splits, "", len(batch))
+        out = super().training_step(batch, batch_idx)  # MAGRPO's corridor through the joint actor
+        out.user_prompts = [list(self.joint_actor.joint_prompts)]  # what the one model was asked
+        self.log_parse(self.joint_actor.splits, "", len(batch))
         return out
 
     def validation_step(self, batch: list[Episode], batch_idx: int) -> dict[str, Any]:
         out = super().validation_step(batch, batch_idx)
         self.log_parse(self.joint_actor.splits, "val/", len(batch))
         return out
-
-    def joint_prompts(self, turn: Turn) -> list[str]:
-        """The ``G`` joint prompts of ``turn``'s nodes, before the chat template (the user's turn)."""
-        return [joint_prompt(self.adapter, n.episode.data, [p[-1] for p in n.prompts]) for n in turn.nodes]
 
     def log_parse(self, splits: list[RoleSplit], prefix: str, num_episodes: int) -> None:
         """``[prefix]centralized/parse_failure`` and ``/empty_role`` of the last rollout's splits."""

@@ -168,7 +168,8 @@ class JointActor:
 
     ``act`` returns ``TeamAction(prompts=[[G] joint prompts], generations=[the model's G·K rows],
     completions=[N][G·K] role texts)``: the env rewards the role texts, the loss trains on the joint
-    completion. :attr:`splits` keeps the last ``act``'s ``G·K`` :class:`RoleSplit` (for metrics).
+    completion. :attr:`joint_prompts` keeps the last ``act``'s ``G`` joint prompts before the chat
+    template and :attr:`splits` its ``G·K`` :class:`RoleSplit` (for logs and metrics).
 
     Raises (from ``act``):
         ValueError: ``state.turn > 0`` (the joint prompt is built from the roles' turn-0 prompts;
@@ -177,6 +178,7 @@ class JointActor:
 
     def __init__(self, team: Team, adapter: CentralizedAdapter, num_roles: int) -> None:
         self.team, self.adapter, self.num_roles = team, adapter, num_roles
+        self.joint_prompts: list[str] = []
         self.splits: list[RoleSplit] = []
 
     def act(self, state: TurnState) -> TeamAction:
@@ -184,10 +186,14 @@ class JointActor:
             raise ValueError(
                 f"JointActor: turn {state.turn}; a centralized actor acts at turn 0 only (num_turns=1)"
             )
-        rendered = []
-        for node in state.nodes:
-            text = joint_prompt(self.adapter, node.episode.data, [p[-1] for p in node.prompts])
-            rendered.append(self.team.render(0, replace(node, prompts=[[text]], completions=[[]])))
+        self.joint_prompts = [
+            joint_prompt(self.adapter, node.episode.data, [p[-1] for p in node.prompts])
+            for node in state.nodes
+        ]
+        rendered = [
+            self.team.render(0, replace(node, prompts=[[text]], completions=[[]]))
+            for node, text in zip(state.nodes, self.joint_prompts)
+        ]
         gen = self.team.generate_one(0, rendered, state.num_generations, state.greedy)
         k = state.num_generations
         self.splits = [
