@@ -5,8 +5,9 @@ the roles' prompts and parses the joint completion back into ``N`` role texts fo
 (CoMLRL 1.4.3 ``preference/centralized.py``, ``preference/collaboration.py``). :class:`TaggedAdapter`
 is CoMLRL's ``TaggedCentralizedComparatorAdapter``: the same joint-prompt text and the same parse
 (``<agent_i> ... </agent_i>`` sections). :class:`JointActor` is the rollout's
-:class:`~comlrl_lightning.core.rollout.Actors` for such a model (used by ``CentralizedMAGRPO``; MADPO's
-``collaboration_mode: centralized`` calls :func:`joint_prompt` and :func:`split_roles` too).
+:class:`~comlrl_lightning.core.rollout.Actors` for such a model (``CentralizedMAGRPO``'s);
+:func:`joint_prompt` and :func:`split_roles` are what another trainer of a joint policy (MADPO's
+``collaboration_mode: centralized``) calls.
 
 A parse failure is a defined outcome, never a crash (CoMLRL's rule): when the adapter finds no role
 section (it returns None or raises a ``ValueError``, e.g. :class:`CentralizedParseError` or CoMLRL's
@@ -22,7 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from comlrl_lightning.core.records import TeamAction, TurnState
 
@@ -34,7 +35,6 @@ class CentralizedParseError(ValueError):
     """An adapter found no role section in a joint completion (a parse failure, not a bug)."""
 
 
-@runtime_checkable
 class CentralizedAdapter(Protocol):
     """How a joint actor's prompt is built and its completion split (CoMLRL's adapter signatures)."""
 
@@ -49,8 +49,6 @@ class CentralizedAdapter(Protocol):
         ...
 
 
-# TaggedAdapter's methods carry the protocol's exact signatures: LightningCLI (jsonargparse) accepts
-# a class_path for `adapter` only when they match.
 _PROMPT = """You are a centralized coordinator producing the separate outputs of {n} agents.
 
 Each output must satisfy its corresponding original prompt. Keep the outputs separate;
@@ -63,6 +61,8 @@ Return exactly one section for each agent in this format:
 """
 
 
+# TaggedAdapter's methods carry the protocol's exact signatures: LightningCLI (jsonargparse) accepts
+# a class_path for `adapter` only when they match.
 @dataclass(frozen=True)
 class TaggedAdapter:
     """CoMLRL 1.4.3's ``TaggedCentralizedComparatorAdapter``: role i's output is the text between
