@@ -13,7 +13,10 @@ Compared, and equal:
       is a ``ValueError``, our failure signal), on the same cases;
     - the joint sequence log-prob the loss uses: ``joint_sequence_log_prob`` (every completion token
       up to and including the first pad/EOS, the last token scored) against the sum of our
-      ``completion_logprobs`` over the completion mask, at temperature 1.
+      ``completion_logprobs`` over the completion mask, at temperature 1;
+    - the gradient of the joint policy-gradient loss (``CentralizedMAGRPOTrainer
+      ._compute_loss_with_gradients`` on a trainer made with ``object.__new__``) against ours, for
+      every ``advantage_mode`` (mean, raw, max, rloo).
 
 Differences, each with its cause (none changes a compared value above):
     1. Failure signal: CoMLRL's adapter raises ``CentralizedComparatorParseError``; ours raises
@@ -29,6 +32,13 @@ Differences, each with its cause (none changes a compared value above):
        compared (a rendering choice shared with MAGRPO).
     4. Metrics: CoMLRL counts no parse failures; we log ``centralized/parse_failure`` and
        ``centralized/empty_role``.
+    5. The loss's value: CoMLRL's is ``mean_k(−log π(y_k) · A_k)``; ours (``loss_type="sequence_sum"``)
+       is TRL's ratio surrogate ``mean_k Σ_t −ρ_t · A_k`` with ``ρ_t = π/π_old = 1`` in value on-policy
+       (so ``num_iterations > 1`` and clipping have a ratio to act on). Different numbers, the same
+       gradient: compared below, equal.
+    6. Advantage normalisation (CoMLRL's ``advantage_normalization=True``): population std clamped at
+       1e-6 there, sample std + ``advantage_eps`` here (``scale_rewards="group"``), as for MAGRPO. The
+       gradient is compared with it off (``scale_rewards="none"``).
 """
 
 import pytest
@@ -127,3 +137,52 @@ def test_the_joint_sequence_log_prob_is_comlrls_at_temperature_one():
             mask[completion.index(eos) + 1 :] = 0
         lp = completion_logprobs(model, prompt[None], torch.ones(1, 4, dtype=torch.long), c[None], mask[None])
         assert float((lp * mask).sum()) == pytest.approx(float(theirs), abs=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["mean", "raw", "max", "rloo"])
+def test_the_joint_policy_gradient_is_comlrls(mode):
+    """CoMLRL's ``CentralizedMAGRPOTrainer._compute_loss_with_gradients`` (``joint_policy_gradient_loss``)
+    on a trainer built with ``object.__new__`` (its ``__init__`` loads models), against our
+    ``agent_loss`` with ``loss_type="sequence_sum"`` and ``scale_rewards="none"`` (CoMLRL's
+    ``advantage_normalization=False``; with it on CoMLRL divides by the population std clamped at
+    1e-6, we by the sample std + ``advantage_eps``: MAGRPO's known difference, not compared)."""
+    from types import SimpleNamespace
+
+    from comlrl.trainers.reinforce.centralized_magrpo import CentralizedMAGRPOTrainer
+
+    from comlrl_lightning.core.advantages import group_advantages
+    from comlrl_lightning.core.config import LossConfig
+    from comlrl_lightning.core.policy_loss import BatchTotals
+    from comlrl_lightning.core.update import agent_loss
+
+    torch.manual_seed(0)
+    model, tok = load_agent(AgentSpec("builtin:tiny-gpt2"))
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    prompt = torch.tensor([5, 17, 42, 9])
+    rows = [[33, 61, 7, eos, pad], [33, 8, 90, 12, 4], [70, eos, pad, pad, pad]]
+    returns = [1.0, 0.25, 0.5]
+    trainer = object.__new__(CentralizedMAGRPOTrainer)
+    trainer.args = SimpleNamespace(advantage_normalization=False, reference_kl_enabled=False)
+    trainer.advantage_mode, trainer.tokenizers = mode, [tok]
+    data = {"completion_input_ids": [[torch.tensor(r) for r in rows]], "prompt_input_ids": [prompt]}
+    theirs = trainer._compute_loss_with_gradients(model, data, returns)
+    theirs.backward()
+    their_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    ids = torch.tensor(rows)
+    mask = torch.ones_like(ids)
+    for r, row in enumerate(rows):
+        if eos in row:
+            mask[r, row.index(eos) + 1 :] = 0
+    k = len(rows)
+    logps = completion_logprobs(model, prompt.repeat(k, 1), torch.ones(k, 4, dtype=torch.long), ids, mask)
+    adv = group_advantages(torch.tensor([returns]), mode, scale="none").flatten()
+    ours = agent_loss(logps, None, None, adv, mask, LossConfig(), BatchTotals(k, int(mask.sum()))).loss
+    ours.backward()
+    # the values differ by design (difference 5): ours is the ratio surrogate −Σ_t ρ·A with ρ = 1
+    value = -(adv[:, None] * mask).sum(-1).mean()
+    ours, theirs = float(ours.detach()), float(theirs.detach())
+    assert ours == pytest.approx(float(value), abs=1e-6) and abs(ours - theirs) > 0.1
+    for (name, p), g in zip(model.named_parameters(), their_grads):
+        assert torch.allclose(p.grad, g, atol=1e-5), name
