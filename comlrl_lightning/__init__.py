@@ -2,6 +2,7 @@
 
 from comlrl_lightning.algorithms.actor_critic import ActorCritic, ActorCriticRolloutConfig
 from comlrl_lightning.algorithms.base import CoMLRLModule
+from comlrl_lightning.algorithms.centralized_magrpo import CentralizedMAGRPO
 from comlrl_lightning.algorithms.iac import IAC
 from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.algorithms.madpo import MADPO
@@ -31,6 +32,7 @@ __all__ = [
     "MAREINFORCE",
     "MARLOO",
     "MAReMax",
+    "CentralizedMAGRPO",
     "AgentSpec",
     "DecPOMDP",
     "Episode",

@@ -443,3 +443,45 @@ def test_madpo_refuses_bad_values_naming_the_field_before_any_model_loads(monkey
     with pytest.raises(ValueError) as e:
         MADPO(agents=["builtin:tiny-gpt2"] * 2, **groups)
     assert message in str(e.value)
+
+
+# ------------------------------------------------------------------ centralized MAGRPO
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (
+            dict(agents=["builtin:tiny-gpt2"] * 2),
+            ValueError,
+            r"^agents: got 2 agents; CentralizedMAGRPO trains exactly one",
+        ),
+        (dict(num_roles=0), ValueError, r"^num_roles: got 0, must be an integer >= 1"),
+        (dict(rollout=dict(num_turns=2)), ValueError, r"^rollout\.num_turns: got 2, allowed: \[1\]"),
+        (
+            dict(rollout=dict(joint_mode="cross")),
+            ValueError,
+            r"^rollout\.joint_mode: got 'cross', allowed: \['aligned'\]",
+        ),
+        (
+            dict(rollout=dict(credit="counterfactual")),
+            ValueError,
+            r"^rollout\.credit: got 'counterfactual', allowed: \['shared'\]",
+        ),
+        (dict(adapter=object()), TypeError, r"^adapter: object\.build_prompt must be callable"),
+    ],
+    ids=["two-agents", "no-roles", "two-turns", "cross", "credit", "adapter"],
+)
+def test_centralized_magrpo_refuses_bad_values_before_any_model_loads(monkeypatch, kwargs, error, match):
+    from comlrl_lightning import CentralizedMAGRPO
+
+    no_model_loads(monkeypatch)
+    with pytest.raises(error, match=match):
+        CentralizedMAGRPO(**{"agents": "builtin:tiny-gpt2", **kwargs})
+
+
+def test_centralized_num_turns_from_the_cli_fails_before_any_model_loads(monkeypatch, capsys):
+    no_model_loads(monkeypatch)
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *experiment("toy_centralized_magrpo.yaml"), "--model.init_args.rollout.num_turns=2"])
+    assert info.value.code == 1
+    assert "rollout.num_turns: got 2, allowed: [1]" in capsys.readouterr().err

@@ -74,6 +74,12 @@ DPO_LOGPS_REJECTED = "logps/rejected"
 """MADPO: the same for the rejected joint action."""
 NUM_PAIRS = "preference/num_pairs"
 """MADPO: preference pairs the step trained on (0: every candidate tied)."""
+PARSE_FAILURE = "centralized/parse_failure"
+"""Centralized actor: fraction of the step's joint completions in which the adapter found no role
+section (every role's text was then empty; CoMLRL's outcome). ``val/`` prefixed in validation."""
+EMPTY_ROLE = "centralized/empty_role"
+"""Centralized actor: fraction of role texts (joint completions × roles) that are empty: a parse
+failure, a missing section or an empty one. ``val/`` prefixed in validation."""
 
 VAL_REWARD = "val/reward"
 VAL_RETURN = "val/return"
