@@ -144,6 +144,9 @@ def test_interrupted_then_resumed_run_equals_uninterrupted(trainer_factory, tmp_
     straight = run(trainer_factory, mode)
     if mode == "one_shot":
         assert resumed.pairs == straight.pairs and resumed._order == straight._order
+    loaded = MADPO.load_from_checkpoint(tmp_path / ckpt)  # the hyperparameters rebuild the module
+    assert loaded.dpo.preference_mode == mode and loaded.preference.preference_num_candidates == 3
+    assert (loaded.pairs is not None) == (mode == "one_shot") and loaded.sampling_config.max_new_tokens == 8
     for i in range(2):
         for (name, a), b in zip(resumed.agents[i].named_parameters(), straight.agents[i].parameters()):
             assert torch.equal(a, b), f"agent {i} {name}"

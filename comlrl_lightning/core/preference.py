@@ -47,7 +47,12 @@ PairSelection = PAIR_SELECTION.literal
 
 @dataclass
 class PreferenceConfig:
-    """How preference pairs are built from rollouts (CoMLRL's names and defaults; MADPO, MARLHF)."""
+    """How preference pairs are built from rollouts (CoMLRL's names and defaults; MADPO, MARLHF).
+
+    Raises:
+        ValueError: ``preference_num_candidates < 2``, an unknown ``pair_selection``, or a bad
+            ``preference_pairs_per_sample`` (see :func:`check_limit`), naming the field.
+    """
 
     preference_num_candidates: int = 80
     """Joint responses sampled per prompt (K, >= 2; one batched ``generate`` per agent). CoMLRL name."""
