@@ -201,3 +201,20 @@ def test_centralized_trains_one_joint_actor_on_pairs_of_its_joint_completions(tr
     with pytest.raises(ValueError, match="data.formatters: the env has 2 formatters .* model.num_roles=3"):
         bad = MADPO(agents="builtin:tiny-gpt2", collaboration_mode="centralized", num_roles=3)
         trainer_factory(max_steps=1).fit(bad, LengthRatioDataModule(batch_size=2, num_train=4))
+
+
+def test_a_non_finite_dpo_loss_skips_the_step_instead_of_stepping_on_a_constant(trainer_factory, monkeypatch):
+    import comlrl_lightning.algorithms.madpo as madpo_mod
+
+    real = madpo_mod.joint_dpo_losses
+    monkeypatch.setattr(madpo_mod, "joint_dpo_losses", lambda *a, **k: real(*a, **k) * float("nan"))
+    pl.seed_everything(0)
+    model = _madpo("online")
+    model.configure_model()
+    before = [[p.detach().clone() for p in a.parameters()] for a in model.agents]
+    trainer = trainer_factory(max_steps=2)
+    with pytest.warns(UserWarning, match="non-finite loss"):
+        trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=4))
+    assert trainer.global_step == 2 and model.skipped_steps == [1, 1]
+    for b, agent in zip(before, model.agents):
+        assert all(torch.equal(x, p) for x, p in zip(b, agent.parameters()))
