@@ -2,8 +2,10 @@
 
 from comlrl_lightning.algorithms.actor_critic import ActorCritic, ActorCriticRolloutConfig
 from comlrl_lightning.algorithms.base import CoMLRLModule
+from comlrl_lightning.algorithms.centralized_magrpo import CentralizedMAGRPO
 from comlrl_lightning.algorithms.iac import IAC
 from comlrl_lightning.algorithms.maac import MAAC
+from comlrl_lightning.algorithms.madpo import MADPO
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.config import (
     AdvantageConfig,
@@ -12,6 +14,8 @@ from comlrl_lightning.core.config import (
     RolloutConfig,
     SamplingConfig,
 )
+from comlrl_lightning.core.dpo import DPOConfig
+from comlrl_lightning.core.preference import PreferenceConfig
 from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
 from comlrl_lightning.envs.rewards import RewardFunction, RewardOutput, RewardProcessor, WeightedReward
@@ -28,6 +32,7 @@ __all__ = [
     "MAREINFORCE",
     "MARLOO",
     "MAReMax",
+    "CentralizedMAGRPO",
     "AgentSpec",
     "DecPOMDP",
     "Episode",
@@ -53,6 +58,9 @@ __all__ = [
     "ActorCriticRolloutConfig",
     "CriticConfig",
     "CriticSpec",
+    "MADPO",
+    "DPOConfig",
+    "PreferenceConfig",
 ]
 __version__ = "0.1.0"
 
