@@ -199,17 +199,19 @@ class RewardModelReward:
     ) -> list[float]:
         observe = self.observe
         texts = [
-            self.render(
-                ja, ep, turn, None if observe is None else [observe(ep, i) for i in range(len(ja))]
-            )
+            self.render(ja, ep, turn, None if observe is None else [observe(ep, i) for i in range(len(ja))])
             for ja, ep in zip(joint_actions, episodes)
         ]
         return self.score_texts(texts).tolist()
 
     @torch.inference_mode()
     def score_texts(self, texts: Sequence[str]) -> torch.Tensor:
-        """``[len(texts)]`` float32 scores on CPU, ``batch_size`` texts per forward."""
+        """``[len(texts)]`` float32 scores on CPU, ``batch_size`` texts per forward, in eval mode
+        (Lightning's ``fit`` puts every submodule of the LightningModule, the frozen reward models
+        too, in train mode: dropout would make a frozen reward noisy)."""
         model = self.model
+        if model.training:
+            model.eval()
         device = next(model.parameters()).device
         out = [
             self._score_batch(model, list(texts[i : i + self.batch_size]), device)

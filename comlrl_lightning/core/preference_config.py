@@ -1,0 +1,49 @@
+"""Where preference pairs come from: :class:`PreferenceConfig` (CoMLRL ``MADPOConfig``'s pair knobs).
+
+Pairs are built from rollouts of the policy (:func:`~comlrl_lightning.core.preference.build_preference_pairs`:
+``preference_num_candidates`` joint responses per prompt, scored by the task reward, chosen by
+``pair_selection``) or read from a user's ``jsonl`` file (``pairs_path``,
+:func:`~comlrl_lightning.core.pairs.read_pairs`), e.g. human preferences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from comlrl_lightning.core.preference import PAIR_SELECTION, check_limit
+
+
+@dataclass
+class PreferenceConfig:
+    """How the preference pairs are built (or read)."""
+
+    pairs_path: str | None = None
+    """A ``jsonl`` pair file (``core/pairs.py``'s format) to learn from instead of building pairs from
+    rollouts: human preferences, or the pairs of an earlier run. None: build them."""
+    preference_num_candidates: int = 80
+    """Joint responses sampled per prompt to build pairs from (>= 2; CoMLRL's default 80)."""
+    preference_pairs_per_sample: int | None = 16
+    """Pairs kept per prompt (>= 1; null with ``pair_selection: all``; CoMLRL's default 16)."""
+    pair_selection: PAIR_SELECTION.literal = "reward_gap"
+    """Which non-tied pairs are kept (:data:`~comlrl_lightning.core.preference.PAIR_SELECTION`)."""
+    preference_num_prompts: int | None = None
+    """Training prompts (the first ones of the train split, in order) whose candidates make pairs.
+    None: every training prompt, as CoMLRL (one pass over its dataset)."""
+    preference_batch_size: int = 1
+    """Prompts per batched ``generate`` while building pairs (>= 1)."""
+
+    def check(self) -> None:
+        """Raises ValueError naming the field, the value and what is allowed."""
+        k = self.preference_num_candidates
+        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+            raise ValueError(f"preference_num_candidates: got {k!r}, must be an integer >= 2")
+        PAIR_SELECTION.check(self.pair_selection)
+        check_limit(self.pair_selection, self.preference_pairs_per_sample)
+        n = self.preference_num_prompts
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"preference_num_prompts: got {n!r}, must be an integer >= 1 or null")
+        b = self.preference_batch_size
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"preference_batch_size: got {b!r}, must be an integer >= 1")
+        if self.pairs_path is not None and (not isinstance(self.pairs_path, str) or not self.pairs_path):
+            raise ValueError(f"pairs_path: got {self.pairs_path!r}, give a jsonl file's path or null")
