@@ -58,8 +58,7 @@ from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.core.pairs import PreferencePair, read_pairs, write_pairs
-from comlrl_lightning.core.preference import build_preference_pairs
-from comlrl_lightning.core.preference_config import PreferenceConfig
+from comlrl_lightning.core.preference_config import PreferenceConfig, collect_pairs
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.envs.reward_model import RewardModelReward
 from comlrl_lightning.infra.checkpoint_io import atomic_torch_save
@@ -295,30 +294,9 @@ class MARLHF(CoMLRLModule):
             logger.log_metrics(metrics, step=epoch)
 
     def preference_pairs(self) -> list[PreferencePair]:
-        """Phase 1's pairs: ``preference.pairs_path``'s, else built from the initial policy's rollouts
-        of the first ``preference_num_prompts`` training prompts (the datamodule's ``train_rows``)."""
-        pc = self.preference_config
-        if pc.pairs_path is not None:
-            return read_pairs(pc.pairs_path, self.num_agents)
+        """Phase 1's pairs (:func:`~comlrl_lightning.core.preference_config.collect_pairs`)."""
         rows = getattr(getattr(self.trainer, "datamodule", None), "train_rows", None)
-        if rows is None:
-            raise RuntimeError(
-                "MARLHF: building pairs needs a DecPOMDPDataModule (its train_rows), or give pairs_path"
-            )
-        n = len(rows) if pc.preference_num_prompts is None else min(pc.preference_num_prompts, len(rows))
-        episodes = [Episode(i, dict(rows[i])) for i in range(n)]
-        pairs: list[PreferencePair] = []
-        for s in range(0, n, pc.preference_batch_size):
-            built = build_preference_pairs(
-                self.env,
-                episodes[s : s + pc.preference_batch_size],
-                self.actors,
-                pc.preference_num_candidates,
-                pc.pair_selection,
-                pc.preference_pairs_per_sample,
-            )
-            pairs.extend(built.pairs)
-        return pairs
+        return collect_pairs(self.preference_config, self.env, rows, self.actors, self.num_agents)
 
     # ------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -8,9 +8,14 @@ Pairs are built from rollouts of the policy (:func:`~comlrl_lightning.core.prefe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from comlrl_lightning.core.preference import PAIR_SELECTION, check_limit
+from comlrl_lightning.core.pairs import PreferencePair, read_pairs
+from comlrl_lightning.core.preference import PAIR_SELECTION, build_preference_pairs, check_limit
+from comlrl_lightning.core.rollout import Actors
+from comlrl_lightning.envs.base import DecPOMDP, Episode
 
 
 @dataclass
@@ -47,3 +52,36 @@ class PreferenceConfig:
             raise ValueError(f"preference_batch_size: got {b!r}, must be an integer >= 1")
         if self.pairs_path is not None and (not isinstance(self.pairs_path, str) or not self.pairs_path):
             raise ValueError(f"pairs_path: got {self.pairs_path!r}, give a jsonl file's path or null")
+
+
+def collect_pairs(
+    cfg: PreferenceConfig, env: DecPOMDP, rows: Sequence[Any] | None, actors: Actors, num_agents: int
+) -> list[PreferencePair]:
+    """The pairs of ``cfg``: ``pairs_path``'s, else built from ``actors``' rollouts (one batched
+    ``generate`` per agent per ``preference_batch_size`` prompts) of the first
+    ``preference_num_prompts`` of ``rows`` (a datamodule's ``train_rows``), scored by ``env``'s reward.
+
+    Raises:
+        RuntimeError: pairs are to be built but there are no ``rows``.
+        ValueError: as :func:`~comlrl_lightning.core.pairs.read_pairs` (a bad line, another agent count).
+    """
+    if cfg.pairs_path is not None:
+        return read_pairs(cfg.pairs_path, num_agents)
+    if rows is None:
+        raise RuntimeError(
+            "building preference pairs needs a DecPOMDPDataModule (its train_rows), or pairs_path"
+        )
+    n = len(rows) if cfg.preference_num_prompts is None else min(cfg.preference_num_prompts, len(rows))
+    episodes = [Episode(i, dict(rows[i])) for i in range(n)]
+    pairs: list[PreferencePair] = []
+    for s in range(0, n, cfg.preference_batch_size):
+        built = build_preference_pairs(
+            env,
+            episodes[s : s + cfg.preference_batch_size],
+            actors,
+            cfg.preference_num_candidates,
+            cfg.pair_selection,
+            cfg.preference_pairs_per_sample,
+        )
+        pairs.extend(built.pairs)
+    return pairs
