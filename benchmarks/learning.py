@@ -25,7 +25,9 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -200,8 +202,11 @@ class HeldOut(pl.Callback):
     """Records, at every validation, each held-out problem's outcome (1.0 solved) and the samples
     trained so far; ``history``: list of ``{"samples", "solved": [E]}`` in problem order."""
 
-    def __init__(self, samples_per_batch: int) -> None:
+    def __init__(self, samples_per_batch: int, offset: int = 0) -> None:
         self.samples_per_batch = samples_per_batch
+        self.offset = (
+            offset  # samples spent before the first batch (MARLHF's pairs), counted once training ran
+        )
         self.history: list[dict[str, Any]] = []
         self.batches = 0
         self._cur: dict[int, float] = {}
@@ -225,7 +230,8 @@ class HeldOut(pl.Callback):
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         solved = [self._cur[i] for i in sorted(self._cur)]
-        self.history.append({"samples": self.batches * self.samples_per_batch, "solved": solved})
+        samples = self.batches * self.samples_per_batch + (self.offset if self.batches else 0)
+        self.history.append({"samples": samples, "solved": solved})
         print(
             f"[learning]   after {self.batches} batches: held-out {sum(solved) / max(len(solved), 1):.3f} "
             f"({time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f})",
@@ -295,7 +301,29 @@ CONFIG: dict[str, Any] = {  # the same task, samples and sampling for every algo
     "critic_learning_rate": 1e-4,  # IAC/MAAC critics (value heads start from scratch)
     "temperature": 0.7,
 }
-ALGORITHMS = ("magrpo", "iac", "maac")
+ALGORITHMS = ("magrpo", "iac", "maac", "marlhf")
+MARLHF_CONFIG: dict[str, Any] = {  # MARLHF -> MAGRPO within MAGRPO's budget: pair-building samples count
+    "pair_prompts": 8,  # training prompts whose candidates make pairs (phase 1)
+    "pair_candidates": 4,  # joint responses per prompt: 8 x 4 x 2 agents = 64 samples = 4 batches' worth
+    "pairs_per_prompt": 4,  # reward_gap pairs kept per prompt (4 is every pair of 2 right vs 2 wrong)
+    "reward_epochs": 2,
+    "reward_learning_rate": 1e-5,
+}
+"""Phase 1 of the ``marlhf`` row; its RL phase runs ``CONFIG["batches"]`` minus the batches the pairs
+cost (:func:`marlhf_rl_batches`), so its last held-out point is at MAGRPO's sample count."""
+
+
+def marlhf_pair_samples(cfg: dict[str, Any] = CONFIG) -> int:
+    """Completions (both agents) phase 1 samples to build its pairs."""
+    return MARLHF_CONFIG["pair_prompts"] * MARLHF_CONFIG["pair_candidates"] * 2
+
+
+def marlhf_rl_batches(cfg: dict[str, Any] = CONFIG) -> int:
+    """RL batches left to MARLHF once its pairs are paid for (the same total samples as MAGRPO)."""
+    per_batch = cfg["batch_size"] * cfg["k"] * 2
+    return cfg["batches"] - marlhf_pair_samples(cfg) // per_batch
+
+
 TASK = "mul_1d_last8"
 """The task :data:`TASK_RULE` chose (``learning_calibration_2.json``: untrained greedy held-out success
 add_1d_last8 0.60, add_2d_last8 0.00, mul_1d_last8 0.42 -> closest to 0.35 in [0.10, 0.60])."""
@@ -318,6 +346,27 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
     sampling = SamplingConfig(
         max_new_tokens=TASKS[task].get("max_new_tokens", MAX_NEW_TOKENS), temperature=cfg["temperature"]
     )
+    if algorithm == "marlhf":
+        from comlrl_lightning import MARLHF
+
+        return MARLHF(
+            agents=agents,
+            rl_algorithm="magrpo",
+            rl=dict(
+                rollout=dict(num_generations=cfg["k"]), sampling=sampling, learning_rate=cfg["learning_rate"]
+            ),
+            reward_model=dict(
+                reward_num_train_epochs=MARLHF_CONFIG["reward_epochs"],
+                reward_learning_rate=MARLHF_CONFIG["reward_learning_rate"],
+                reward_model_dir=cfg["reward_model_dir"],
+            ),
+            preference=dict(
+                preference_num_candidates=MARLHF_CONFIG["pair_candidates"],
+                preference_pairs_per_sample=MARLHF_CONFIG["pairs_per_prompt"],
+                preference_num_prompts=MARLHF_CONFIG["pair_prompts"],
+                preference_batch_size=cfg["batch_size"],
+            ),
+        )
     if algorithm == "magrpo":
         return MAGRPO(
             agents=agents,
@@ -339,16 +388,14 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     """Train ``algorithm`` from the untrained team for ``cfg["batches"]`` batches with ``seed``;
     held-out success (greedy, every problem) before training and every ``eval_every`` batches."""
     pl.seed_everything(seed, workers=True, verbose=False)
-    module = build_module(algorithm, task, cfg)
+    scratch = tempfile.mkdtemp(prefix="learning_marlhf_") if algorithm == "marlhf" else None
+    module = build_module(algorithm, task, {**cfg, "reward_model_dir": scratch})
     dm = datamodule(task, cfg["batch_size"], seed)
     per_batch = cfg["batch_size"] * cfg["k"] * 2
-    rec = HeldOut(per_batch)
+    rec = HeldOut(per_batch, marlhf_pair_samples(cfg) if scratch else 0)
     n_critics = 1 if algorithm == "maac" else 0
-    steps = (
-        module.max_steps_for(cfg["batches"], 2, 1, n_critics)
-        if n_critics
-        else module.max_steps_for(cfg["batches"], 2)
-    )
+    batches = marlhf_rl_batches(cfg) if scratch else cfg["batches"]
+    steps = module.max_steps_for(batches, 2, 1, n_critics) if n_critics else module.max_steps_for(batches, 2)
     trainer = _quiet_trainer(
         callbacks=[rec],
         max_steps=steps,
@@ -359,7 +406,12 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     t0, load0 = time.time(), os.getloadavg()
     trainer.validate(module, datamodule=dm, verbose=False)
     trainer.fit(module, datamodule=dm)
+    extra = {}
+    if scratch:  # the reward model's folder (hundreds of MB) is not kept; its record is
+        extra = {"marlhf": {**MARLHF_CONFIG, "rl_batches": batches, "reward_info": module.reward_info}}
+        shutil.rmtree(scratch, ignore_errors=True)
     return {
+        **extra,
         "algorithm": algorithm,
         "task": task,
         "seed": seed,

@@ -3,8 +3,10 @@
 from comlrl_lightning.algorithms.actor_critic import ActorCritic, ActorCriticRolloutConfig
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.algorithms.iac import IAC
+from comlrl_lightning.algorithms.joint_reward_model import RewardModelConfig
 from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
+from comlrl_lightning.algorithms.marlhf import MARLHF
 from comlrl_lightning.core.config import (
     AdvantageConfig,
     LossConfig,
@@ -12,6 +14,7 @@ from comlrl_lightning.core.config import (
     RolloutConfig,
     SamplingConfig,
 )
+from comlrl_lightning.core.preference_config import PreferenceConfig
 from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
 from comlrl_lightning.envs.rewards import RewardFunction, RewardOutput, RewardProcessor, WeightedReward
@@ -53,6 +56,9 @@ __all__ = [
     "ActorCriticRolloutConfig",
     "CriticConfig",
     "CriticSpec",
+    "MARLHF",
+    "RewardModelConfig",
+    "PreferenceConfig",
 ]
 __version__ = "0.1.0"
 

@@ -77,13 +77,27 @@ RL_ALGORITHM = Choice(
     },
 )
 """The RL algorithm of MARLHF's phase 2 (CoMLRL ``MARLHFConfig.rl_algorithm``)."""
+_DEFAULTS = (RewardModelConfig(), PreferenceConfig())
+"""The signature defaults (``--print_config`` lists every field); never mutated: ``__init__`` copies."""
 _NOT_IN_RL = ("agents", "num_agents", "env", "optimizer", "scheduler")
 _STATE_FILE = "phase1_state.pt"
 _DONE_FILE = "marlhf.json"
 _PAIRS_FILE = "pairs.jsonl"
 
 
-class MARLHF(CoMLRLModule):
+class _ByAlgorithm(type(CoMLRLModule)):
+    """``MARLHF(rl_algorithm=a, ...)`` builds a ``VARIANTS[a]`` (a metaclass ``__call__``, not ``__new__``:
+    jsonargparse then still reads ``MARLHF.__init__``'s typed signature for the CLI)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls is MARLHF:
+            algorithm = kwargs.get("rl_algorithm", args[2] if len(args) > 2 else "magrpo")
+            RL_ALGORITHM.check(algorithm)
+            cls = VARIANTS[algorithm]
+        return super().__call__(*args, **kwargs)
+
+
+class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
     """Joint reward model from preference pairs, then online RL against it (module docstring).
 
     Args:
@@ -107,21 +121,14 @@ class MARLHF(CoMLRLModule):
     rl_base: type[CoMLRLModule] = CoMLRLModule
     """The RL module this variant is (set by each ``MARLHF<algorithm>`` class)."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> MARLHF:
-        if cls is MARLHF:
-            algorithm = kwargs.get("rl_algorithm", args[2] if len(args) > 2 else "magrpo")
-            RL_ALGORITHM.check(algorithm)
-            cls = VARIANTS[algorithm]
-        return super().__new__(cls)
-
     def __init__(
         self,
         agents: list[AgentSpec] | AgentSpec | list[str] | str,
         num_agents: int | None = None,
         rl_algorithm: RL_ALGORITHM.literal = "magrpo",
         rl: dict[str, Any] | None = None,
-        reward_model: RewardModelConfig | None = None,
-        preference: PreferenceConfig | None = None,
+        reward_model: RewardModelConfig = _DEFAULTS[0],
+        preference: PreferenceConfig = _DEFAULTS[1],
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = None,
         env: DecPOMDP | None = None,
