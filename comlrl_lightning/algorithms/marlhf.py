@@ -18,10 +18,9 @@ The Lightning shape: ``MARLHF(rl_algorithm=..., rl={...})`` *is* the chosen modu
 both (``MARLHFMAGRPO(MARLHF, MAGRPO)``, ...), so phase 2 is that module's own ``training_step``,
 optimizers, validation and ``StepOutput``, unchanged; MARLHF only swaps the reward of training
 rollouts (:meth:`rollout_env`) and adds phase 1. One ``fit`` (one CLI command) runs both: phase 1 in
-``on_train_start``, after any checkpoint is restored and before the first batch. The reward model
-is loaded in ``configure_model`` and listed in ``reward_models``, so the strategy places it like any
-reward model (``reward_devices``); it is trained there with its own AdamW, which Lightning does not
-count in ``global_step`` (``max_steps`` counts agents' steps only, as in the RL module).
+``on_train_start``, after any checkpoint is restored, before the first batch. The reward model is
+loaded in ``configure_model`` into ``reward_models``, so the strategy places it (``reward_devices``);
+its own AdamW is not counted in ``global_step`` (``max_steps`` counts the agents' steps only).
 
 Saving and resuming: phase 1 writes its state after every epoch (the pairs, weights, optimizer,
 pair order and global RNG states) to ``<reward_model_dir>/phase1_state.pt``; a run started again
@@ -140,14 +139,10 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
             )
         rcfg = _group(RewardModelConfig, reward_model, "reward_model")
         pcfg = _group(PreferenceConfig, preference, "preference")
-        rcfg.check()
-        pcfg.check()
         rl = dict(rl or {})
         wrong = [k for k in rl if k in _NOT_IN_RL]
         if wrong:
-            raise ValueError(
-                f"rl: {wrong[0]!r} is MARLHF's own argument; give it at the top level, not in rl"
-            )
+            raise ValueError(f"rl: {wrong[0]!r} is MARLHF's own argument; give it at the top level")
         super().__init__(
             agents=agents, num_agents=num_agents, optimizer=optimizer, scheduler=scheduler, env=env, **rl
         )
@@ -218,7 +213,7 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         self.reward_models.append(model)
         self._joint_rm = rm
 
-    def _observe(self, episode: Episode, agent: int) -> str:
+    def _observe(self, episode: Episode, agent: int) -> str:  # the prompts the reward model reads
         return self.env.observe(episode, agent)
 
     def rollout_env(self, evaluation: bool) -> DecPOMDP:
@@ -345,16 +340,17 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
 
 
 def _group(cls: type, value: Any, name: str) -> Any:
-    if value is None:
-        return cls()
+    """``value`` (None, a mapping or a ``cls``) as a checked copy of ``cls`` (Raises ValueError)."""
     if isinstance(value, dict):
         try:
-            return cls(**value)
+            value = cls(**value)
         except TypeError as err:
             raise ValueError(f"{name}: {err}") from None
-    if not isinstance(value, cls):
+    if not isinstance(value, cls | None):
         raise ValueError(f"{name}: got a {type(value).__name__}, give a {cls.__name__} or a mapping")
-    return copy.copy(value)
+    value = cls() if value is None else copy.copy(value)
+    value.check()
+    return value
 
 
 class MARLHFMAGRPO(MARLHF, MAGRPO):
