@@ -380,3 +380,65 @@ def test_actor_critic_refuses_kl_as_reward_which_it_would_never_apply(monkeypatc
     ):
         cls(agents=["builtin:tiny-gpt2"] * 2, loss=dict(beta=0.1, kl_mode="reward"))
     cls(agents=["builtin:tiny-gpt2"] * 2, loss=dict(beta=0.1, kl_mode="loss"))
+
+
+# ------------------------------------------------------------------ MARLHF
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(rl_algorithm="ppo"), r"rl_algorithm: got 'ppo', allowed: \['magrpo', 'mareinforce'.*'maac'\]"),
+        (dict(reward_model=dict(reward_learning_rate=0)), r"reward_learning_rate: got 0, must be > 0"),
+        (
+            dict(reward_model=dict(reward_num_train_epochs=0)),
+            r"reward_num_train_epochs: got 0, must be an integer >= 1",
+        ),
+        (dict(reward_model=dict(reward_train_batch_size=0)), r"reward_train_batch_size: got 0"),
+        (
+            dict(reward_model=dict(reward_max_length=0)),
+            r"reward_max_length: got 0, must be an integer >= 1 or null",
+        ),
+        (
+            dict(reward_model=dict(reward_val_fraction=1.0)),
+            r"reward_val_fraction: got 1.0, must be in \[0, 1\)",
+        ),
+        (dict(reward_model=dict(reward_lr=1e-5)), r"reward_model: .*unexpected keyword argument 'reward_lr'"),
+        (
+            dict(preference=dict(preference_num_candidates=1)),
+            r"preference_num_candidates: got 1, must be an integer >= 2",
+        ),
+        (
+            dict(preference=dict(pair_selection="best")),
+            r"pair_selection: got 'best', allowed: \['reward_gap', 'all', 'random'\]",
+        ),
+        (
+            dict(preference=dict(pair_selection="all")),
+            r"preference_pairs_per_sample: got 16 with pair_selection='all'",
+        ),
+        (dict(preference=dict(preference_num_prompts=0)), r"preference_num_prompts: got 0"),
+        (dict(rl=dict(rollout=dict(num_turns=2))), r"rl.rollout.num_turns: got 2; .*num_turns=1 only"),
+        (dict(rl=dict(agents=["x"])), r"rl: 'agents' is MARLHF's own argument"),
+        (dict(rl_algorithm="iac", rl=dict(advantage=dict(advantage_mode="mean"))), r"advantage"),
+    ],
+)
+def test_marlhf_refuses_bad_config_before_any_model_loads(monkeypatch, kwargs, match):
+    from comlrl_lightning import MARLHF
+
+    no_model_loads(monkeypatch)
+    with pytest.raises((ValueError, TypeError), match=match):
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, **kwargs)
+
+
+def test_marlhf_checks_a_users_pair_file_before_any_model_loads(monkeypatch, tmp_path):
+    from comlrl_lightning import MARLHF
+
+    no_model_loads(monkeypatch)
+    with pytest.raises(FileNotFoundError, match=r"preference.pairs_path: no file at '.*nope.jsonl'"):
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, preference=dict(pairs_path=str(tmp_path / "nope.jsonl")))
+    three = jsonl(
+        tmp_path, [{"prompts": ["a", "b", "c"], "chosen": ["x", "y", "z"], "rejected": ["u", "v", "w"]}]
+    )
+    with pytest.raises(ValueError, match=r"rows.jsonl:1: the pair has 3 agents' completions, the team has 2"):
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, preference=dict(pairs_path=three))
+    bad = jsonl(tmp_path, [{"prompts": ["a", "b"], "chosen": ["x", "y"]}], "bad.jsonl")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'rejected' must be a list of strings"):
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, preference=dict(pairs_path=bad))
