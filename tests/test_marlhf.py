@@ -48,14 +48,14 @@ def marlhf(tmp_path, rl_algorithm="magrpo", epochs=2, pairs_path=None, rm_dir="r
             sampling=dict(max_new_tokens=6),
             learning_rate=1e-3,
             val_sampling=True,
-        ),  # fmt: skip
+        ),
         reward_model=dict(
             reward_num_train_epochs=epochs,
             reward_learning_rate=1e-3,
             reward_train_batch_size=2,
             reward_val_fraction=0.25,
             reward_model_dir=str(tmp_path / rm_dir),
-        ),  # fmt: skip
+        ),
         preference=dict(
             pairs_path=pairs_path,
             preference_num_candidates=3,
@@ -63,7 +63,7 @@ def marlhf(tmp_path, rl_algorithm="magrpo", epochs=2, pairs_path=None, rm_dir="r
             preference_num_prompts=4,
             preference_batch_size=2,
             **pref,
-        ),  # fmt: skip
+        ),
     )
 
 
@@ -143,13 +143,18 @@ def test_bradley_terry_loss_is_minus_log_sigmoid_of_the_margin():
 def test_reward_model_learns_separable_pairs_and_reloads_as_a_reward_model_reward(tmp_path):
     torch.manual_seed(0)
     model, tok = load_reward_backbone(TINY)
-    cfg = RewardModelConfig(reward_learning_rate=3e-3, reward_num_train_epochs=4, reward_train_batch_size=2,
-                            reward_val_fraction=0.25)  # fmt: skip
+    cfg = RewardModelConfig(
+        reward_learning_rate=3e-3,
+        reward_num_train_epochs=4,
+        reward_train_batch_size=2,
+        reward_val_fraction=0.25,
+    )
     rm = RewardModelReward(TINY, template=JOINT_RESPONSE_TEMPLATE)
     pairs = separable_pairs()
     logged = []
-    state = fit_reward_model(model, tok, rm, RewardFitState([p.to_json() for p in pairs]), cfg,
-                             log=lambda m, e: logged.append(m))  # fmt: skip
+    state = fit_reward_model(
+        model, tok, rm, RewardFitState([p.to_json() for p in pairs]), cfg, log=lambda m, e: logged.append(m)
+    )
     first, last = logged[0], logged[-1]
     assert last["reward_model/loss"] < first["reward_model/loss"] < 0.75  # log 2 ~ 0.69 before learning
     assert last["val/reward_model/accuracy"] == 1.0 and last["val/reward_model/loss"] < 0.3
@@ -255,8 +260,14 @@ def test_rl_phase_resumes_bit_exact_from_a_checkpoint_holding_the_trained_reward
     saver = ModelCheckpoint(
         dirpath=tmp_path / "ckpt", every_n_train_steps=MAGRPO.max_steps_for(1, 2), save_top_k=-1
     )
-    fit(trainer_factory, a, 3, callbacks=[Record(crash_at=1), saver], enable_checkpointing=True,
-        plugins=[AtomicCheckpointIO()])  # fmt: skip
+    fit(
+        trainer_factory,
+        a,
+        3,
+        callbacks=[Record(crash_at=1), saver],
+        enable_checkpointing=True,
+        plugins=[AtomicCheckpointIO()],
+    )
     (ckpt,) = os.listdir(tmp_path / "ckpt")
     saved = torch.load(tmp_path / "ckpt" / ckpt, weights_only=False)
     assert saved["marlhf"]["reward_phase_done"] and any(
