@@ -352,9 +352,9 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
         return MARLHF(
             agents=agents,
             rl_algorithm="magrpo",
-            rl=dict(
-                rollout=dict(num_generations=cfg["k"]), sampling=sampling, learning_rate=cfg["learning_rate"]
-            ),
+            rollout=RolloutConfig(num_generations=cfg["k"]),
+            sampling=sampling,
+            learning_rate=cfg["learning_rate"],
             reward_model=dict(
                 reward_num_train_epochs=MARLHF_CONFIG["reward_epochs"],
                 reward_learning_rate=MARLHF_CONFIG["reward_learning_rate"],

@@ -415,9 +415,16 @@ def test_actor_critic_refuses_kl_as_reward_which_it_would_never_apply(monkeypatc
             r"preference_pairs_per_sample: got 16 with pair_selection='all'",
         ),
         (dict(preference=dict(preference_num_prompts=0)), r"preference_num_prompts: got 0"),
-        (dict(rl=dict(rollout=dict(num_turns=2))), r"rl.rollout.num_turns: got 2; .*num_turns=1 only"),
-        (dict(rl=dict(agents=["x"])), r"rl: 'agents' is MARLHF's own argument"),
-        (dict(rl_algorithm="iac", rl=dict(advantage=dict(advantage_mode="mean"))), r"advantage"),
+        (dict(rollout=dict(num_turns=2)), r"rollout.num_turns: got 2; .*num_turns=1 only"),
+        (
+            dict(rl_algorithm="iac", advantage=dict(advantage_mode="mean")),
+            r"advantage: rl_algorithm='iac' \(IAC\) has no 'advantage'",
+        ),
+        (
+            dict(critic=dict(critic_type="q")),
+            r"critic: rl_algorithm='magrpo' \(MAGRPO\) has no 'critic'.*iac, maac",
+        ),
+        (dict(rl_algorithm="mareinforce", advantage=dict(advantage_mode="mean")), r"advantage_mode"),
     ],
 )
 def test_marlhf_refuses_bad_config_before_any_model_loads(monkeypatch, kwargs, match):

@@ -43,12 +43,10 @@ def marlhf(tmp_path, rl_algorithm="magrpo", epochs=2, pairs_path=None, rm_dir="r
     return MARLHF(
         agents=[TINY, TINY],
         rl_algorithm=rl_algorithm,
-        rl=dict(
-            rollout=dict(num_generations=2),
-            sampling=dict(max_new_tokens=6),
-            learning_rate=1e-3,
-            val_sampling=True,
-        ),
+        rollout=dict(num_generations=2),
+        sampling=dict(max_new_tokens=6),
+        learning_rate=1e-3,
+        val_sampling=True,
         reward_model=dict(
             reward_num_train_epochs=epochs,
             reward_learning_rate=1e-3,
@@ -122,7 +120,7 @@ def test_marlhf_is_an_instance_of_the_chosen_rl_module_and_rebuilds_from_its_hpa
         assert m.advantage.advantage_mode == "rloo"
     again = MARLHF(**m.hparams)  # what load_from_checkpoint does
     assert type(again) is type(m) and dict(again.hparams) == dict(m.hparams)
-    assert m.hparams["rl"]["rollout"]["num_generations"] == 2 and m.hparams["rl_algorithm"] == algorithm
+    assert m.hparams["rollout"]["num_generations"] == 2 and m.hparams["rl_algorithm"] == algorithm
 
 
 # ------------------------------------------------------------------ the reward model

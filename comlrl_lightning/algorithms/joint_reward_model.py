@@ -25,6 +25,7 @@ prompts and episode row) through the same forward
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -35,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from comlrl_lightning.core.pairs import PreferencePair
+from comlrl_lightning.core.pairs import PreferencePair, write_pairs
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.reward_model import JOINT_RESPONSE_TEMPLATE, RewardModelReward, sequence_logits
 from comlrl_lightning.infra.checkpoint_io import atomic_torch_save
@@ -324,8 +325,6 @@ def save_reward_model(model: nn.Module, tok: Any, folder: str, info: dict[str, A
     Raises:
         FloatingPointError: a parameter holds NaN/inf (nothing is written).
     """
-    import json
-
     for name, p in model.named_parameters():
         if not torch.isfinite(p).all():
             raise FloatingPointError(f"reward model: parameter {name!r} holds NaN/inf; not saving it")
@@ -338,3 +337,48 @@ def save_reward_model(model: nn.Module, tok: Any, folder: str, info: dict[str, A
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(folder, "marlhf.json"))
+
+
+def reward_phase(
+    model: nn.Module,
+    tok: Any,
+    reward: RewardModelReward,
+    cfg: RewardModelConfig,
+    folder: str,
+    make_pairs: Callable[[], list[PreferencePair]],
+    log: Callable[[dict[str, float], int], None] | None = None,
+    after_epoch: Callable[[int], None] | None = None,
+    source: str = "",
+) -> dict[str, Any]:
+    """MARLHF's phase 1 in ``folder``: a finished model there (``marlhf.json``) is loaded into
+    ``model``; else the pairs (``make_pairs()``, or those of a saved ``phase1_state.pt``) train it
+    (:func:`fit_reward_model`, resuming that state), then it is saved (:func:`save_reward_model`, with
+    ``pairs.jsonl``) and the state file removed. Returns the folder's ``marlhf.json`` record."""
+    done = os.path.join(folder, "marlhf.json")
+    if os.path.exists(done):
+        from transformers import AutoModelForSequenceClassification
+
+        model.load_state_dict(AutoModelForSequenceClassification.from_pretrained(folder).state_dict())
+        with open(done, encoding="utf-8") as f:
+            return json.load(f)
+    state_path = os.path.join(folder, "phase1_state.pt")
+    if os.path.exists(state_path):
+        state = RewardFitState(**torch.load(state_path, weights_only=False))
+    else:
+        pairs = make_pairs()
+        state = RewardFitState(pairs=[p.to_json() for p in pairs], rng_states=collect_rng_states())
+        os.makedirs(folder, exist_ok=True)
+        atomic_torch_save(vars(state), state_path)
+    state = fit_reward_model(model, tok, reward, state, cfg, state_path, log=log, after_epoch=after_epoch)
+    write_pairs(os.path.join(folder, "pairs.jsonl"), [PreferencePair.from_json(d) for d in state.pairs])
+    info = {
+        "template": cfg.reward_template,
+        "max_length": cfg.reward_max_length,
+        "source": source,
+        "num_pairs": len(state.pairs),
+        "skipped_steps": state.skipped_steps,
+        "history": state.history,
+    }
+    save_reward_model(model, tok, folder, info)
+    os.remove(state_path)
+    return info

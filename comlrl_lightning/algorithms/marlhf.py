@@ -13,7 +13,7 @@ Features:
       with the frozen reward model as the shared reward; validation keeps the task reward (CoMLRL);
     - one turn only (CoMLRL's rule): ``num_turns > 1`` is refused before any model loads.
 
-The Lightning shape: ``MARLHF(rl_algorithm=..., rl={...})`` *is* the chosen module (``MAGRPO``,
+The Lightning shape: ``MARLHF(rl_algorithm=..., ...)`` *is* the chosen module (``MAGRPO``,
 ``MAREINFORCE``, ``MARLOO``, ``MAReMax``, ``IAC`` or ``MAAC``): it returns an instance of a subclass of
 both (``MARLHFMAGRPO(MARLHF, MAGRPO)``, ...), so phase 2 is that module's own ``training_step``,
 optimizers, validation and ``StepOutput``, unchanged; MARLHF only swaps the reward of training
@@ -35,9 +35,8 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import os
-from dataclasses import asdict
+from dataclasses import asdict, is_dataclass
 from typing import Any
 
 import torch
@@ -47,38 +46,42 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.algorithms.iac import IAC
 from comlrl_lightning.algorithms.joint_reward_model import (
-    RewardFitState,
     RewardModelConfig,
-    fit_reward_model,
     load_reward_backbone,
-    save_reward_model,
+    reward_phase,
 )
 from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.choices import Choice
-from comlrl_lightning.core.pairs import PreferencePair, read_pairs, write_pairs
+from comlrl_lightning.core.config import (
+    AdvantageConfig,
+    LossConfig,
+    PlacementConfig,
+    RolloutConfig,
+    SamplingConfig,
+)
+from comlrl_lightning.core.pairs import PreferencePair, read_pairs
 from comlrl_lightning.core.preference_config import PreferenceConfig, collect_pairs
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.envs.reward_model import RewardModelReward
-from comlrl_lightning.infra.checkpoint_io import atomic_torch_save
-from comlrl_lightning.infra.rng import collect_rng_states
 from comlrl_lightning.team.agents import AgentSpec
+from comlrl_lightning.team.critics import ActorCriticRolloutConfig, CriticConfig, CriticSpec
 
 RL_ALGORITHM = Choice(
     "rl_algorithm",
     {
-        "magrpo": "MAGRPO (`rl.advantage.advantage_mode` as given, default `mean`)",
+        "magrpo": "MAGRPO (`advantage.advantage_mode` as given, default `mean`)",
         "mareinforce": "MAREINFORCE: MAGRPO with raw returns, no baseline (`advantage_mode: raw`)",
         "marloo": "MARLOO: MAGRPO with the leave-one-out baseline (`advantage_mode: rloo`)",
         "maremax": "MAReMax: MAGRPO with the group-max baseline (`advantage_mode: max`)",
-        "iac": "IAC: one critic per agent (`rl.critics`, `rl.critic`)",
+        "iac": "IAC: one critic per agent (`critics`, `critic`)",
         "maac": "MAAC: one centralised critic",
     },
 )
 """The RL algorithm of MARLHF's phase 2 (CoMLRL ``MARLHFConfig.rl_algorithm``)."""
 _DEFAULTS = (RewardModelConfig(), PreferenceConfig())
 """The signature defaults (``--print_config`` lists every field); never mutated: ``__init__`` copies."""
-_NOT_IN_RL = ("agents", "num_agents", "env", "optimizer", "scheduler")
+_HAVE = {"advantage": "the MAGRPO family", "critics": "iac, maac", "critic": "iac, maac"}
 _STATE_FILE = "phase1_state.pt"
 _DONE_FILE = "marlhf.json"
 _PAIRS_FILE = "pairs.jsonl"
@@ -103,18 +106,17 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         agents: one :class:`AgentSpec` (or model string) per agent, or one broadcast to ``num_agents``.
         num_agents: number of agents; default ``len(agents)``.
         rl_algorithm: phase 2's algorithm, one of :data:`RL_ALGORITHM`.
-        rl: that algorithm's own init arguments (``rollout``, ``advantage``, ``loss``, ``sampling``,
-            ``placement``, ``learning_rate``, ``val_sampling``; ``critics``/``critic`` for IAC/MAAC),
-            as in its own config. Not ``agents``/``num_agents``/``env``/``optimizer``/``scheduler``.
         reward_model: the reward model and its training (:class:`RewardModelConfig`).
         preference: where the pairs come from (:class:`PreferenceConfig`).
+        rollout, advantage, loss, sampling, placement, critics, critic, learning_rate, val_sampling:
+            phase 2's algorithm's own arguments, as in its config (None: its default); ``advantage``
+            only for the MAGRPO family, ``critics``/``critic`` only for IAC/MAAC.
         optimizer, scheduler, env: see :class:`CoMLRLModule` (the agents' optimizers).
 
     Raises:
         ValueError: a bad value of any field (naming it), ``num_turns > 1``, or a pair file that is not
             valid or whose agent count differs, before any model is loaded.
         FileNotFoundError: ``preference.pairs_path`` does not exist.
-        TypeError: an argument the RL algorithm does not take.
     """
 
     rl_base: type[CoMLRLModule] = CoMLRLModule
@@ -125,11 +127,19 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         agents: list[AgentSpec] | AgentSpec | list[str] | str,
         num_agents: int | None = None,
         rl_algorithm: RL_ALGORITHM.literal = "magrpo",
-        rl: dict[str, Any] | None = None,
         reward_model: RewardModelConfig = _DEFAULTS[0],
         preference: PreferenceConfig = _DEFAULTS[1],
+        rollout: RolloutConfig | ActorCriticRolloutConfig | None = None,
+        advantage: AdvantageConfig | None = None,
+        loss: LossConfig | None = None,
+        sampling: SamplingConfig | None = None,
+        placement: PlacementConfig | None = None,
+        critics: list[CriticSpec] | CriticSpec | None = None,
+        critic: CriticConfig | None = None,
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = None,
+        learning_rate: float = 5e-6,
+        val_sampling: bool = False,
         env: DecPOMDP | None = None,
     ) -> None:
         RL_ALGORITHM.check(rl_algorithm)
@@ -139,16 +149,23 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
             )
         rcfg = _group(RewardModelConfig, reward_model, "reward_model")
         pcfg = _group(PreferenceConfig, preference, "preference")
-        rl = dict(rl or {})
-        wrong = [k for k in rl if k in _NOT_IN_RL]
-        if wrong:
-            raise ValueError(f"rl: {wrong[0]!r} is MARLHF's own argument; give it at the top level")
-        super().__init__(
-            agents=agents, num_agents=num_agents, optimizer=optimizer, scheduler=scheduler, env=env, **rl
+        given = dict(rollout=rollout, advantage=advantage, loss=loss, sampling=sampling, placement=placement)
+        given.update(critics=critics, critic=critic)
+        taken = inspect.signature(self.rl_base.__init__).parameters
+        for name, value in given.items():
+            if value is not None and name not in taken:
+                raise ValueError(
+                    f"{name}: rl_algorithm={rl_algorithm!r} ({self.rl_base.__name__}) has no {name!r}; leave it "
+                    f"out, or pick an rl_algorithm that has one ({_HAVE[name]})"
+                )
+        rl = {k: asdict(v) if is_dataclass(v) else v for k, v in given.items() if v is not None}
+        knobs = dict(
+            optimizer=optimizer, scheduler=scheduler, learning_rate=learning_rate, val_sampling=val_sampling
         )
+        super().__init__(agents=agents, num_agents=num_agents, env=env, **knobs, **rl)
         if self.rollout_config.num_turns != 1:
             raise ValueError(
-                f"rl.rollout.num_turns: got {self.rollout_config.num_turns}; MARLHF's reward model scores one "
+                f"rollout.num_turns: got {self.rollout_config.num_turns}; MARLHF's reward model scores one "
                 "turn's joint action (CoMLRL allows num_turns=1 only): use 1"
             )
         if pcfg.pairs_path is not None:
@@ -163,22 +180,14 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         self._reward_dir: str | None = rcfg.reward_model_dir
         self.reward_info: dict[str, Any] = {}
         """After phase 1: the saved folder's ``marlhf.json`` (number of pairs, per-epoch metrics, ...)."""
-        self._save_marlhf_hparams(rl)
-
-    def _save_marlhf_hparams(self, rl: dict[str, Any]) -> None:
-        """Hyperparameters in MARLHF's own form (``load_from_checkpoint`` rebuilds it): the RL module's
-        saved arguments go under ``rl``."""
-        taken = inspect.signature(self.rl_base.__init__).parameters
-        saved = dict(self.hparams)
-        rl_h = {k: saved[k] for k in taken if k in saved and k not in (*_NOT_IN_RL, "self")}
-        rl_h.update({k: v for k, v in rl.items() if k not in rl_h})
+        # what load_from_checkpoint rebuilds from: the RL module's saved arguments and MARLHF's own
         self._hparams = AttributeDict(
-            agents=saved["agents"],
-            num_agents=saved.get("num_agents"),
-            rl_algorithm=self.rl_algorithm,
-            rl=rl_h,
-            reward_model=asdict(self.reward_config),
-            preference=asdict(self.preference_config),
+            {
+                **self.hparams,
+                "rl_algorithm": rl_algorithm,
+                "reward_model": asdict(rcfg),
+                "preference": asdict(pcfg),
+            }
         )
         self._hparams_initial = copy.deepcopy(self._hparams)
 
@@ -244,48 +253,20 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         self.reward_models[self._rm_index].eval().requires_grad_(False)
 
     def fit_reward_phase(self) -> None:
-        """Phase 1: load a finished model from :attr:`reward_model_dir`, else build (or read) the
-        pairs and train the reward model there, resuming its saved state (module docstring)."""
-        folder, cfg = self.reward_model_dir, self.reward_config
-        model, rm = self.reward_models[self._rm_index], self.joint_reward_model
-        done = os.path.join(folder, _DONE_FILE)
-        if os.path.exists(done):
-            from transformers import AutoModelForSequenceClassification
-
-            model.load_state_dict(AutoModelForSequenceClassification.from_pretrained(folder).state_dict())
-            with open(done, encoding="utf-8") as f:
-                self.reward_info = json.load(f)
-            self._reward_ready = True
-            return
-        state_path = os.path.join(folder, _STATE_FILE)
-        if os.path.exists(state_path):
-            state = RewardFitState(**torch.load(state_path, weights_only=False))
-        else:
-            pairs = self.preference_pairs()
-            state = RewardFitState(pairs=[p.to_json() for p in pairs], rng_states=collect_rng_states())
-            os.makedirs(folder, exist_ok=True)
-            atomic_torch_save(vars(state), state_path)
-        state = fit_reward_model(
-            model,
+        """Phase 1 in :attr:`reward_model_dir`
+        (:func:`~comlrl_lightning.algorithms.joint_reward_model.reward_phase`)."""
+        rm = self.joint_reward_model
+        self.reward_info = reward_phase(
+            self.reward_models[self._rm_index],
             rm._tokenizer,
             rm,
-            state,
-            cfg,
-            state_path,
+            self.reward_config,
+            self.reward_model_dir,
+            self.preference_pairs,
             log=self._log_reward,
             after_epoch=self.after_reward_epoch,
+            source=self.reward_config.reward_model or self.specs[0].model,
         )
-        write_pairs(os.path.join(folder, _PAIRS_FILE), [PreferencePair.from_json(d) for d in state.pairs])
-        self.reward_info = {
-            "template": cfg.reward_template,
-            "max_length": cfg.reward_max_length,
-            "source": cfg.reward_model or self.specs[0].model,
-            "num_pairs": len(state.pairs),
-            "skipped_steps": state.skipped_steps,
-            "history": state.history,
-        }
-        save_reward_model(model, rm._tokenizer, folder, self.reward_info)
-        os.remove(state_path)
         self._reward_ready = True
 
     def after_reward_epoch(self, epoch: int) -> None:
