@@ -292,3 +292,74 @@ def test_a_finished_reward_model_folder_is_loaded_not_trained_again(trainer_fact
     fit(trainer_factory, second, 1)
     assert_same(params(first.reward_models), params(second.reward_models), "reward model")
     assert second.reward_info == first.reward_info
+
+
+# ------------------------------------------------------------------ the CLI
+TINY_TEAM = "[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]"
+SMALL_PHASE1 = [
+    "--model.init_args.preference.preference_num_prompts=4",
+    "--model.init_args.sampling.max_new_tokens=8",
+    "--model.init_args.reward_model.reward_num_train_epochs=1",
+]
+
+
+def test_toy_marlhf_config_trains_the_reward_model_then_the_agents_from_the_cli(tmp_path):
+    from experiments import ROOT, experiment
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from comlrl_lightning.cli import main
+
+    os.chdir(ROOT)
+    main(
+        [
+            "fit",
+            *experiment("toy_marlhf.yaml"),
+            *SMALL_PHASE1,
+            "--trainer.max_steps=4",
+            "--trainer.limit_val_batches=1",
+            "--trainer.val_check_interval=2",
+            "--trainer.log_every_n_steps=1",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+    )
+    (done,) = tmp_path.rglob("reward_model/marlhf.json")
+    assert (done.parent / "model.safetensors").exists() and (done.parent / "pairs.jsonl").exists()
+    (events,) = tmp_path.rglob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {
+        "reward_model/loss",
+        "reward_model/accuracy",
+        "val/reward_model/loss",
+        "val/reward_model/accuracy",
+    } <= tags
+    assert {"reward", "rewards/joint_reward_model/mean", "agent_0/loss", "val/reward"} <= tags
+
+
+def test_humaneval_marlhf_config_runs_on_the_tiny_model_from_a_users_pair_file(tmp_path, capsys):
+    """Random tiny agents solve nothing, so their candidates all tie and make no pairs: the pairs come
+    from a file (the human-preference path), the task reward still validates."""
+    from experiments import ROOT, experiment
+
+    from comlrl_lightning.cli import main
+
+    os.chdir(ROOT)
+    main(
+        [
+            "fit",
+            *experiment("humaneval_marlhf.yaml"),
+            f"--model.init_args.agents={TINY_TEAM}",
+            *SMALL_PHASE1,
+            "--model.init_args.sampling.max_prompt_length=256",
+            "--model.init_args.preference.pairs_path=configs/data/marlhf_pairs_example.jsonl",
+            "--trainer.limit_train_batches=1",
+            "--data.init_args.max_val_samples=2",
+            "--data.init_args.val_batch_size=2",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+    )
+    assert "val/pass@1: 0.000 -> 0.000" in capsys.readouterr().out  # validation: the sandboxed task reward
+    assert list(tmp_path.rglob("reward_model/marlhf.json"))

@@ -57,7 +57,8 @@ class RewardModelConfig:
     reward_train_batch_size: int = 1
     """Pairs per reward-model optimizer step (>= 1; CoMLRL's default)."""
     reward_max_length: int | None = None
-    """Tokens of the joint text kept (its first ones), at training and scoring; None: all (CoMLRL)."""
+    """Tokens of the joint text kept (its first ones), at training and scoring; capped at the
+    backbone's position limit (``max_position_embeddings`` / ``n_positions``). None: that limit."""
     reward_freeze_backbone: bool = False
     """Train only the scalar head (the backbone frozen), as CoMLRL's ``reward_freeze_backbone``."""
     reward_val_fraction: float = 0.0
@@ -121,6 +122,15 @@ def pair_texts(reward: RewardModelReward, pairs: Sequence[PreferencePair]) -> tu
         chosen.append(reward.render(p.chosen, episode, 0, p.prompts))
         rejected.append(reward.render(p.rejected, episode, 0, p.prompts))
     return chosen, rejected
+
+
+def position_limit(model: nn.Module, max_length: int | None) -> int | None:
+    """``max_length`` capped at the model's position limit (``max_position_embeddings`` or
+    ``n_positions``; None when it has neither): longer texts would index past its position table."""
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(
+        model.config, "n_positions", None
+    )
+    return limit if max_length is None else max_length if limit is None else min(max_length, limit)
 
 
 def load_reward_backbone(source: str) -> tuple[nn.Module, Any]:
@@ -194,7 +204,12 @@ class RewardFitState:
 
 
 def evaluate_pairs(
-    model: nn.Module, tok: Any, chosen: Sequence[str], rejected: Sequence[str], cfg: RewardModelConfig
+    model: nn.Module,
+    tok: Any,
+    chosen: Sequence[str],
+    rejected: Sequence[str],
+    batch_size: int,
+    max_length: int | None,
 ) -> dict[str, float]:
     """Mean Bradley–Terry loss, accuracy (``s_chosen > s_rejected``) and margin over pairs, no grad,
     eval mode (restored after)."""
@@ -203,17 +218,9 @@ def evaluate_pairs(
     device = next(model.parameters()).device
     s_c, s_r = [], []
     with torch.no_grad():
-        for i in range(0, len(chosen), cfg.reward_batch_size):
-            s_c.append(
-                sequence_logits(
-                    model, tok, chosen[i : i + cfg.reward_batch_size], cfg.reward_max_length, device
-                )[:, 0]
-            )
-            s_r.append(
-                sequence_logits(
-                    model, tok, rejected[i : i + cfg.reward_batch_size], cfg.reward_max_length, device
-                )[:, 0]
-            )
+        for i in range(0, len(chosen), batch_size):
+            s_c.append(sequence_logits(model, tok, chosen[i : i + batch_size], max_length, device)[:, 0])
+            s_r.append(sequence_logits(model, tok, rejected[i : i + batch_size], max_length, device)[:, 0])
     model.train(was_training)
     c, r = torch.cat(s_c).cpu(), torch.cat(s_r).cpu()
     return {
@@ -271,8 +278,8 @@ def fit_reward_model(
         sums = {"loss": 0.0, "accuracy": 0.0, "margin": 0.0}
         for start in range(0, len(order), b):
             idx = order[start : start + b]
-            s_c = sequence_logits(model, tok, [train_c[i] for i in idx], cfg.reward_max_length, device)[:, 0]
-            s_r = sequence_logits(model, tok, [train_r[i] for i in idx], cfg.reward_max_length, device)[:, 0]
+            s_c = sequence_logits(model, tok, [train_c[i] for i in idx], reward.max_length, device)[:, 0]
+            s_r = sequence_logits(model, tok, [train_r[i] for i in idx], reward.max_length, device)[:, 0]
             loss = bradley_terry_loss(s_c, s_r)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -294,7 +301,9 @@ def fit_reward_model(
             metrics.update(
                 {
                     f"val/reward_model/{k}": v
-                    for k, v in evaluate_pairs(model, tok, held_c, held_r, cfg).items()
+                    for k, v in evaluate_pairs(
+                        model, tok, held_c, held_r, cfg.reward_batch_size, reward.max_length
+                    ).items()
                 }
             )
         history.append(metrics)
@@ -373,7 +382,7 @@ def reward_phase(
     write_pairs(os.path.join(folder, "pairs.jsonl"), [PreferencePair.from_json(d) for d in state.pairs])
     info = {
         "template": cfg.reward_template,
-        "max_length": cfg.reward_max_length,
+        "max_length": reward.max_length,
         "source": source,
         "num_pairs": len(state.pairs),
         "skipped_steps": state.skipped_steps,

@@ -48,6 +48,7 @@ from comlrl_lightning.algorithms.iac import IAC
 from comlrl_lightning.algorithms.joint_reward_model import (
     RewardModelConfig,
     load_reward_backbone,
+    position_limit,
     reward_phase,
 )
 from comlrl_lightning.algorithms.maac import MAAC
@@ -213,7 +214,7 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
             kind="sequence_classification",
             template=cfg.reward_template,
             batch_size=cfg.reward_batch_size,
-            max_length=cfg.reward_max_length,
+            max_length=position_limit(model, cfg.reward_max_length),
             name="joint_reward_model",
             observe=self._observe,
         )
