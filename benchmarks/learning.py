@@ -211,12 +211,13 @@ class HeldOut(pl.Callback):
         self.batches = 0
         self._cur: dict[int, float] = {}
         self.texts: list[list[str]] = []
+        self._failed: list[float] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.batches += 1
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
-        self._cur, self.texts = {}, []
+        self._cur, self.texts, self._failed = {}, [], []
 
     def on_validation_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
@@ -225,6 +226,8 @@ class HeldOut(pl.Callback):
         solved = path_solved(turns)
         for ep, s in zip(batch, solved.tolist()):
             self._cur[ep.index] = 0.0 if s != s else s
+        if hasattr(pl_module, "joint_actor"):  # centralized: which joint completions had no role section
+            self._failed += [float(x.failed) for x in pl_module.joint_actor.splits]
         if not self.texts:
             self.texts = [list(g.texts[:6]) for g in turns[0].generations]
 
@@ -232,6 +235,8 @@ class HeldOut(pl.Callback):
         solved = [self._cur[i] for i in sorted(self._cur)]
         samples = self.batches * self.samples_per_batch + (self.offset if self.batches else 0)
         self.history.append({"samples": samples, "solved": solved})
+        if self._failed:
+            self.history[-1]["parse_failure"] = sum(self._failed) / len(self._failed)
         print(
             f"[learning]   after {self.batches} batches: held-out {sum(solved) / max(len(solved), 1):.3f} "
             f"({time.strftime('%H:%M:%S')}, load {os.getloadavg()[0]:.1f})",
@@ -301,7 +306,7 @@ CONFIG: dict[str, Any] = {  # the same task, samples and sampling for every algo
     "critic_learning_rate": 1e-4,  # IAC/MAAC critics (value heads start from scratch)
     "temperature": 0.7,
 }
-ALGORITHMS = ("magrpo", "iac", "maac", "marlhf")
+ALGORITHMS = ("magrpo", "iac", "maac", "centralized_magrpo", "madpo", "marlhf")
 MARLHF_CONFIG: dict[str, Any] = {  # MARLHF -> MAGRPO within MAGRPO's budget: pair-building samples count
     "pair_prompts": 8,  # training prompts whose candidates make pairs (phase 1)
     "pair_candidates": 4,  # joint responses per prompt: 8 x 4 x 2 agents = 64 samples = 4 batches' worth
@@ -324,6 +329,17 @@ def marlhf_rl_batches(cfg: dict[str, Any] = CONFIG) -> int:
     return cfg["batches"] - marlhf_pair_samples(cfg) // per_batch
 
 
+TAG_TOKENS = 25
+"""SmolLM2 tokens of the tagged format's four tags with their newlines
+(``"<agent_0>\\n\\n</agent_0>\\n<agent_1>\\n\\n</agent_1>"``, what TaggedAdapter's prompt asks for)."""
+
+
+def central_max_new_tokens(task: str) -> int:
+    """Centralized MAGRPO's token budget: both roles' answers (MAGRPO's per-agent budget each) plus
+    the tags, so the one joint model gets the tokens the two agents get and the format's overhead."""
+    return 2 * TASKS[task].get("max_new_tokens", MAX_NEW_TOKENS) + TAG_TOKENS
+
+
 TASK = "mul_1d_last8"
 """The task :data:`TASK_RULE` chose (``learning_calibration_2.json``: untrained greedy held-out success
 add_1d_last8 0.60, add_2d_last8 0.00, mul_1d_last8 0.42 -> closest to 0.35 in [0.10, 0.60])."""
@@ -336,6 +352,7 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
         MAAC,
         MAGRPO,
         ActorCriticRolloutConfig,
+        CentralizedMAGRPO,
         CriticConfig,
         RolloutConfig,
         SamplingConfig,
@@ -363,9 +380,30 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
             preference=dict(
                 preference_num_candidates=MARLHF_CONFIG["pair_candidates"],
                 preference_pairs_per_sample=MARLHF_CONFIG["pairs_per_prompt"],
-                preference_num_prompts=MARLHF_CONFIG["pair_prompts"],
-                preference_batch_size=cfg["batch_size"],
             ),
+            pair_source=dict(
+                preference_num_prompts=MARLHF_CONFIG["pair_prompts"], preference_batch_size=cfg["batch_size"]
+            ),
+        )
+    if algorithm == "madpo":  # online: each batch's K candidates per problem -> pairs (MAGRPO's samples)
+        from comlrl_lightning import MADPO, DPOConfig, PreferenceConfig
+
+        return MADPO(
+            agents=agents,
+            preference=PreferenceConfig(preference_num_candidates=cfg["k"]),
+            dpo=DPOConfig(preference_mode="online"),
+            sampling=sampling,
+            learning_rate=cfg["learning_rate"],
+        )
+    if algorithm == "centralized_magrpo":  # one SmolLM2 writes both agents' answers in the tagged format
+        return CentralizedMAGRPO(
+            agents=AgentSpec(model=SMOLLM2),
+            num_roles=2,
+            rollout=RolloutConfig(num_generations=cfg["k"]),
+            sampling=SamplingConfig(
+                max_new_tokens=central_max_new_tokens(task), temperature=cfg["temperature"]
+            ),
+            learning_rate=cfg["learning_rate"],
         )
     if algorithm == "magrpo":
         return MAGRPO(
@@ -391,11 +429,15 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     scratch = tempfile.mkdtemp(prefix="learning_marlhf_") if algorithm == "marlhf" else None
     module = build_module(algorithm, task, {**cfg, "reward_model_dir": scratch})
     dm = datamodule(task, cfg["batch_size"], seed)
-    per_batch = cfg["batch_size"] * cfg["k"] * 2
+    per_batch = cfg["batch_size"] * cfg["k"] * 2  # answers (centralized: 2 role answers per joint completion)
     rec = HeldOut(per_batch, marlhf_pair_samples(cfg) if scratch else 0)
     n_critics = 1 if algorithm == "maac" else 0
     batches = marlhf_rl_batches(cfg) if scratch else cfg["batches"]
-    steps = module.max_steps_for(batches, 2, 1, n_critics) if n_critics else module.max_steps_for(batches, 2)
+    steps = (
+        module.max_steps_for(batches, 2, 1, n_critics)
+        if n_critics
+        else module.max_steps_for(batches, module.num_agents)  # centralized: one model
+    )
     trainer = _quiet_trainer(
         callbacks=[rec],
         max_steps=steps,
@@ -419,6 +461,7 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
         "samples_per_batch": per_batch,
         "history": rec.history,
         "final_texts": rec.texts,
+        "max_new_tokens": module.team.sampling[0].max_new_tokens,
         "wall_s": time.time() - t0,
         "loadavg_start": load0,
         "loadavg_end": os.getloadavg(),
@@ -521,6 +564,10 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "loadavg": [min(r["loadavg_start"][0] for r in rs), max(r["loadavg_end"][0] for r in rs)],
             "final_texts": rs[-1]["final_texts"],
         }
+        if all("parse_failure" in h for r in rs for h in r["history"]):  # centralized: per eval, seed mean
+            fails = [[h["parse_failure"] for h in r["history"]] for r in rs]
+            out[algorithm]["parse_failure"] = [sum(c) / len(c) for c in zip(*fails)]
+            out[algorithm]["max_new_tokens"] = rs[0].get("max_new_tokens")
     return out
 
 
@@ -610,6 +657,21 @@ def _ci(ci: Sequence[float], pts: bool = False) -> str:
     return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
 
 
+def _central(summ: dict[str, Any]) -> str:
+    """The centralized MAGRPO bullet (empty when it has no row)."""
+    s = summ.get("centralized_magrpo")
+    if s is None or "parse_failure" not in s:
+        return ""
+    fails = ", ".join(f"{100 * f:.0f}%" for f in s["parse_failure"])
+    return f"""- **Centralized MAGRPO**: one SmolLM2-135M-Instruct (one optimizer) writes both agents' answers in one
+  completion in CoMLRL's tagged format (`TaggedAdapter`: `<agent_0>...</agent_0>` `<agent_1>...</agent_1>`), the
+  tags parsed back into the two answers the same exact-match reward checks; the same problems, K, batches and
+  learning rate as MAGRPO, at most {s["max_new_tokens"]} new tokens (2 x the agents' 8 plus the {TAG_TOKENS} tokens of the four
+  tags). "Training samples" counts role answers (2 per joint completion), as for the two-agent rows. Held-out
+  greedy parse failures (no tagged section, both answers empty), mean over seeds at each evaluation: {fails}.
+"""
+
+
 def render(res: dict[str, Any]) -> str:
     """The section's Markdown: the table, the curves, what was run and how the intervals are made."""
     cfg, summ = res["config"], res["summary"]
@@ -692,7 +754,11 @@ def render(res: dict[str, Any]) -> str:
   seed 0; `make learn` runs them one after another in one process.
 - **CI**: not run there (one run is ~15 min at load ~10); `tests/test_learning_bench.py` checks the pieces
   (held-out split, exact-match reward, bootstrap, table).
-- **Not in this table**: MADPO, MARLHF and centralized MAGRPO have not landed; the coordinator
+- **MADPO** (`preference_mode: online`): each batch's K={cfg["k"]} samples per agent per problem are the candidates
+  (the same sampled completions per batch as MAGRPO's), pairs by `reward_gap` (at most 16 per problem: with K={cfg["k"]}
+  every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch; CoMLRL's
+  one-shot mode was not run on this budget.
+{_central(summ)}- **Not in this table**: MARLHF has not landed; the coordinator
   (proposer/reviser, `comlrl-lightning coordinate`) has no validation loop and was not run on a task of its own here.
 - Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.

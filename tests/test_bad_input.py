@@ -414,7 +414,7 @@ def test_actor_critic_refuses_kl_as_reward_which_it_would_never_apply(monkeypatc
             dict(preference=dict(pair_selection="all")),
             r"preference_pairs_per_sample: got 16 with pair_selection='all'",
         ),
-        (dict(preference=dict(preference_num_prompts=0)), r"preference_num_prompts: got 0"),
+        (dict(pair_source=dict(preference_num_prompts=0)), r"preference_num_prompts: got 0"),
         (dict(rollout=dict(num_turns=2)), r"rollout.num_turns: got 2; .*num_turns=1 only"),
         (
             dict(rl_algorithm="iac", advantage=dict(advantage_mode="mean")),
@@ -439,13 +439,134 @@ def test_marlhf_checks_a_users_pair_file_before_any_model_loads(monkeypatch, tmp
     from comlrl_lightning import MARLHF
 
     no_model_loads(monkeypatch)
-    with pytest.raises(FileNotFoundError, match=r"preference.pairs_path: no file at '.*nope.jsonl'"):
-        MARLHF(agents=["builtin:tiny-gpt2"] * 2, preference=dict(pairs_path=str(tmp_path / "nope.jsonl")))
+    with pytest.raises(FileNotFoundError, match=r"pair_source.pairs_path: no file at '.*nope.jsonl'"):
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, pair_source=dict(pairs_path=str(tmp_path / "nope.jsonl")))
     three = jsonl(
         tmp_path, [{"prompts": ["a", "b", "c"], "chosen": ["x", "y", "z"], "rejected": ["u", "v", "w"]}]
     )
     with pytest.raises(ValueError, match=r"rows.jsonl:1: the pair has 3 agents' completions, the team has 2"):
-        MARLHF(agents=["builtin:tiny-gpt2"] * 2, preference=dict(pairs_path=three))
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, pair_source=dict(pairs_path=three))
     bad = jsonl(tmp_path, [{"prompts": ["a", "b"], "chosen": ["x", "y"]}], "bad.jsonl")
     with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'rejected' must be a list of strings"):
-        MARLHF(agents=["builtin:tiny-gpt2"] * 2, preference=dict(pairs_path=bad))
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, pair_source=dict(pairs_path=bad))
+
+
+# ------------------------------------------------------------------ MADPO
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        (
+            {"preference": {"preference_num_candidates": 1}},
+            "preference_num_candidates: got 1, must be an integer >= 2",
+        ),
+        (
+            {"preference": {"pair_selection": "best"}},
+            "pair_selection: got 'best', allowed: ['reward_gap', 'all', 'random']",
+        ),
+        (
+            {"preference": {"pair_selection": "all"}},
+            "preference_pairs_per_sample: got 16 with pair_selection='all'",
+        ),
+        (
+            {"preference": {"preference_pairs_per_sample": 0}},
+            "preference_pairs_per_sample: got 0, must be an integer >= 1",
+        ),
+        ({"dpo": {"dpo_beta": 0}}, "dpo_beta: got 0, must be > 0"),
+        (
+            {"dpo": {"loss_type": "grpo"}},
+            "preference.loss_type: got 'grpo', allowed: ['sigmoid', 'ipo', 'hinge']",
+        ),
+        ({"dpo": {"label_smoothing": 0.5}}, "label_smoothing: got 0.5, must be in [0, 0.5)"),
+        (
+            {"dpo": {"loss_type": "ipo", "label_smoothing": 0.1}},
+            "label_smoothing: got 0.1, must be 0 with loss_type='ipo'",
+        ),
+        (
+            {"dpo": {"preference_mode": "offline"}},
+            "preference_mode: got 'offline', allowed: ['one_shot', 'online']",
+        ),
+        ({"dpo": {"num_train_epochs": 0}}, "num_train_epochs: got 0, must be an integer >= 1"),
+        ({"dpo": {"train_batch_size": 0}}, "train_batch_size: got 0, must be an integer >= 1"),
+        ({"dpo": {"max_grad_norm": 0}}, "max_grad_norm: got 0, must be > 0 or None"),
+        ({"dpo": {"on_nonfinite": "zero"}}, "on_nonfinite: got 'zero', allowed: ['skip', 'stop']"),
+        (
+            {"rollout": {"num_turns": 2}},
+            "rollout.num_turns: got 2; MADPO pairs one-turn aligned joint actions",
+        ),
+        ({"rollout": {"joint_mode": "cross"}}, "rollout.joint_mode: got 'cross'"),
+        (
+            {"rollout": {"num_generations": 6}},
+            "rollout.num_generations: got 6, but preference.preference_num_candidates=80",
+        ),
+        (
+            {"collaboration_mode": "centralised"},
+            "collaboration_mode: got 'centralised', allowed: ['decentralized', 'centralized']",
+        ),
+        ({"collaboration_mode": "centralized"}, "agents: got 2 agents with collaboration_mode='centralized'"),
+    ],
+)
+def test_madpo_refuses_bad_values_naming_the_field_before_any_model_loads(monkeypatch, groups, message):
+    from comlrl_lightning import MADPO
+
+    no_model_loads(monkeypatch)
+    with pytest.raises(ValueError) as e:
+        MADPO(agents=["builtin:tiny-gpt2"] * 2, **groups)
+    assert message in str(e.value)
+
+
+# ------------------------------------------------------------------ centralized MAGRPO
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (
+            dict(agents=["builtin:tiny-gpt2"] * 2),
+            ValueError,
+            r"^agents: got 2 agents; CentralizedMAGRPO trains exactly one",
+        ),
+        (dict(num_roles=0), ValueError, r"^num_roles: got 0, must be an integer >= 1"),
+        (dict(rollout=dict(num_turns=2)), ValueError, r"^rollout\.num_turns: got 2, allowed: \[1\]"),
+        (
+            dict(rollout=dict(joint_mode="cross")),
+            ValueError,
+            r"^rollout\.joint_mode: got 'cross', allowed: \['aligned'\]",
+        ),
+        (
+            dict(rollout=dict(credit="counterfactual")),
+            ValueError,
+            r"^rollout\.credit: got 'counterfactual', allowed: \['shared'\]",
+        ),
+        (dict(adapter=object()), TypeError, r"^adapter: object\.build_prompt must be callable"),
+    ],
+    ids=["two-agents", "no-roles", "two-turns", "cross", "credit", "adapter"],
+)
+def test_centralized_magrpo_refuses_bad_values_before_any_model_loads(monkeypatch, kwargs, error, match):
+    from comlrl_lightning import CentralizedMAGRPO
+
+    no_model_loads(monkeypatch)
+    with pytest.raises(error, match=match):
+        CentralizedMAGRPO(**{"agents": "builtin:tiny-gpt2", **kwargs})
+
+
+def test_centralized_num_turns_from_the_cli_fails_before_any_model_loads(monkeypatch, capsys):
+    no_model_loads(monkeypatch)
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *experiment("toy_centralized_magrpo.yaml"), "--model.init_args.rollout.num_turns=2"])
+    assert info.value.code == 1
+    assert "rollout.num_turns: got 2, allowed: [1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(num_roles=0), ValueError, r"^num_roles: got 0, must be an integer >= 1"),
+        (dict(num_agents=2), ValueError, r"^agents: got 2 agents with collaboration_mode='centralized'"),
+        (dict(adapter=object()), TypeError, r"^adapter: object.build_prompt must be callable"),
+    ],
+)
+def test_centralized_madpo_refuses_bad_values_before_any_model_loads(monkeypatch, kwargs, error, match):
+    from comlrl_lightning import MADPO
+
+    no_model_loads(monkeypatch)
+    with pytest.raises(error, match=match):
+        MADPO(agents="builtin:tiny-gpt2", collaboration_mode="centralized", **kwargs)

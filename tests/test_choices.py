@@ -22,6 +22,11 @@ DECLARED = {
     "parallel_training",
     "critic_type",
     "RewardModelReward.kind",
+    "pair_selection",
+    "preference.loss_type",
+    "preference_mode",
+    "collaboration_mode",
+    "rl_algorithm",
 }
 
 

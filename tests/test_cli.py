@@ -42,6 +42,37 @@ def test_single_agent_grpo_fit(tmp_path):
     assert fit("toy_grpo.yaml", tmp_path, "--trainer.max_steps=3", "--trainer.limit_val_batches=1")
 
 
+@pytest.mark.parametrize(
+    ("mode", "extra"),
+    [("one_shot", ["--model.init_args.dpo.num_train_epochs=2"]), ("online", ["--trainer.max_steps=4"])],
+)
+def test_madpo_toy_fit_logs_trls_dpo_metrics_and_one_shot_stops_itself(tmp_path, mode, extra):
+    events = fit(
+        "toy_madpo.yaml",
+        tmp_path,
+        f"--model.init_args.dpo.preference_mode={mode}",
+        "--data.init_args.num_train=8",
+        "--model.init_args.sampling.max_new_tokens=8",
+        "--trainer.log_every_n_steps=1",
+        *extra,
+    )
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(events[0])
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"rewards/margins", "rewards/accuracies", "logps/chosen", "agent_1/rewards/margins"} <= tags
+    assert {"reward", "agent_0/loss", "val/reward", "preference/num_pairs"} <= tags
+    steps = [e.step for e in acc.Scalars("rewards/margins")]
+    if (
+        mode == "one_shot"
+    ):  # 8 prompts x <= 4 pairs, 8 a batch: 2 passes of ceil(P / 8) updates, then it stops
+        pairs = sum(e.value for e in acc.Scalars("preference/num_pairs"))
+        assert len(steps) == 2 * -(-int(pairs / 2) // 8) and pairs > 0
+    else:
+        assert len(steps) == 2
+
+
 def test_print_config_round_trips(tmp_path, capsys):
     os.chdir(ROOT)
     with pytest.raises(SystemExit) as exit_info:
@@ -127,8 +158,14 @@ def test_every_shipped_experiment_parses_with_print_config(config, capsys):
     assert exit_info.value.code == 0, capsys.readouterr().err
     init = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
     assert init["rollout"]["num_generations"] >= 1 and init["sampling"]["max_new_tokens"] >= 1
+    if "dpo" in init:  # MADPO: preference and DPO groups instead of the policy-gradient ones
+        assert init["dpo"]["loss_type"] == "sigmoid" and init["preference"]["pair_selection"] == "reward_gap"
+        assert "loss" not in init and "advantage" not in init
+        return
     assert init["loss"]["loss_type"] in ("sequence_sum", "grpo")  # every group listed
-    if "critic" in init:  # IAC / MAAC: a critic group where MAGRPO has its advantage group
+    if init.get(
+        "critic"
+    ):  # IAC / MAAC: a critic group where MAGRPO has its advantage group (MARLHF: both keys)
         assert init["critic"]["critic_type"] == "v" and "advantage" not in init
     else:
         # advantage_mode is listed: unset (None) unless the experiment names it (MAGRPO then uses mean)

@@ -74,4 +74,29 @@ def test_summary_and_render_report_the_gain_and_whether_its_interval_excludes_ze
     }
     text = L.render(res)
     assert "| MAGRPO | 3 | 96 | 40.0%" in text and "+30.0 pts" in text and "**excludes 0**" in text
-    assert "Not run in the recorded budget: IAC, MAAC." in text
+    assert "Not run in the recorded budget: IAC, MAAC, CENTRALIZED_MAGRPO, MADPO." in text
+
+
+def test_the_centralized_row_gets_the_agents_token_budget_plus_the_tags_and_reports_parse_failures():
+    module = L.build_module("centralized_magrpo", L.TASK, L.CONFIG)  # built, not loaded
+    assert type(module).__name__ == "CentralizedMAGRPO" and module.num_agents == 1 and module.num_roles == 2
+    assert module.team.sampling[0].max_new_tokens == 2 * 8 + L.TAG_TOKENS == 41
+
+    def run(seed, fails):
+        return {
+            "algorithm": "centralized_magrpo",
+            "seed": seed,
+            "wall_s": 60.0,
+            "loadavg_start": [3.0],
+            "loadavg_end": [4.0],
+            "final_texts": [],
+            "max_new_tokens": 41,
+            "history": [
+                {"samples": 0, "solved": [0.0] * 4, "parse_failure": fails[0]},
+                {"samples": 16, "solved": [0.0] * 4, "parse_failure": fails[1]},
+            ],
+        }
+
+    summ = L.summarize([run(0, [1.0, 0.5]), run(1, [1.0, 0.25])])
+    assert summ["centralized_magrpo"]["parse_failure"] == [1.0, 0.375]
+    assert "at each evaluation: 100%, 38%." in L._central(summ) and L._central({}) == ""

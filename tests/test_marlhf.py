@@ -54,14 +54,8 @@ def marlhf(tmp_path, rl_algorithm="magrpo", epochs=2, pairs_path=None, rm_dir="r
             reward_val_fraction=0.25,
             reward_model_dir=str(tmp_path / rm_dir),
         ),
-        preference=dict(
-            pairs_path=pairs_path,
-            preference_num_candidates=3,
-            preference_pairs_per_sample=2,
-            preference_num_prompts=4,
-            preference_batch_size=2,
-            **pref,
-        ),
+        preference=dict(preference_num_candidates=3, preference_pairs_per_sample=2, **pref),
+        pair_source=dict(pairs_path=pairs_path, preference_num_prompts=4, preference_batch_size=2),
     )
 
 
@@ -297,7 +291,7 @@ def test_a_finished_reward_model_folder_is_loaded_not_trained_again(trainer_fact
 # ------------------------------------------------------------------ the CLI
 TINY_TEAM = "[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]"
 SMALL_PHASE1 = [
-    "--model.init_args.preference.preference_num_prompts=4",
+    "--model.init_args.pair_source.preference_num_prompts=4",
     "--model.init_args.sampling.max_new_tokens=8",
     "--model.init_args.reward_model.reward_num_train_epochs=1",
 ]
@@ -353,7 +347,7 @@ def test_humaneval_marlhf_config_runs_on_the_tiny_model_from_a_users_pair_file(t
             f"--model.init_args.agents={TINY_TEAM}",
             *SMALL_PHASE1,
             "--model.init_args.sampling.max_prompt_length=256",
-            "--model.init_args.preference.pairs_path=configs/data/marlhf_pairs_example.jsonl",
+            "--model.init_args.pair_source.pairs_path=configs/data/marlhf_pairs_example.jsonl",
             "--trainer.limit_train_batches=1",
             "--data.init_args.max_val_samples=2",
             "--data.init_args.val_batch_size=2",

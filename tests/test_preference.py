@@ -72,6 +72,7 @@ def test_builder_pairs_rows_of_the_rollout_with_their_rewards():
         (g, w, r) for g, sel in enumerate(per_node) for w, r in sel
     ]
     assert len(out.pairs) == sum(map(len, per_node)) > 0
+    assert torch.equal(out.turn.returns, out.turn.rewards)  # one turn: filled for StepOutput.turn_returns
     for pair, ix in zip(out.pairs, out.index):
         for i in range(2):
             texts = out.turn.generations[i].texts

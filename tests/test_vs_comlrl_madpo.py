@@ -26,8 +26,10 @@ import pytest
 
 pytest.importorskip("comlrl")
 
+import torch  # noqa: E402
 from comlrl.trainers.preference.madpo import MADPOConfig, MADPOTrainer  # noqa: E402
 
+from comlrl_lightning.core.dpo import PairLogps, joint_dpo_losses  # noqa: E402
 from comlrl_lightning.core.preference import select_pair_indices  # noqa: E402
 
 REWARD_LISTS = [
@@ -61,3 +63,71 @@ def test_random_selection_equals_comlrl_under_the_same_seed_and_call_order(limit
     got = [select_pair_indices(r, "random", limit) for r in REWARD_LISTS]
     assert got == expected
     assert got[1] == []  # all tied: no pair, and no draw either side
+
+
+class _Delta(torch.nn.Module):
+    """Agent i's Δ_i of pair p is ``theta[p]``: fixed winner-minus-loser log-probs with a gradient."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.tensor(values))
+
+
+def _comlrl_loss_trainer(deltas, beta):
+    trainer = object.__new__(MADPOTrainer)
+    trainer.args = MADPOConfig(dpo_beta=beta)
+    trainer.num_agents = len(deltas)
+    trainer.agents = [_Delta(d) for d in deltas]
+    trainer._agent_logprob_delta = lambda i, pair: trainer.agents[i].theta[pair]  # pair: its index
+    return trainer
+
+
+DELTAS = [[0.5, -1.0, 2.0, 0.0], [0.25, 0.5, -3.0, 1.5], [-0.75, 0.1, 0.2, -0.3]]  # [N=3, P=4]
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.7])
+def test_joint_loss_and_each_agents_gradient_equal_comlrl(beta):
+    trainer = _comlrl_loss_trainer(DELTAS, beta)
+    batch = list(range(4))
+    detached = trainer._detached_agent_deltas(batch)
+    ours = PairLogps(*(torch.tensor(x) for x in (DELTAS, [[0.0] * 4] * 3, [[0.0] * 4] * 3, [[0.0] * 4] * 3)))
+    for i in range(3):
+        theirs = trainer._agent_preference_loss(i, batch, detached)
+        (g_theirs,) = torch.autograd.grad(theirs, trainer.agents[i].theta)
+        own = torch.tensor(DELTAS[i], requires_grad=True)
+        mine = joint_dpo_losses(own, ours.others(i), beta).mean()  # reference_free: CoMLRL's form
+        (g_mine,) = torch.autograd.grad(mine, own)
+        assert float(mine) == pytest.approx(float(theirs), rel=1e-6)
+        assert torch.allclose(g_mine, g_theirs, rtol=1e-6, atol=1e-8)
+
+
+def test_a_non_finite_loss_is_kept_here_where_comlrl_returns_a_constant():
+    deltas = [[float("nan"), 1.0], [0.5, 0.5]]
+    trainer = _comlrl_loss_trainer(deltas, 0.1)
+    detached = trainer._detached_agent_deltas([0, 1])
+    theirs = trainer._agent_preference_loss(1, [0, 1], detached)
+    assert float(theirs) == pytest.approx(0.1) and theirs.grad_fn is None  # a leaf: no gradient to the agent
+    lp = PairLogps(torch.tensor(deltas), *(torch.zeros(2, 2) for _ in range(3)))
+    mine = joint_dpo_losses(torch.tensor(deltas[1]), lp.others(1), 0.1).mean()
+    assert mine.isnan()  # so on_nonfinite skips (or stops) the step: core/nonfinite.py
+
+
+def test_sequence_logprob_equals_comlrl_but_for_the_last_token_and_the_temperature():
+    from comlrl_lightning.core.losses import completion_logprobs
+    from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
+
+    torch.manual_seed(0)
+    tok = byte_tokenizer()
+    model = build_tiny_gpt2(
+        tok, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )  # CoMLRL scores in train mode
+    trainer = object.__new__(MADPOTrainer)
+    trainer.centralized_collaboration, trainer.agents, trainer.tokenizers = None, [model], [tok]
+    prompt, completion = torch.tensor([5, 9, 12, 40]), torch.tensor([70, 71, 72, tok.eos_token_id])
+    theirs = float(trainer._sequence_log_prob(0, prompt, completion))
+    p, c = prompt[None], completion[None]
+    per_token = completion_logprobs(model, p, torch.ones_like(p), c, torch.ones_like(c), temperature=1.0)
+    assert float(per_token[0, :-1].sum()) == pytest.approx(theirs, rel=1e-5)  # CoMLRL drops the last (EOS)
+    assert float(per_token.sum()) != pytest.approx(theirs, rel=1e-3)
+    hot = completion_logprobs(model, p, torch.ones_like(p), c, torch.ones_like(c), temperature=0.6)
+    assert float(hot[0, :-1].sum()) != pytest.approx(theirs, rel=1e-3)  # CoMLRL ignores the temperature

@@ -156,11 +156,18 @@ class CoMLRLModule(AgentOptimization):
             )
         return dm.env
 
+    @property
+    def env_agents(self) -> tuple[int, str]:
+        """``(formatters the env must have, the setting that says so)``: one per agent
+        (``model.num_agents``); a centralized module's roles (``model.num_roles``) instead."""
+        return self.num_agents, "model.num_agents"
+
     def setup(self, stage: str) -> None:
-        if self.env.num_agents != self.num_agents:
+        expected, name = self.env_agents
+        if self.env.num_agents != expected:
             raise ValueError(
                 f"data.formatters: the env has {self.env.num_agents} formatters (one per agent) but "
-                f"model.num_agents={self.num_agents}; give one formatter per agent"
+                f"{name}={expected}; give one formatter per agent"
             )
         strategy = self.trainer.strategy
         if self.placement.parallel_training == "mp" and not isinstance(strategy, SingleDeviceStrategy):

@@ -5,7 +5,7 @@ Features:
     - phase 1 (the reward model): preference pairs built from rollouts of the initial policy
       (:func:`~comlrl_lightning.core.preference.build_preference_pairs`: ``preference_num_candidates``
       joint responses per training prompt, scored by the task reward, ``pair_selection``), or read
-      from a user's ``jsonl`` file (``preference.pairs_path``: human preferences); a joint reward
+      from a user's ``jsonl`` file (``pair_source.pairs_path``: human preferences); a joint reward
       model (:mod:`~comlrl_lightning.algorithms.joint_reward_model`: backbone + scalar head on the
       last non-pad token) trained with the Bradley–Terry loss, held-out loss and accuracy logged;
       saved as an HF ``AutoModelForSequenceClassification`` folder with the pairs it learned from;
@@ -62,7 +62,8 @@ from comlrl_lightning.core.config import (
     SamplingConfig,
 )
 from comlrl_lightning.core.pairs import PreferencePair, read_pairs
-from comlrl_lightning.core.preference_config import PreferenceConfig, collect_pairs
+from comlrl_lightning.core.preference import PreferenceConfig
+from comlrl_lightning.core.preference_config import PairSourceConfig, collect_pairs
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.envs.reward_model import RewardModelReward
 from comlrl_lightning.team.agents import AgentSpec
@@ -80,7 +81,7 @@ RL_ALGORITHM = Choice(
     },
 )
 """The RL algorithm of MARLHF's phase 2 (CoMLRL ``MARLHFConfig.rl_algorithm``)."""
-_DEFAULTS = (RewardModelConfig(), PreferenceConfig())
+_DEFAULTS = (RewardModelConfig(), PreferenceConfig(), PairSourceConfig())
 """The signature defaults (``--print_config`` lists every field); never mutated: ``__init__`` copies."""
 _HAVE = {"advantage": "the MAGRPO family", "critics": "iac, maac", "critic": "iac, maac"}
 _STATE_FILE = "phase1_state.pt"
@@ -108,7 +109,8 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         num_agents: number of agents; default ``len(agents)``.
         rl_algorithm: phase 2's algorithm, one of :data:`RL_ALGORITHM`.
         reward_model: the reward model and its training (:class:`RewardModelConfig`).
-        preference: where the pairs come from (:class:`PreferenceConfig`).
+        preference: how pairs are built from rollouts (:class:`~comlrl_lightning.core.preference.PreferenceConfig`).
+        pair_source: which prompts, or a user's pair file (:class:`PairSourceConfig`).
         rollout, advantage, loss, sampling, placement, critics, critic, learning_rate, val_sampling:
             phase 2's algorithm's own arguments, as in its config (None: its default); ``advantage``
             only for the MAGRPO family, ``critics``/``critic`` only for IAC/MAAC.
@@ -117,7 +119,7 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
     Raises:
         ValueError: a bad value of any field (naming it), ``num_turns > 1``, or a pair file that is not
             valid or whose agent count differs, before any model is loaded.
-        FileNotFoundError: ``preference.pairs_path`` does not exist.
+        FileNotFoundError: ``pair_source.pairs_path`` does not exist.
     """
 
     rl_base: type[CoMLRLModule] = CoMLRLModule
@@ -130,6 +132,7 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         rl_algorithm: RL_ALGORITHM.literal = "magrpo",
         reward_model: RewardModelConfig = _DEFAULTS[0],
         preference: PreferenceConfig = _DEFAULTS[1],
+        pair_source: PairSourceConfig = _DEFAULTS[2],
         rollout: RolloutConfig | ActorCriticRolloutConfig | None = None,
         advantage: AdvantageConfig | None = None,
         loss: LossConfig | None = None,
@@ -150,6 +153,7 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
             )
         rcfg = _group(RewardModelConfig, reward_model, "reward_model")
         pcfg = _group(PreferenceConfig, preference, "preference")
+        scfg = _group(PairSourceConfig, pair_source, "pair_source")
         given = dict(rollout=rollout, advantage=advantage, loss=loss, sampling=sampling, placement=placement)
         given.update(critics=critics, critic=critic)
         taken = inspect.signature(self.rl_base.__init__).parameters
@@ -169,11 +173,12 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
                 f"rollout.num_turns: got {self.rollout_config.num_turns}; MARLHF's reward model scores one "
                 "turn's joint action (CoMLRL allows num_turns=1 only): use 1"
             )
-        if pcfg.pairs_path is not None:
-            if not os.path.isfile(pcfg.pairs_path):
-                raise FileNotFoundError(f"preference.pairs_path: no file at {pcfg.pairs_path!r}")
-            read_pairs(pcfg.pairs_path, self.num_agents)  # a bad line fails here, before any model loads
+        if scfg.pairs_path is not None:
+            if not os.path.isfile(scfg.pairs_path):
+                raise FileNotFoundError(f"pair_source.pairs_path: no file at {scfg.pairs_path!r}")
+            read_pairs(scfg.pairs_path, self.num_agents)  # a bad line fails here, before any model loads
         self.rl_algorithm, self.reward_config, self.preference_config = rl_algorithm, rcfg, pcfg
+        self.pair_source = scfg
         self._joint_rm: RewardModelReward | None = None
         self._rm_index: int | None = None
         self._rl_env: DecPOMDP | None = None
@@ -280,7 +285,9 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
     def preference_pairs(self) -> list[PreferencePair]:
         """Phase 1's pairs (:func:`~comlrl_lightning.core.preference_config.collect_pairs`)."""
         rows = getattr(getattr(self.trainer, "datamodule", None), "train_rows", None)
-        return collect_pairs(self.preference_config, self.env, rows, self.actors, self.num_agents)
+        return collect_pairs(
+            self.pair_source, self.preference_config, self.env, rows, self.actors, self.num_agents
+        )
 
     # ------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -331,7 +338,8 @@ def _group(cls: type, value: Any, name: str) -> Any:
     if not isinstance(value, cls | None):
         raise ValueError(f"{name}: got a {type(value).__name__}, give a {cls.__name__} or a mapping")
     value = cls() if value is None else copy.copy(value)
-    value.check()
+    if hasattr(value, "check"):  # PreferenceConfig checks itself when built
+        value.check()
     return value
 
 

@@ -59,6 +59,28 @@ CRITIC_VALUE_LOSS = "critic/value_loss"
 CRITIC_EXPLAINED_VARIANCE = "critic/explained_variance"
 """IAC / MAAC: ``1 − Var(T − V) / Var(T)`` of the values against their TD targets, mean over critics."""
 
+DPO_CHOSEN = "rewards/chosen"
+"""MADPO: mean over pairs of the chosen joint action's implied reward ``β·Σ_i (log π_i − log π_ref,i)``
+(Σ over agents; TRL's name; the reference term is 0 with ``reference_free``)."""
+DPO_REJECTED = "rewards/rejected"
+"""MADPO: the same for the rejected joint action (Σ over agents)."""
+DPO_MARGINS = "rewards/margins"
+"""MADPO: mean of chosen minus rejected, ``β·Σ_i Δ_i`` (Σ over agents; per agent: ``agent_<i>/rewards/margins``)."""
+DPO_ACCURACIES = "rewards/accuracies"
+"""MADPO: fraction of pairs whose joint margin is > 0 (of the Σ over agents)."""
+DPO_LOGPS_CHOSEN = "logps/chosen"
+"""MADPO: mean over pairs of the chosen joint action's log-prob ``Σ_i log π_i`` (Σ over agents)."""
+DPO_LOGPS_REJECTED = "logps/rejected"
+"""MADPO: the same for the rejected joint action."""
+NUM_PAIRS = "preference/num_pairs"
+"""MADPO: preference pairs the step trained on (0: every candidate tied)."""
+PARSE_FAILURE = "centralized/parse_failure"
+"""Centralized actor: fraction of the step's joint completions in which the adapter found no role
+section (every role's text was then empty; CoMLRL's outcome). ``val/`` prefixed in validation."""
+EMPTY_ROLE = "centralized/empty_role"
+"""Centralized actor: fraction of role texts (joint completions × roles) that are empty: a parse
+failure, a missing section or an empty one. ``val/`` prefixed in validation."""
+
 VAL_REWARD = "val/reward"
 VAL_RETURN = "val/return"
 VAL_PASS_AT_1 = "val/pass@1"

@@ -29,7 +29,7 @@ import torch
 from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.records import Turn
-from comlrl_lightning.core.rollout import Actors, RolloutPlan, rollout_tree
+from comlrl_lightning.core.rollout import Actors, RolloutPlan, compute_returns, rollout_tree
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 
 PAIR_SELECTION = Choice(
@@ -41,6 +41,32 @@ PAIR_SELECTION = Choice(
     },
 )
 """How winner/loser pairs are chosen among one prompt's scored candidates (ties never pair)."""
+
+PairSelection = PAIR_SELECTION.literal
+
+
+@dataclass
+class PreferenceConfig:
+    """How preference pairs are built from rollouts (CoMLRL's names and defaults; MADPO, MARLHF).
+
+    Raises:
+        ValueError: ``preference_num_candidates < 2``, an unknown ``pair_selection``, or a bad
+            ``preference_pairs_per_sample`` (see :func:`check_limit`), naming the field.
+    """
+
+    preference_num_candidates: int = 80
+    """Joint responses sampled per prompt (K, >= 2; one batched ``generate`` per agent). CoMLRL name."""
+    preference_pairs_per_sample: int | None = 16
+    """At most this many pairs per prompt (>= 1); must be null with ``pair_selection="all"``. CoMLRL name."""
+    pair_selection: PairSelection = "reward_gap"
+    """One of :data:`PAIR_SELECTION`. CoMLRL name."""
+
+    def __post_init__(self) -> None:
+        k = self.preference_num_candidates
+        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+            raise ValueError(f"preference_num_candidates: got {k!r}, must be an integer >= 2")
+        PAIR_SELECTION.check(self.pair_selection)
+        check_limit(self.pair_selection, self.preference_pairs_per_sample)
 
 
 def select_pair_indices(
@@ -142,10 +168,14 @@ def pairs_of_turn(
     pair_selection: str = "reward_gap",
     pairs_per_sample: int | None = 16,
     rng: Any = None,
+    prompts: list[list[str]] | None = None,
 ) -> PairSet:
     """Select pairs among each node's candidates of a rolled-out ``turn`` (aligned joint actions:
     candidate ``k`` of node ``g`` is row ``g·K + k`` of every agent). Nodes go in order, each
     drawing from ``rng`` once under ``random`` (CoMLRL's call order, one item at a time).
+    ``prompts``: per trained policy, per node, the prompt text a pair records (default: each agent's
+    observation; a joint actor's: its joint prompt). A pair's ``chosen`` / ``rejected`` hold one text
+    per trained policy (a joint actor: its joint completion).
 
     Raises:
         ValueError: as :func:`select_pair_indices`; a turn whose joint actions are not aligned.
@@ -163,7 +193,10 @@ def pairs_of_turn(
             texts = [turn.generations[i].texts for i in range(n)]
             pairs.append(
                 PreferencePair(
-                    prompts=[turn.nodes[node].prompts[i][-1] for i in range(n)],
+                    prompts=[
+                        turn.nodes[node].prompts[i][-1] if prompts is None else prompts[i][node]
+                        for i in range(n)
+                    ],
                     chosen=[texts[i][node * k + w] for i in range(n)],
                     rejected=[texts[i][node * k + r] for i in range(n)],
                     chosen_reward=float(rewards[node, w]),
@@ -208,4 +241,7 @@ def build_preference_pairs(
     PAIR_SELECTION.check(pair_selection)
     check_limit(pair_selection, pairs_per_sample)
     turns = rollout_tree(env, episodes, actors, RolloutPlan(num_generations=num_candidates), step=step)
-    return pairs_of_turn(turns[0], pair_selection, pairs_per_sample, rng)
+    compute_returns(turns, 1.0)  # one turn: each candidate's return is its reward
+    joint = getattr(actors, "joint_prompts", None)  # a joint actor (team/centralized.JointActor)
+    prompts = [list(joint)] if joint is not None and len(turns[0].generations) == 1 else None
+    return pairs_of_turn(turns[0], pair_selection, pairs_per_sample, rng, prompts)

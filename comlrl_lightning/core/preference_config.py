@@ -1,8 +1,9 @@
-"""Where preference pairs come from: :class:`PreferenceConfig` (CoMLRL ``MADPOConfig``'s pair knobs).
+"""Where MARLHF's preference pairs come from: :class:`PairSourceConfig`.
 
-Pairs are built from rollouts of the policy (:func:`~comlrl_lightning.core.preference.build_preference_pairs`:
-``preference_num_candidates`` joint responses per prompt, scored by the task reward, chosen by
-``pair_selection``) or read from a user's ``jsonl`` file (``pairs_path``,
+Pairs are built from rollouts of the policy (:func:`~comlrl_lightning.core.preference.build_preference_pairs`,
+with :class:`~comlrl_lightning.core.preference.PreferenceConfig`'s ``preference_num_candidates``,
+``preference_pairs_per_sample`` and ``pair_selection``) over ``preference_num_prompts`` training
+prompts, or read from a user's ``jsonl`` file (``pairs_path``,
 :func:`~comlrl_lightning.core.pairs.read_pairs`), e.g. human preferences.
 """
 
@@ -13,24 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from comlrl_lightning.core.pairs import PreferencePair, read_pairs
-from comlrl_lightning.core.preference import PAIR_SELECTION, build_preference_pairs, check_limit
+from comlrl_lightning.core.preference import PreferenceConfig, build_preference_pairs
 from comlrl_lightning.core.rollout import Actors
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 
 
 @dataclass
-class PreferenceConfig:
-    """How the preference pairs are built (or read)."""
+class PairSourceConfig:
+    """Which prompts MARLHF's pairs come from, or the file they are read from."""
 
     pairs_path: str | None = None
     """A ``jsonl`` pair file (``core/pairs.py``'s format) to learn from instead of building pairs from
-    rollouts: human preferences, or the pairs of an earlier run. None: build them."""
-    preference_num_candidates: int = 80
-    """Joint responses sampled per prompt to build pairs from (>= 2; CoMLRL's default 80)."""
-    preference_pairs_per_sample: int | None = 16
-    """Pairs kept per prompt (>= 1; null with ``pair_selection: all``; CoMLRL's default 16)."""
-    pair_selection: PAIR_SELECTION.literal = "reward_gap"
-    """Which non-tied pairs are kept (:data:`~comlrl_lightning.core.preference.PAIR_SELECTION`)."""
+    rollouts: human preferences, or the pairs of an earlier run (``<reward_model_dir>/pairs.jsonl``).
+    None: build them."""
     preference_num_prompts: int | None = None
     """Training prompts (the first ones of the train split, in order) whose candidates make pairs.
     None: every training prompt, as CoMLRL (one pass over its dataset)."""
@@ -39,11 +35,6 @@ class PreferenceConfig:
 
     def check(self) -> None:
         """Raises ValueError naming the field, the value and what is allowed."""
-        k = self.preference_num_candidates
-        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-            raise ValueError(f"preference_num_candidates: got {k!r}, must be an integer >= 2")
-        PAIR_SELECTION.check(self.pair_selection)
-        check_limit(self.pair_selection, self.preference_pairs_per_sample)
         n = self.preference_num_prompts
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ValueError(f"preference_num_prompts: got {n!r}, must be an integer >= 1 or null")
@@ -55,9 +46,14 @@ class PreferenceConfig:
 
 
 def collect_pairs(
-    cfg: PreferenceConfig, env: DecPOMDP, rows: Sequence[Any] | None, actors: Actors, num_agents: int
+    cfg: PairSourceConfig,
+    preference: PreferenceConfig,
+    env: DecPOMDP,
+    rows: Sequence[Any] | None,
+    actors: Actors,
+    num_agents: int,
 ) -> list[PreferencePair]:
-    """The pairs of ``cfg``: ``pairs_path``'s, else built from ``actors``' rollouts (one batched
+    """The pairs of ``cfg``: ``pairs_path``'s, else built (``preference``'s knobs) from ``actors``' rollouts (one batched
     ``generate`` per agent per ``preference_batch_size`` prompts) of the first
     ``preference_num_prompts`` of ``rows`` (a datamodule's ``train_rows``), scored by ``env``'s reward.
 
@@ -79,9 +75,9 @@ def collect_pairs(
             env,
             episodes[s : s + cfg.preference_batch_size],
             actors,
-            cfg.preference_num_candidates,
-            cfg.pair_selection,
-            cfg.preference_pairs_per_sample,
+            preference.preference_num_candidates,
+            preference.pair_selection,
+            preference.preference_pairs_per_sample,
         )
         pairs.extend(built.pairs)
     return pairs
