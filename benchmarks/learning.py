@@ -564,6 +564,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "loadavg": [min(r["loadavg_start"][0] for r in rs), max(r["loadavg_end"][0] for r in rs)],
             "final_texts": rs[-1]["final_texts"],
         }
+        if "marlhf" in rs[0]:  # phase 1 of each seed: pairs, reward-model fit
+            out[algorithm]["marlhf"] = [r["marlhf"] for r in rs]
         if all("parse_failure" in h for r in rs for h in r["history"]):  # centralized: per eval, seed mean
             fails = [[h["parse_failure"] for h in r["history"]] for r in rs]
             out[algorithm]["parse_failure"] = [sum(c) / len(c) for c in zip(*fails)]
@@ -655,6 +657,25 @@ def _ci(ci: Sequence[float], pts: bool = False) -> str:
     if pts:
         return f"[{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
     return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
+
+
+def _marlhf(summ: dict[str, Any]) -> str:
+    """The MARLHF bullet (empty when it has no row)."""
+    s = summ.get("marlhf")
+    if s is None or "marlhf" not in s:
+        return ""
+    m = s["marlhf"][0]
+    fits = "; ".join(
+        f"seed {seed}: {r['reward_info']['num_pairs']} pairs, training accuracy "
+        f"{100 * r['reward_info']['history'][-1]['reward_model/accuracy']:.0f}% after {len(r['reward_info']['history'])} epochs"
+        for seed, r in zip(s["seeds"], s["marlhf"])
+    )
+    return f"""- **MARLHF -> MAGRPO**: phase 1 samples K={m["pair_candidates"]} joint responses for each of the first {m["pair_prompts"]}
+  training problems ({m["pair_prompts"] * m["pair_candidates"] * 2} completions, counted in "Training samples", so its curve starts after
+  them), keeps up to {m["pairs_per_prompt"]} `reward_gap` pairs per problem and trains a joint reward model (a third SmolLM2-135M with
+  a scalar head, Bradley-Terry, {m["reward_epochs"]} epochs at {m["reward_learning_rate"]:g}, every pair trained on); phase 2 is MAGRPO for
+  the {m["rl_batches"]} batches left in MAGRPO's budget, rewarded by that model alone ({fits}).
+"""
 
 
 def _central(summ: dict[str, Any]) -> str:
@@ -758,7 +779,7 @@ def render(res: dict[str, Any]) -> str:
   (the same sampled completions per batch as MAGRPO's), pairs by `reward_gap` (at most 16 per problem: with K={cfg["k"]}
   every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch; CoMLRL's
   one-shot mode was not run on this budget.
-{_central(summ)}- **Not in this table**: MARLHF has not landed; the coordinator
+{_central(summ)}{_marlhf(summ)}- **Not in this table**: the coordinator
   (proposer/reviser, `comlrl-lightning coordinate`) has no validation loop and was not run on a task of its own here.
 - Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
