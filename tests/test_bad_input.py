@@ -570,3 +570,18 @@ def test_centralized_madpo_refuses_bad_values_before_any_model_loads(monkeypatch
     no_model_loads(monkeypatch)
     with pytest.raises(error, match=match):
         MADPO(agents="builtin:tiny-gpt2", collaboration_mode="centralized", **kwargs)
+
+
+def test_marlhf_bad_values_from_the_cli_fail_before_any_model_loads(monkeypatch, capsys):
+    no_model_loads(monkeypatch)
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        main(
+            ["fit", *experiment("toy_marlhf.yaml"), "--model.init_args.reward_model.reward_val_fraction=1.5"]
+        )
+    assert info.value.code == 1
+    assert "reward_val_fraction: got 1.5, must be in [0, 1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *experiment("toy_marlhf.yaml"), "--model.init_args.rl_algorithm=ppo"])
+    assert info.value.code == 2
+    assert "ppo" in capsys.readouterr().err
