@@ -29,6 +29,9 @@ the last epoch, bit-exact. The finished model is saved as an HF folder (``marlhf
 it done); a later run given that folder loads it instead of training again. The trained reward model
 is the exception to "frozen reward-model weights are not written into checkpoints": a phase-2
 checkpoint keeps its weights (``reward_models.<j>.*``), so it resumes without the folder.
+
+Not supported: ``num_turns > 1``; no pairs (every candidate tied) is an error, not CoMLRL's silent
+return; SIGTERM / Ctrl+C during phase 1 take effect at the first batch (Lightning's check).
 """
 
 from __future__ import annotations

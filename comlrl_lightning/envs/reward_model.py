@@ -19,7 +19,7 @@ weights are left out of Lightning checkpoints and reloaded from ``model`` on res
 trained here: :class:`~comlrl_lightning.algorithms.marlhf.MARLHF` trains a joint reward model (a
 one-label sequence classifier, :mod:`comlrl_lightning.algorithms.joint_reward_model`) and scores
 with it through this class, on the same text (:meth:`RewardModelReward.render`) and the same
-forward (:func:`sequence_scores`).
+forward (:func:`sequence_logits`). Its weights are the one reward model a Lightning checkpoint keeps.
 """
 
 from __future__ import annotations
