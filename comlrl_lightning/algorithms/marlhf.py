@@ -31,7 +31,7 @@ is the exception to "frozen reward-model weights are not written into checkpoint
 checkpoint keeps its weights (``reward_models.<j>.*``), so it resumes without the folder.
 
 Not supported: ``num_turns > 1``; no pairs (every candidate tied) is an error, not CoMLRL's silent
-return; SIGTERM / Ctrl+C during phase 1 take effect at the first batch (Lightning's check).
+return; a SIGTERM during phase 1 is not acted on until phase 1 ends (seen with a plain Trainer).
 """
 
 from __future__ import annotations
