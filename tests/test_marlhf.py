@@ -357,3 +357,21 @@ def test_humaneval_marlhf_config_runs_on_the_tiny_model_from_a_users_pair_file(t
     )
     assert "val/pass@1: 0.000 -> 0.000" in capsys.readouterr().out  # validation: the sandboxed task reward
     assert list(tmp_path.rglob("reward_model/marlhf.json"))
+
+
+@pytest.mark.parametrize("algorithm,n_critics", [("iac", 0), ("maac", 1), ("mareinforce", 0)])
+def test_phase2_runs_with_actor_critics_and_raw_advantages(trainer_factory, tmp_path, algorithm, n_critics):
+    pl.seed_everything(0)
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, separable_pairs(4))
+    m = marlhf(tmp_path, algorithm, epochs=1, pairs_path=str(path))
+    rec = Record()
+    steps = m.max_steps_for(1, 2, 1, n_critics) if n_critics else m.max_steps_for(1, 2)
+    trainer = trainer_factory(max_steps=steps, callbacks=[rec])
+    trainer.fit(m, data())
+    rm = m.joint_reward_model
+    out = rec.outputs[-1]
+    joint = [out.completions[i][0] for i in range(2)]
+    text = rm.render(joint, Episode(0, {}), 0, [out.user_prompts[i][0] for i in range(2)])
+    assert out.turn0_rewards[0, 0].item() == pytest.approx(rm.score_texts([text]).item(), abs=1e-5)
+    assert m.reward_info["num_pairs"] == 4
