@@ -375,3 +375,14 @@ def test_phase2_runs_with_actor_critics_and_raw_advantages(trainer_factory, tmp_
     text = rm.render(joint, Episode(0, {}), 0, [out.user_prompts[i][0] for i in range(2)])
     assert out.turn0_rewards[0, 0].item() == pytest.approx(rm.score_texts([text]).item(), abs=1e-5)
     assert m.reward_info["num_pairs"] == 4
+
+
+def test_reward_freeze_backbone_trains_only_the_scalar_head():
+    torch.manual_seed(0)
+    model, tok = load_reward_backbone(TINY)
+    base0, head0 = params(model.base_model), model.score.weight.detach().clone()
+    cfg = RewardModelConfig(reward_learning_rate=1e-2, reward_freeze_backbone=True, reward_train_batch_size=4)
+    rm = RewardModelReward(TINY, template=JOINT_RESPONSE_TEMPLATE)
+    fit_reward_model(model, tok, rm, RewardFitState([p.to_json() for p in separable_pairs(8)]), cfg)
+    assert_same(params(model.base_model), base0, "frozen backbone")
+    assert not torch.equal(model.score.weight, head0)
