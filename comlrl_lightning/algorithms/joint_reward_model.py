@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.pairs import PreferencePair, write_pairs
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.reward_model import JOINT_RESPONSE_TEMPLATE, RewardModelReward, sequence_logits
@@ -295,12 +296,12 @@ def fit_reward_model(
                 sums["loss"] += float(loss) * len(idx)
                 sums["accuracy"] += float((s_c > s_r).float().sum())
                 sums["margin"] += float((s_c - s_r).sum())
-        metrics = {f"reward_model/{k}": v / len(train) for k, v in sums.items()}
-        metrics["reward_model/skipped_steps"] = float(state.skipped_steps)
+        metrics = {M.reward_model(k): v / len(train) for k, v in sums.items()}
+        metrics[M.reward_model("skipped_steps")] = float(state.skipped_steps)
         if held:
             metrics.update(
                 {
-                    f"val/reward_model/{k}": v
+                    M.reward_model(k, held_out=True): v
                     for k, v in evaluate_pairs(
                         model, tok, held_c, held_r, cfg.reward_batch_size, reward.max_length
                     ).items()
