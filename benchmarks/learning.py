@@ -25,7 +25,9 @@ import json
 import os
 import random
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -200,8 +202,11 @@ class HeldOut(pl.Callback):
     """Records, at every validation, each held-out problem's outcome (1.0 solved) and the samples
     trained so far; ``history``: list of ``{"samples", "solved": [E]}`` in problem order."""
 
-    def __init__(self, samples_per_batch: int) -> None:
+    def __init__(self, samples_per_batch: int, offset: int = 0) -> None:
         self.samples_per_batch = samples_per_batch
+        self.offset = (
+            offset  # samples spent before the first batch (MARLHF's pairs), counted once training ran
+        )
         self.history: list[dict[str, Any]] = []
         self.batches = 0
         self._cur: dict[int, float] = {}
@@ -230,7 +235,8 @@ class HeldOut(pl.Callback):
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         solved = [self._cur[i] for i in sorted(self._cur)]
-        self.history.append({"samples": self.batches * self.samples_per_batch, "solved": solved})
+        samples = self.batches * self.samples_per_batch + (self.offset if self.batches else 0)
+        self.history.append({"samples": samples, "solved": solved})
         if self._failed:
             self.history[-1]["parse_failure"] = sum(self._failed) / len(self._failed)
         print(
@@ -307,7 +313,29 @@ CONFIG: dict[str, Any] = {  # the same task, samples and sampling for every algo
     "critic_learning_rate": 1e-4,  # IAC/MAAC critics (value heads start from scratch)
     "temperature": 0.7,
 }
-ALGORITHMS = ("magrpo", "iac", "maac", "coordinator", "centralized_magrpo", "madpo")
+ALGORITHMS = ("magrpo", "iac", "maac", "coordinator", "centralized_magrpo", "madpo", "marlhf")
+MARLHF_CONFIG: dict[str, Any] = {  # MARLHF -> MAGRPO within MAGRPO's budget: pair-building samples count
+    "pair_prompts": 8,  # training prompts whose candidates make pairs (phase 1)
+    "pair_candidates": 4,  # joint responses per prompt: 8 x 4 x 2 agents = 64 samples = 4 batches' worth
+    "pairs_per_prompt": 4,  # reward_gap pairs kept per prompt (4 is every pair of 2 right vs 2 wrong)
+    "reward_epochs": 2,
+    "reward_learning_rate": 1e-5,
+}
+"""Phase 1 of the ``marlhf`` row; its RL phase runs ``CONFIG["batches"]`` minus the batches the pairs
+cost (:func:`marlhf_rl_batches`), so its last held-out point is at MAGRPO's sample count."""
+
+
+def marlhf_pair_samples(cfg: dict[str, Any] = CONFIG) -> int:
+    """Completions (both agents) phase 1 samples to build its pairs."""
+    return MARLHF_CONFIG["pair_prompts"] * MARLHF_CONFIG["pair_candidates"] * 2
+
+
+def marlhf_rl_batches(cfg: dict[str, Any] = CONFIG) -> int:
+    """RL batches left to MARLHF once its pairs are paid for (the same total samples as MAGRPO)."""
+    per_batch = cfg["batch_size"] * cfg["k"] * 2
+    return cfg["batches"] - marlhf_pair_samples(cfg) // per_batch
+
+
 TAG_TOKENS = 25
 """SmolLM2 tokens of the tagged format's four tags with their newlines
 (``"<agent_0>\\n\\n</agent_0>\\n<agent_1>\\n\\n</agent_1>"``, what TaggedAdapter's prompt asks for)."""
@@ -342,6 +370,28 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
     sampling = SamplingConfig(
         max_new_tokens=TASKS[task].get("max_new_tokens", MAX_NEW_TOKENS), temperature=cfg["temperature"]
     )
+    if algorithm == "marlhf":
+        from comlrl_lightning import MARLHF
+
+        return MARLHF(
+            agents=agents,
+            rl_algorithm="magrpo",
+            rollout=RolloutConfig(num_generations=cfg["k"]),
+            sampling=sampling,
+            learning_rate=cfg["learning_rate"],
+            reward_model=dict(
+                reward_num_train_epochs=MARLHF_CONFIG["reward_epochs"],
+                reward_learning_rate=MARLHF_CONFIG["reward_learning_rate"],
+                reward_model_dir=cfg["reward_model_dir"],
+            ),
+            preference=dict(
+                preference_num_candidates=MARLHF_CONFIG["pair_candidates"],
+                preference_pairs_per_sample=MARLHF_CONFIG["pairs_per_prompt"],
+            ),
+            pair_source=dict(
+                preference_num_prompts=MARLHF_CONFIG["pair_prompts"], preference_batch_size=cfg["batch_size"]
+            ),
+        )
     if algorithm == "madpo":  # online: each batch's K candidates per problem -> pairs (MAGRPO's samples)
         from comlrl_lightning import MADPO, DPOConfig, PreferenceConfig
 
@@ -383,15 +433,17 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     """Train ``algorithm`` from the untrained team for ``cfg["batches"]`` batches with ``seed``;
     held-out success (greedy, every problem) before training and every ``eval_every`` batches."""
     pl.seed_everything(seed, workers=True, verbose=False)
-    module = build_module(algorithm, task, cfg)
+    scratch = tempfile.mkdtemp(prefix="learning_marlhf_") if algorithm == "marlhf" else None
+    module = build_module(algorithm, task, {**cfg, "reward_model_dir": scratch})
     dm = datamodule(task, cfg["batch_size"], seed)
     per_batch = cfg["batch_size"] * cfg["k"] * 2  # answers (centralized: 2 role answers per joint completion)
-    rec = HeldOut(per_batch)
+    rec = HeldOut(per_batch, marlhf_pair_samples(cfg) if scratch else 0)
     n_critics = 1 if algorithm == "maac" else 0
+    batches = marlhf_rl_batches(cfg) if scratch else cfg["batches"]
     steps = (
-        module.max_steps_for(cfg["batches"], 2, 1, n_critics)
+        module.max_steps_for(batches, 2, 1, n_critics)
         if n_critics
-        else module.max_steps_for(cfg["batches"], module.num_agents)  # centralized: one model
+        else module.max_steps_for(batches, module.num_agents)  # centralized: one model
     )
     trainer = _quiet_trainer(
         callbacks=[rec],
@@ -403,7 +455,12 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     t0, load0 = time.time(), os.getloadavg()
     trainer.validate(module, datamodule=dm, verbose=False)
     trainer.fit(module, datamodule=dm)
+    extra = {}
+    if scratch:  # the reward model's folder (hundreds of MB) is not kept; its record is
+        extra = {"marlhf": {**MARLHF_CONFIG, "rl_batches": batches, "reward_info": module.reward_info}}
+        shutil.rmtree(scratch, ignore_errors=True)
     return {
+        **extra,
         "algorithm": algorithm,
         "task": task,
         "seed": seed,
@@ -688,6 +745,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "loadavg": [min(r["loadavg_start"][0] for r in rs), max(r["loadavg_end"][0] for r in rs)],
             "final_texts": rs[-1]["final_texts"],
         }
+        if "marlhf" in rs[0]:  # phase 1 of each seed: pairs, reward-model fit
+            out[algorithm]["marlhf"] = [r["marlhf"] for r in rs]
         if all("parse_failure" in h for r in rs for h in r["history"]):  # centralized: per eval, seed mean
             fails = [[h["parse_failure"] for h in r["history"]] for r in rs]
             out[algorithm]["parse_failure"] = [sum(c) / len(c) for c in zip(*fails)]
@@ -791,6 +850,25 @@ def _ci(ci: Sequence[float], pts: bool = False) -> str:
     return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
 
 
+def _marlhf(summ: dict[str, Any]) -> str:
+    """The MARLHF bullet (empty when it has no row)."""
+    s = summ.get("marlhf")
+    if s is None or "marlhf" not in s:
+        return ""
+    m = s["marlhf"][0]
+    fits = "; ".join(
+        f"seed {seed}: {r['reward_info']['num_pairs']} pairs, training accuracy "
+        f"{100 * r['reward_info']['history'][-1]['reward_model/accuracy']:.0f}% after {len(r['reward_info']['history'])} epochs"
+        for seed, r in zip(s["seeds"], s["marlhf"])
+    )
+    return f"""- **MARLHF -> MAGRPO**: phase 1 samples K={m["pair_candidates"]} joint responses for each of the first {m["pair_prompts"]}
+  training problems ({m["pair_prompts"] * m["pair_candidates"] * 2} completions, counted in "Training samples", so its curve starts after
+  them), keeps up to {m["pairs_per_prompt"]} `reward_gap` pairs per problem and trains a joint reward model (a third SmolLM2-135M with
+  a scalar head, Bradley-Terry, {m["reward_epochs"]} epochs at {m["reward_learning_rate"]:g}, every pair trained on); phase 2 is MAGRPO for
+  the {m["rl_batches"]} batches left in MAGRPO's budget, rewarded by that model alone ({fits}).
+"""
+
+
 def _central(summ: dict[str, Any]) -> str:
     """The centralized MAGRPO bullet (empty when it has no row)."""
     s = summ.get("centralized_magrpo")
@@ -892,8 +970,7 @@ def render(res: dict[str, Any]) -> str:
   (the same sampled completions per batch as MAGRPO's), pairs by `reward_gap` (at most 16 per problem: with K={cfg["k"]}
   every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch; CoMLRL's
   one-shot mode was not run on this budget.
-{_coordinator_notes(res)}{_central(summ)}- **Not in this table**: MARLHF has not landed.
-- Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
+{_coordinator_notes(res)}{_central(summ)}{_marlhf(summ)}- Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
 """
 

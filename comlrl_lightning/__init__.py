@@ -4,9 +4,11 @@ from comlrl_lightning.algorithms.actor_critic import ActorCritic, ActorCriticRol
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.algorithms.centralized_magrpo import CentralizedMAGRPO
 from comlrl_lightning.algorithms.iac import IAC
+from comlrl_lightning.algorithms.joint_reward_model import RewardModelConfig
 from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.algorithms.madpo import MADPO
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
+from comlrl_lightning.algorithms.marlhf import MARLHF
 from comlrl_lightning.core.config import (
     AdvantageConfig,
     LossConfig,
@@ -16,6 +18,7 @@ from comlrl_lightning.core.config import (
 )
 from comlrl_lightning.core.dpo import DPOConfig
 from comlrl_lightning.core.preference import PreferenceConfig
+from comlrl_lightning.core.preference_config import PairSourceConfig
 from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
 from comlrl_lightning.envs.rewards import RewardFunction, RewardOutput, RewardProcessor, WeightedReward
@@ -58,6 +61,9 @@ __all__ = [
     "ActorCriticRolloutConfig",
     "CriticConfig",
     "CriticSpec",
+    "MARLHF",
+    "RewardModelConfig",
+    "PairSourceConfig",
     "MADPO",
     "DPOConfig",
     "PreferenceConfig",

@@ -382,6 +382,75 @@ def test_actor_critic_refuses_kl_as_reward_which_it_would_never_apply(monkeypatc
     cls(agents=["builtin:tiny-gpt2"] * 2, loss=dict(beta=0.1, kl_mode="loss"))
 
 
+# ------------------------------------------------------------------ MARLHF
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(rl_algorithm="ppo"), r"rl_algorithm: got 'ppo', allowed: \['magrpo', 'mareinforce'.*'maac'\]"),
+        (dict(reward_model=dict(reward_learning_rate=0)), r"reward_learning_rate: got 0, must be > 0"),
+        (
+            dict(reward_model=dict(reward_num_train_epochs=0)),
+            r"reward_num_train_epochs: got 0, must be an integer >= 1",
+        ),
+        (dict(reward_model=dict(reward_train_batch_size=0)), r"reward_train_batch_size: got 0"),
+        (
+            dict(reward_model=dict(reward_max_length=0)),
+            r"reward_max_length: got 0, must be an integer >= 1 or null",
+        ),
+        (
+            dict(reward_model=dict(reward_val_fraction=1.0)),
+            r"reward_val_fraction: got 1.0, must be in \[0, 1\)",
+        ),
+        (dict(reward_model=dict(reward_lr=1e-5)), r"reward_model: .*unexpected keyword argument 'reward_lr'"),
+        (
+            dict(preference=dict(preference_num_candidates=1)),
+            r"preference_num_candidates: got 1, must be an integer >= 2",
+        ),
+        (
+            dict(preference=dict(pair_selection="best")),
+            r"pair_selection: got 'best', allowed: \['reward_gap', 'all', 'random'\]",
+        ),
+        (
+            dict(preference=dict(pair_selection="all")),
+            r"preference_pairs_per_sample: got 16 with pair_selection='all'",
+        ),
+        (dict(pair_source=dict(preference_num_prompts=0)), r"preference_num_prompts: got 0"),
+        (dict(rollout=dict(num_turns=2)), r"rollout.num_turns: got 2; .*num_turns=1 only"),
+        (
+            dict(rl_algorithm="iac", advantage=dict(advantage_mode="mean")),
+            r"advantage: rl_algorithm='iac' \(IAC\) has no 'advantage'",
+        ),
+        (
+            dict(critic=dict(critic_type="q")),
+            r"critic: rl_algorithm='magrpo' \(MAGRPO\) has no 'critic'.*iac, maac",
+        ),
+        (dict(rl_algorithm="mareinforce", advantage=dict(advantage_mode="mean")), r"advantage_mode"),
+    ],
+)
+def test_marlhf_refuses_bad_config_before_any_model_loads(monkeypatch, kwargs, match):
+    from comlrl_lightning import MARLHF
+
+    no_model_loads(monkeypatch)
+    with pytest.raises((ValueError, TypeError), match=match):
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, **kwargs)
+
+
+def test_marlhf_checks_a_users_pair_file_before_any_model_loads(monkeypatch, tmp_path):
+    from comlrl_lightning import MARLHF
+
+    no_model_loads(monkeypatch)
+    with pytest.raises(FileNotFoundError, match=r"pair_source.pairs_path: no file at '.*nope.jsonl'"):
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, pair_source=dict(pairs_path=str(tmp_path / "nope.jsonl")))
+    three = jsonl(
+        tmp_path, [{"prompts": ["a", "b", "c"], "chosen": ["x", "y", "z"], "rejected": ["u", "v", "w"]}]
+    )
+    with pytest.raises(ValueError, match=r"rows.jsonl:1: the pair has 3 agents' completions, the team has 2"):
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, pair_source=dict(pairs_path=three))
+    bad = jsonl(tmp_path, [{"prompts": ["a", "b"], "chosen": ["x", "y"]}], "bad.jsonl")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: field 'rejected' must be a list of strings"):
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, pair_source=dict(pairs_path=bad))
+
+
 # ------------------------------------------------------------------ MADPO
 @pytest.mark.parametrize(
     ("groups", "message"),
@@ -501,3 +570,18 @@ def test_centralized_madpo_refuses_bad_values_before_any_model_loads(monkeypatch
     no_model_loads(monkeypatch)
     with pytest.raises(error, match=match):
         MADPO(agents="builtin:tiny-gpt2", collaboration_mode="centralized", **kwargs)
+
+
+def test_marlhf_bad_values_from_the_cli_fail_before_any_model_loads(monkeypatch, capsys):
+    no_model_loads(monkeypatch)
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        main(
+            ["fit", *experiment("toy_marlhf.yaml"), "--model.init_args.reward_model.reward_val_fraction=1.5"]
+        )
+    assert info.value.code == 1
+    assert "reward_val_fraction: got 1.5, must be in [0, 1)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *experiment("toy_marlhf.yaml"), "--model.init_args.rl_algorithm=ppo"])
+    assert info.value.code == 2
+    assert "ppo" in capsys.readouterr().err

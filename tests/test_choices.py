@@ -26,6 +26,7 @@ DECLARED = {
     "preference.loss_type",
     "preference_mode",
     "collaboration_mode",
+    "rl_algorithm",
 }
 
 

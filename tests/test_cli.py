@@ -163,7 +163,9 @@ def test_every_shipped_experiment_parses_with_print_config(config, capsys):
         assert "loss" not in init and "advantage" not in init
         return
     assert init["loss"]["loss_type"] in ("sequence_sum", "grpo")  # every group listed
-    if "critic" in init:  # IAC / MAAC: a critic group where MAGRPO has its advantage group
+    if init.get(
+        "critic"
+    ):  # IAC / MAAC: a critic group where MAGRPO has its advantage group (MARLHF: both keys)
         assert init["critic"]["critic_type"] == "v" and "advantage" not in init
     else:
         # advantage_mode is listed: unset (None) unless the experiment names it (MAGRPO then uses mean)

@@ -74,7 +74,9 @@ def test_summary_and_render_report_the_gain_and_whether_its_interval_excludes_ze
     }
     text = L.render(res)
     assert "| MAGRPO | 3 | 96 | 40.0%" in text and "+30.0 pts" in text and "**excludes 0**" in text
-    assert "Not run in the recorded budget: IAC, MAAC, COORDINATOR, CENTRALIZED_MAGRPO, MADPO." in text
+    assert (
+        "Not run in the recorded budget: IAC, MAAC, COORDINATOR, CENTRALIZED_MAGRPO, MADPO, MARLHF." in text
+    )
 
 
 def test_the_coordinator_task_checks_the_revisers_last_integer_and_holds_out_whole_questions():
@@ -173,3 +175,19 @@ def test_the_centralized_row_gets_the_agents_token_budget_plus_the_tags_and_repo
     summ = L.summarize([run(0, [1.0, 0.5]), run(1, [1.0, 0.25])])
     assert summ["centralized_magrpo"]["parse_failure"] == [1.0, 0.375]
     assert "at each evaluation: 100%, 38%." in L._central(summ) and L._central({}) == ""
+
+
+def test_marlhf_row_spends_magrpos_sample_budget_counting_its_pairs():
+    per_batch = L.CONFIG["batch_size"] * L.CONFIG["k"] * 2
+    pairs = L.marlhf_pair_samples()
+    assert (
+        pairs == L.MARLHF_CONFIG["pair_prompts"] * L.MARLHF_CONFIG["pair_candidates"] * 2
+        and pairs % per_batch == 0
+    )
+    assert pairs + L.marlhf_rl_batches() * per_batch == L.CONFIG["batches"] * per_batch
+    rec = L.HeldOut(per_batch, pairs)  # the curve's x: nothing before training, pairs counted after
+    rec._cur = {0: 1.0}
+    rec.on_validation_epoch_end(None, None)
+    rec.batches = L.marlhf_rl_batches()
+    rec.on_validation_epoch_end(None, None)
+    assert [h["samples"] for h in rec.history] == [0, L.CONFIG["batches"] * per_batch]

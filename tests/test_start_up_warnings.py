@@ -76,6 +76,8 @@ def args_for(name, tmp_path):
     extra = HUMANEVAL if name.startswith("humaneval") else []
     if name == "humaneval_maac.yaml":
         extra = [*extra, "--model.init_args.critics=[{model: builtin:tiny-gpt2}]"]
+    if name == "humaneval_marlhf.yaml":  # random tiny agents tie on every candidate: no pairs to build
+        extra = [*extra, "--model.init_args.pair_source.pairs_path=configs/data/marlhf_pairs_example.jsonl"]
     if name == "humaneval_centralized_magrpo.yaml":  # one joint actor
         extra = [*extra, "--model.init_args.agents=builtin:tiny-gpt2"]
     return ["fit", *experiment(name), *SHORT, *extra, f"--trainer.default_root_dir={tmp_path}"]

@@ -242,10 +242,14 @@ class CoMLRLModule(AgentOptimization):
         ``validation_step`` repeats each episode ``num_generations_eval`` times), greedy when
         :attr:`greedy_validation`."""
         plan = RolloutPlan.of(self.rollout_config, evaluation, greedy=evaluation and self.greedy_validation)
-        turns = rollout_tree(self.env, episodes, self.actors, plan, step=self.global_step)
+        turns = rollout_tree(self.rollout_env(evaluation), episodes, self.actors, plan, step=self.global_step)
         compute_returns(turns, plan.discount, plan.credit, plan.solved_return)
         self.score_turns(turns, plan, evaluation)
         return turns
+
+    def rollout_env(self, evaluation: bool) -> DecPOMDP:
+        """The Dec-POMDP a rollout acts in: :attr:`env` (MARLHF trains against its learned reward)."""
+        return self.env
 
     def score_turns(self, turns: list[Turn], plan: RolloutPlan, evaluation: bool) -> None:
         """What the algorithm adds to the rolled-out turns before its update (default: nothing)."""

@@ -78,6 +78,7 @@ def render(text: str) -> str:
 def load_all() -> None:
     """Import every module that declares a choice (the config imports them all)."""
     import comlrl_lightning.algorithms.madpo  # noqa: F401
+    import comlrl_lightning.algorithms.marlhf  # noqa: F401
     import comlrl_lightning.core.config  # noqa: F401
     import comlrl_lightning.envs.reward_model  # noqa: F401
     import comlrl_lightning.team.critics  # noqa: F401

@@ -100,6 +100,13 @@ def agent(i: int, name: str) -> str:
     return f"agent_{i}/{name}"
 
 
+def reward_model(name: str, held_out: bool = False) -> str:
+    """``reward_model/<name>`` (per epoch, over MARLHF's training pairs) or ``val/reward_model/<name>``
+    (its held-out pairs): ``loss`` (Bradley–Terry), ``accuracy`` (chosen scored above rejected),
+    ``margin`` (mean chosen − rejected score), ``skipped_steps`` (non-finite, training only)."""
+    return f"{'val/' if held_out else ''}reward_model/{name}"
+
+
 def critic(i: int, name: str) -> str:
     """``critic/agent_<i>/<name>``: one IAC critic's ``value_mean`` / ``value_loss`` / ``explained_variance``."""
     return f"critic/agent_{i}/{name.removeprefix('critic/')}"

@@ -16,7 +16,10 @@ fails before any weights are read. Its device is wherever its weights are: every
 (:class:`~comlrl_lightning.algorithms.base.CoMLRLModule`) lists it in ``reward_models`` and the
 strategy places it on ``reward_devices[i]`` (:mod:`comlrl_lightning.infra.strategy`). Its frozen
 weights are left out of Lightning checkpoints and reloaded from ``model`` on resume. It is never
-trained here (CoMLRL's MARLHF trains a reward model first; that is out of scope).
+trained here: :class:`~comlrl_lightning.algorithms.marlhf.MARLHF` trains a joint reward model (a
+one-label sequence classifier, :mod:`comlrl_lightning.algorithms.joint_reward_model`) and scores
+with it through this class, on the same text (:meth:`RewardModelReward.render`) and the same
+forward (:func:`sequence_logits`). Its weights are the one reward model a Lightning checkpoint keeps.
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ RewardModelKind = REWARD_MODEL_KIND.literal
 DEFAULT_TEMPLATE = "{joint_action}"
 """The whole joint action, one ``Agent i:`` block per agent (see :meth:`RewardModelReward.render`)."""
 DEFAULT_JUDGE_TEMPLATE = "{joint_action}\n\nDid the agents solve the task together? Answer yes or no:"
+JOINT_RESPONSE_TEMPLATE = "Joint multi-agent response\n\n{agent_blocks}"
+"""CoMLRL's joint reward-model text (``MARLHFTrainer._format_joint_text``): each agent's prompt and
+response, ``Agent 1 prompt:\n...\n\nAgent 1 response:\n...`` (1-based, as CoMLRL). Needs the prompts
+(:meth:`RewardModelReward.render`'s ``prompts``, or ``observe``)."""
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -65,6 +72,9 @@ class RewardModelReward:
         label: class whose probability is the score of a multi-label head (None: the last).
         positive, negative: the judge's answer words (``causal_lm``); their first tokens must differ.
         name: metric name (``rewards/<name>/mean``).
+        observe: ``(episode, agent) -> prompt``: each agent's turn-0 prompt for the template's prompt
+            fields (``prompt_<i>``, ``agent_blocks``) when called as a reward; MARLHF passes the env's
+            ``DecPOMDP.observe``. None: those fields are unavailable.
 
     Raises:
         ValueError: at construction, a bad ``kind``/``dtype``/``batch_size``/``max_length``, naming
@@ -85,6 +95,7 @@ class RewardModelReward:
         positive: str = " yes",
         negative: str = " no",
         name: str = "reward_model",
+        observe: Any = None,
     ) -> None:
         REWARD_MODEL_KIND.check(kind)
         if dtype not in _DTYPES:
@@ -103,6 +114,7 @@ class RewardModelReward:
         )
         self.batch_size, self.max_length, self.label = batch_size, max_length, label
         self.positive, self.negative, self.name = positive, negative, name
+        self.observe = observe
         self._model: nn.Module | None = None
         self._tokenizer: Any = None
         self._answer_ids: tuple[int, int] | None = None
@@ -154,8 +166,11 @@ class RewardModelReward:
         return model
 
     # ------------------------------------------------------------------ scoring
-    def render(self, joint_action: Sequence[str], episode: Episode, turn: int) -> str:
-        """The text scored for one joint action (see ``template``).
+    def render(
+        self, joint_action: Sequence[str], episode: Episode, turn: int, prompts: Sequence[str] | None = None
+    ) -> str:
+        """The text scored for one joint action (see ``template``). With ``prompts`` (one per agent)
+        the fields ``prompt_<i>`` and ``agent_blocks`` (:data:`JOINT_RESPONSE_TEMPLATE`) exist too.
 
         Raises:
             KeyError: the template names a field that is neither built in nor in the episode's row.
@@ -164,6 +179,12 @@ class RewardModelReward:
         fields.update({f"completion_{i}": c for i, c in enumerate(joint_action)})
         fields["joint_action"] = "\n\n".join(f"Agent {i}:\n{c}" for i, c in enumerate(joint_action))
         fields["turn"] = turn
+        if prompts is not None:
+            fields.update({f"prompt_{i}": p for i, p in enumerate(prompts)})
+            fields["agent_blocks"] = "\n\n".join(
+                f"Agent {i + 1} prompt:\n{p}\n\nAgent {i + 1} response:\n{c}"
+                for i, (p, c) in enumerate(zip(prompts, joint_action))
+            )
         try:
             return self.template.format(**fields)
         except KeyError as err:
@@ -176,13 +197,21 @@ class RewardModelReward:
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
     ) -> list[float]:
-        texts = [self.render(ja, ep, turn) for ja, ep in zip(joint_actions, episodes)]
+        observe = self.observe
+        texts = [
+            self.render(ja, ep, turn, None if observe is None else [observe(ep, i) for i in range(len(ja))])
+            for ja, ep in zip(joint_actions, episodes)
+        ]
         return self.score_texts(texts).tolist()
 
     @torch.inference_mode()
     def score_texts(self, texts: Sequence[str]) -> torch.Tensor:
-        """``[len(texts)]`` float32 scores on CPU, ``batch_size`` texts per forward."""
+        """``[len(texts)]`` float32 scores on CPU, ``batch_size`` texts per forward, in eval mode
+        (Lightning's ``fit`` puts every submodule of the LightningModule, the frozen reward models
+        too, in train mode: dropout would make a frozen reward noisy)."""
         model = self.model
+        if model.training:
+            model.eval()
         device = next(model.parameters()).device
         out = [
             self._score_batch(model, list(texts[i : i + self.batch_size]), device)
@@ -193,15 +222,7 @@ class RewardModelReward:
     def _score_batch(self, model: nn.Module, texts: list[str], device: torch.device) -> torch.Tensor:
         tok = self._tokenizer
         if self.kind == "sequence_classification":
-            enc = tok(
-                texts,
-                padding=True,
-                padding_side="right",
-                truncation=self.max_length is not None,
-                max_length=self.max_length,
-                return_tensors="pt",
-            )
-            logits = model(**{k: v.to(device) for k, v in enc.items()}).logits.float()  # [B, num_labels]
+            logits = sequence_logits(model, tok, texts, self.max_length, device)  # [B, num_labels]
             if logits.shape[-1] == 1:
                 return logits[:, 0].cpu()
             label = logits.shape[-1] - 1 if self.label is None else self.label
@@ -224,6 +245,24 @@ class RewardModelReward:
         assert self._answer_ids is not None
         pair = logits[:, list(self._answer_ids)].softmax(-1)  # [B, 2]: p(positive), p(negative), renormalised
         return pair[:, 0].cpu()
+
+
+def sequence_logits(
+    model: nn.Module, tokenizer: Any, texts: Sequence[str], max_length: int | None, device: torch.device
+) -> torch.Tensor:
+    """``[B, num_labels]`` float32 logits of a sequence classifier for ``B`` texts: right-padded, the
+    first ``max_length`` tokens kept, read at the last non-pad token (the HF head's rule). The one
+    forward of scoring and of :mod:`~comlrl_lightning.algorithms.joint_reward_model`'s training
+    (with grad there), so both read the same tokens."""
+    enc = tokenizer(
+        list(texts),
+        padding=True,
+        padding_side="right",
+        truncation=max_length is not None,
+        max_length=max_length,
+        return_tensors="pt",
+    )
+    return model(**{k: v.to(device) for k, v in enc.items()}).logits.float()
 
 
 def reward_models_of(reward: Any) -> list[RewardModelReward]:
