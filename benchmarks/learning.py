@@ -601,8 +601,20 @@ def _central(summ: dict[str, Any]) -> str:
   tags parsed back into the two answers the same exact-match reward checks; the same problems, K, batches and
   learning rate as MAGRPO, at most {s["max_new_tokens"]} new tokens (2 x the agents' 8 plus the {TAG_TOKENS} tokens of the four
   tags). "Training samples" counts role answers (2 per joint completion), as for the two-agent rows. Held-out
-  greedy parse failures (no tagged section, both answers empty), mean over seeds at each evaluation: {fails}.
+  greedy parse failures (no tagged section, both answers empty), mean over seeds at each evaluation: {fails}.{_null(s)}
 """
+
+
+def _null(s: dict[str, Any]) -> str:
+    """What a row whose every held-out outcome is 0 can and cannot say."""
+    if s["before"] or s["after"]:
+        return ""
+    return """
+  No held-out problem was solved before or after in any seed, so every bootstrap replicate is 0: the interval and
+  the smallest detectable gain (0.0 pts) are degenerate. What the row shows is that the model, untrained and
+  trained, never wrote a tagged section in greedy decoding (an honest null within this budget). The harness does
+  not record whether any sampled training completion (temperature 0.7) parsed: if none did, every group's rewards
+  were equal, its advantages 0, and the model got no gradient toward the format."""
 
 
 def render(res: dict[str, Any]) -> str:
@@ -640,7 +652,8 @@ def render(res: dict[str, Any]) -> str:
     examples = "\n".join(
         f"  - {who}: "
         + "; ".join(
-            f"agent {i}: " + ", ".join(f"`{t.strip()}`" for t in texts[:3]) for i, texts in enumerate(agents)
+            f"agent {i}: " + ", ".join(f"`{' '.join(t.split())}`" for t in texts[:3])  # one line each
+            for i, texts in enumerate(agents)
         )
         for who, agents in shown
         if agents
@@ -721,7 +734,9 @@ if __name__ == "__main__":
         }
         with open(json_path, "w") as fh:
             json.dump(res, fh, indent=1, default=str)
-        sys.exit(bench.main(["--render"]))
+        code = bench.main(["--render"])  # the numbers first: a failing plot loses none
+        plot_section(res["learning"], os.path.join(HERE, PNG))
+        sys.exit(code)
     elif sys.argv[1:2] == ["run"]:  # learning.py run magrpo,iac 0,1,2
         algos = sys.argv[2].split(",") if len(sys.argv) > 2 else list(ALGORITHMS)
         seeds = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [0, 1, 2]

@@ -100,3 +100,4 @@ def test_the_centralized_row_gets_the_agents_token_budget_plus_the_tags_and_repo
     summ = L.summarize([run(0, [1.0, 0.5]), run(1, [1.0, 0.25])])
     assert summ["centralized_magrpo"]["parse_failure"] == [1.0, 0.375]
     assert "at each evaluation: 100%, 38%." in L._central(summ) and L._central({}) == ""
+    assert "degenerate" in L._central(summ)  # nothing solved before or after: say what the row can mean
