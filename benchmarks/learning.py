@@ -611,10 +611,10 @@ def _null(s: dict[str, Any]) -> str:
         return ""
     return """
   No held-out problem was solved before or after in any seed, so every bootstrap replicate is 0: the interval and
-  the smallest detectable gain (0.0 pts) are degenerate. What the row shows is that the model, untrained and
-  trained, never wrote a tagged section in greedy decoding (an honest null within this budget). The harness does
-  not record whether any sampled training completion (temperature 0.7) parsed: if none did, every group's rewards
-  were equal, its advantages 0, and the model got no gradient toward the format."""
+  the smallest detectable gain (0.0 pts) are degenerate: an honest null within this budget, to be read with the
+  parse failures above (how often greedy decoding wrote no tagged section at all). The harness does not record
+  whether any sampled training completion (temperature 0.7) parsed: if none did, every group's rewards were
+  equal, its advantages 0, and the model got no gradient toward the format."""
 
 
 def render(res: dict[str, Any]) -> str:
