@@ -440,6 +440,42 @@ def run_missing(
             )
 
 
+PROBE_FILE = os.path.join(HERE, "learning_central_probe.json")
+"""What :func:`central_parse_probe` measured (read by the section when present)."""
+
+
+def central_parse_probe(task: str = TASK, problems: int = 24, cfg: dict[str, Any] = CONFIG) -> dict[str, Any]:
+    """How often the *untrained* joint actor's sampled completions (``cfg``'s K and temperature, as in
+    training) hold no tagged section, on the first ``problems`` training problems (24 x K=4 = the
+    96 joint completions of a whole training run's budget)."""
+    from comlrl_lightning.core.records import Node, TurnState
+    from comlrl_lightning.envs.base import Episode
+
+    pl.seed_everything(0, verbose=False)
+    module = build_module("centralized_magrpo", task, cfg)
+    module.configure_model()
+    dm = datamodule(task, cfg["batch_size"], 0)
+    t0, load0, failures, parsed = time.time(), os.getloadavg(), 0, []
+    episodes = [Episode(i, r) for i, r in enumerate(held_out_and_train(task)[1][:problems])]
+    for b in range(0, problems, 8):
+        nodes = [
+            Node(e, 0, [[dm.env.observe(e, i)] for i in range(2)], [[], []]) for e in episodes[b : b + 8]
+        ]
+        with torch.no_grad():
+            action = module.joint_actor.act(TurnState(0, nodes, cfg["k"]))
+        failures += sum(s.failed for s in module.joint_actor.splits)
+        parsed += [t for t, s in zip(action.generations[0].texts, module.joint_actor.splits) if not s.failed]
+    return {
+        "problems": problems,
+        "samples": problems * cfg["k"],
+        "failures": failures,
+        "parsed": parsed[:6],
+        "temperature": cfg["temperature"],
+        "wall_s": time.time() - t0,
+        "loadavg": [load0, os.getloadavg()],
+    }
+
+
 # --------------------------------------------------------------------------- statistics
 def bootstrap_means(per_seed: Sequence[Sequence[float]], reps: int = 10000, seed: int = 0) -> torch.Tensor:
     """``[reps]`` two-level bootstrap means over seeds and held-out problems (``per_seed``: one list
@@ -572,6 +608,9 @@ def section(
         "summary": summarize(runs),
         "png": PNG,
     }
+    if not quick and os.path.exists(PROBE_FILE):
+        with open(PROBE_FILE) as fh:
+            out["central_probe"] = json.load(fh)
     return out
 
 
@@ -590,8 +629,8 @@ def _ci(ci: Sequence[float], pts: bool = False) -> str:
     return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
 
 
-def _central(summ: dict[str, Any]) -> str:
-    """The centralized MAGRPO bullet (empty when it has no row)."""
+def _central(summ: dict[str, Any], probe: dict[str, Any] | None = None) -> str:
+    """The centralized MAGRPO bullet (empty when it has no row); ``probe``: :func:`central_parse_probe`'s."""
     s = summ.get("centralized_magrpo")
     if s is None or "parse_failure" not in s:
         return ""
@@ -601,8 +640,17 @@ def _central(summ: dict[str, Any]) -> str:
   tags parsed back into the two answers the same exact-match reward checks; the same problems, K, batches and
   learning rate as MAGRPO, at most {s["max_new_tokens"]} new tokens (2 x the agents' 8 plus the {TAG_TOKENS} tokens of the four
   tags). "Training samples" counts role answers (2 per joint completion), as for the two-agent rows. Held-out
-  greedy parse failures (no tagged section, both answers empty), mean over seeds at each evaluation: {fails}.{_null(s)}
+  greedy parse failures (no tagged section, both answers empty), mean over seeds at each evaluation: {fails}.{_null(s)}{_probe(probe)}
 """
+
+
+def _probe(p: dict[str, Any] | None) -> str:
+    if p is None:
+        return ""
+    return f"""
+  Sampled like training (untrained model, K=4, temperature {p["temperature"]}, the first {p["problems"]} training problems:
+  {p["samples"]} joint completions, a whole run's budget): {p["failures"]} of {p["samples"]} held no tagged section
+  (`python benchmarks/learning.py probe`; {p["wall_s"]:.0f} s at load {p["loadavg"][0][0]:.1f}-{p["loadavg"][1][0]:.1f})."""
 
 
 def _null(s: dict[str, Any]) -> str:
@@ -612,9 +660,8 @@ def _null(s: dict[str, Any]) -> str:
     return """
   No held-out problem was solved before or after in any seed, so every bootstrap replicate is 0: the interval and
   the smallest detectable gain (0.0 pts) are degenerate: an honest null within this budget, to be read with the
-  parse failures above (how often greedy decoding wrote no tagged section at all). The harness does not record
-  whether any sampled training completion (temperature 0.7) parsed: if none did, every group's rewards were
-  equal, its advantages 0, and the model got no gradient toward the format."""
+  parse failures (how often no tagged section was written at all). A group whose K completions all fail to parse
+  has equal rewards and zero advantages: no gradient toward the format."""
 
 
 def render(res: dict[str, Any]) -> str:
@@ -700,7 +747,7 @@ def render(res: dict[str, Any]) -> str:
   seed 0; `make learn` runs them one after another in one process.
 - **CI**: not run there (one run is ~15 min at load ~10); `tests/test_learning_bench.py` checks the pieces
   (held-out split, exact-match reward, bootstrap, table).
-{_central(summ)}- **Not in this table**: MADPO and MARLHF have not landed; the coordinator
+{_central(summ, res.get("central_probe"))}- **Not in this table**: MADPO and MARLHF have not landed; the coordinator
   (proposer/reviser, `comlrl-lightning coordinate`) has no validation loop and was not run on a task of its own here.
 - Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
@@ -737,6 +784,9 @@ if __name__ == "__main__":
         code = bench.main(["--render"])  # the numbers first: a failing plot loses none
         plot_section(res["learning"], os.path.join(HERE, PNG))
         sys.exit(code)
+    elif sys.argv[1:2] == ["probe"]:  # centralized MAGRPO: do sampled joint completions keep the tags?
+        with open(PROBE_FILE, "w") as fh:
+            json.dump(central_parse_probe(), fh, indent=1)
     elif sys.argv[1:2] == ["run"]:  # learning.py run magrpo,iac 0,1,2
         algos = sys.argv[2].split(",") if len(sys.argv) > 2 else list(ALGORITHMS)
         seeds = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [0, 1, 2]
