@@ -785,8 +785,9 @@ if __name__ == "__main__":
         plot_section(res["learning"], os.path.join(HERE, PNG))
         sys.exit(code)
     elif sys.argv[1:2] == ["probe"]:  # centralized MAGRPO: do sampled joint completions keep the tags?
+        probe = central_parse_probe()  # measured before the file is opened: a failure leaves no empty file
         with open(PROBE_FILE, "w") as fh:
-            json.dump(central_parse_probe(), fh, indent=1)
+            json.dump(probe, fh, indent=1)
     elif sys.argv[1:2] == ["run"]:  # learning.py run magrpo,iac 0,1,2
         algos = sys.argv[2].split(",") if len(sys.argv) > 2 else list(ALGORITHMS)
         seeds = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [0, 1, 2]
