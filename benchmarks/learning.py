@@ -688,6 +688,42 @@ def run_missing(
             )
 
 
+PROBE_FILE = os.path.join(HERE, "learning_central_probe.json")
+"""What :func:`central_parse_probe` measured (read by the section when present)."""
+
+
+def central_parse_probe(task: str = TASK, problems: int = 24, cfg: dict[str, Any] = CONFIG) -> dict[str, Any]:
+    """How often the *untrained* joint actor's sampled completions (``cfg``'s K and temperature, as in
+    training) hold no tagged section, on the first ``problems`` training problems (24 x K=4 = the
+    96 joint completions of a whole training run's budget)."""
+    from comlrl_lightning.core.records import Node, TurnState
+    from comlrl_lightning.envs.base import Episode
+
+    pl.seed_everything(0, verbose=False)
+    module = build_module("centralized_magrpo", task, cfg)
+    module.configure_model()
+    dm = datamodule(task, cfg["batch_size"], 0)
+    t0, load0, failures, parsed = time.time(), os.getloadavg(), 0, []
+    episodes = [Episode(i, r) for i, r in enumerate(held_out_and_train(task)[1][:problems])]
+    for b in range(0, problems, 8):
+        nodes = [
+            Node(e, 0, [[dm.env.observe(e, i)] for i in range(2)], [[], []]) for e in episodes[b : b + 8]
+        ]
+        with torch.no_grad():
+            action = module.joint_actor.act(TurnState(0, nodes, cfg["k"]))
+        failures += sum(s.failed for s in module.joint_actor.splits)
+        parsed += [t for t, s in zip(action.generations[0].texts, module.joint_actor.splits) if not s.failed]
+    return {
+        "problems": problems,
+        "samples": problems * cfg["k"],
+        "failures": failures,
+        "parsed": parsed[:6],
+        "temperature": cfg["temperature"],
+        "wall_s": time.time() - t0,
+        "loadavg": [load0, os.getloadavg()],
+    }
+
+
 # --------------------------------------------------------------------------- statistics
 def bootstrap_means(per_seed: Sequence[Sequence[float]], reps: int = 10000, seed: int = 0) -> torch.Tensor:
     """``[reps]`` two-level bootstrap means over seeds and held-out problems (``per_seed``: one list
@@ -827,6 +863,9 @@ def section(
         "png": PNG,
         "coordinator": {"task": COORD_TASK, "schedule": COORD_SCHEDULE},
     }
+    if not quick and os.path.exists(PROBE_FILE):
+        with open(PROBE_FILE) as fh:
+            out["central_probe"] = json.load(fh)
     return out
 
 
@@ -869,8 +908,8 @@ def _marlhf(summ: dict[str, Any]) -> str:
 """
 
 
-def _central(summ: dict[str, Any]) -> str:
-    """The centralized MAGRPO bullet (empty when it has no row)."""
+def _central(summ: dict[str, Any], probe: dict[str, Any] | None = None) -> str:
+    """The centralized MAGRPO bullet (empty when it has no row); ``probe``: :func:`central_parse_probe`'s."""
     s = summ.get("centralized_magrpo")
     if s is None or "parse_failure" not in s:
         return ""
@@ -880,8 +919,28 @@ def _central(summ: dict[str, Any]) -> str:
   tags parsed back into the two answers the same exact-match reward checks; the same problems, K, batches and
   learning rate as MAGRPO, at most {s["max_new_tokens"]} new tokens (2 x the agents' 8 plus the {TAG_TOKENS} tokens of the four
   tags). "Training samples" counts role answers (2 per joint completion), as for the two-agent rows. Held-out
-  greedy parse failures (no tagged section, both answers empty), mean over seeds at each evaluation: {fails}.
+  greedy parse failures (no tagged section, both answers empty), mean over seeds at each evaluation: {fails}.{_null(s)}{_probe(probe)}
 """
+
+
+def _probe(p: dict[str, Any] | None) -> str:
+    if p is None:
+        return ""
+    return f"""
+  Sampled like training (untrained model, K=4, temperature {p["temperature"]}, the first {p["problems"]} training problems:
+  {p["samples"]} joint completions, a whole run's budget): {p["failures"]} of {p["samples"]} held no tagged section
+  (`python benchmarks/learning.py probe`; {p["wall_s"]:.0f} s at load {p["loadavg"][0][0]:.1f}-{p["loadavg"][1][0]:.1f})."""
+
+
+def _null(s: dict[str, Any]) -> str:
+    """What a row whose every held-out outcome is 0 can and cannot say."""
+    if s["before"] or s["after"]:
+        return ""
+    return """
+  No held-out problem was solved before or after in any seed, so every bootstrap replicate is 0: the interval and
+  the smallest detectable gain (0.0 pts) are degenerate: an honest null within this budget, to be read with the
+  parse failures (how often no tagged section was written at all). A group whose K completions all fail to parse
+  has equal rewards and zero advantages: no gradient toward the format."""
 
 
 def render(res: dict[str, Any]) -> str:
@@ -919,7 +978,8 @@ def render(res: dict[str, Any]) -> str:
     examples = "\n".join(
         f"  - {who}: "
         + "; ".join(
-            f"agent {i}: " + ", ".join(f"`{t.strip()}`" for t in texts[:3]) for i, texts in enumerate(agents)
+            f"agent {i}: " + ", ".join(f"`{' '.join(t.split())}`" for t in texts[:3])  # one line each
+            for i, texts in enumerate(agents)
         )
         for who, agents in shown
         if agents
@@ -970,7 +1030,7 @@ def render(res: dict[str, Any]) -> str:
   (the same sampled completions per batch as MAGRPO's), pairs by `reward_gap` (at most 16 per problem: with K={cfg["k"]}
   every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch; CoMLRL's
   one-shot mode was not run on this budget.
-{_coordinator_notes(res)}{_central(summ)}{_marlhf(summ)}- Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
+{_coordinator_notes(res)}{_central(summ, res.get("central_probe"))}{_marlhf(summ)}- Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
 """
 
@@ -1043,7 +1103,13 @@ if __name__ == "__main__":
         }
         with open(json_path, "w") as fh:
             json.dump(res, fh, indent=1, default=str)
-        sys.exit(bench.main(["--render"]))
+        code = bench.main(["--render"])  # the numbers first: a failing plot loses none
+        plot_section(res["learning"], os.path.join(HERE, PNG))
+        sys.exit(code)
+    elif sys.argv[1:2] == ["probe"]:  # centralized MAGRPO: do sampled joint completions keep the tags?
+        probe = central_parse_probe()  # measured before the file is opened: a failure leaves no empty file
+        with open(PROBE_FILE, "w") as fh:
+            json.dump(probe, fh, indent=1)
     elif sys.argv[1:2] == ["run"]:  # learning.py run magrpo,iac 0,1,2
         algos = sys.argv[2].split(",") if len(sys.argv) > 2 else list(ALGORITHMS)
         seeds = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [0, 1, 2]

@@ -175,6 +175,16 @@ def test_the_centralized_row_gets_the_agents_token_budget_plus_the_tags_and_repo
     summ = L.summarize([run(0, [1.0, 0.5]), run(1, [1.0, 0.25])])
     assert summ["centralized_magrpo"]["parse_failure"] == [1.0, 0.375]
     assert "at each evaluation: 100%, 38%." in L._central(summ) and L._central({}) == ""
+    assert "degenerate" in L._central(summ)  # nothing solved before or after: say what the row can mean
+    probe = {
+        "temperature": 0.7,
+        "problems": 24,
+        "samples": 96,
+        "failures": 95,
+        "wall_s": 280.0,
+        "loadavg": [[6.7], [7.1]],
+    }
+    assert "95 of 96 held no tagged section" in L._central(summ, probe)
 
 
 def test_marlhf_row_spends_magrpos_sample_budget_counting_its_pairs():
