@@ -134,6 +134,17 @@ def rows(
     raise ValueError(f"rows: task {task!r} has too few distinct problems for n={n}")
 
 
+def question_overlap(task: str) -> dict[str, int]:
+    """How held out a pair task's held-out problems are question by question: ``problems`` held-out
+    problems, of which ``both_seen`` have each agent's question asked (in another pairing) in training,
+    and ``questions``: the distinct questions per agent in training (a problem is held out as a pair:
+    :func:`rows` excludes equal operand tuples, not equal questions)."""
+    held, train = held_out_and_train(task)
+    seen = [{r["q0"] for r in train}, {r["q1"] for r in train}]
+    both = sum(r["q0"] in seen[0] and r["q1"] in seen[1] for r in held)
+    return {"problems": len(held), "both_seen": both, "questions": max(map(len, seen))}
+
+
 def held_out_and_train(task: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The held-out problems and the training problems (operand tuples disjoint from held-out ones)."""
     held = rows(task, NUM_HELD_OUT, HELD_OUT_SEED)
@@ -863,6 +874,7 @@ def section(
         "png": PNG,
         "coordinator": {"task": COORD_TASK, "schedule": COORD_SCHEDULE},
     }
+    out["overlap"] = question_overlap(TASK)
     if not quick and os.path.exists(PROBE_FILE):
         with open(PROBE_FILE) as fh:
             out["central_probe"] = json.load(fh)
@@ -905,6 +917,17 @@ def _marlhf(summ: dict[str, Any]) -> str:
   them), keeps up to {m["pairs_per_prompt"]} `reward_gap` pairs per problem and trains a joint reward model (a third SmolLM2-135M with
   a scalar head, Bradley-Terry, {m["reward_epochs"]} epochs at {m["reward_learning_rate"]:g}, every pair trained on); phase 2 is MAGRPO for
   the {m["rl_batches"]} batches left in MAGRPO's budget, rewarded by that model alone ({fits}).
+"""
+
+
+def _overlap(o: dict[str, int] | None) -> str:
+    """The bullet saying what "held out" means for the pair task (:func:`question_overlap`)."""
+    if not o:
+        return ""
+    return f"""- **What "held out" means here**: a held-out problem is a *pair* of questions that no training problem is;
+  each agent's question alone is one of {o["questions"]} products, and {o["both_seen"]} of {o["problems"]} held-out problems have both
+  agents' questions asked, in other pairings, during training. So this table measures a team answering new joint
+  problems right and in format, not answering products it never saw; the coordinator's task holds out whole questions.
 """
 
 
@@ -1005,6 +1028,7 @@ def render(res: dict[str, Any]) -> str:
 - **Task rule, fixed before training**: {res["rule"]} Untrained greedy held-out success: {cal}.
 - **Held-out**: {n} problems (seed {HELD_OUT_SEED}), never trained on (training problems are drawn excluding them);
   success is greedy decoding of every held-out problem, measured before training and every {cfg["eval_every"]} batches.
+{_overlap(res.get("overlap"))}
 - **Training**: {cfg["batches"]} batches of {cfg["batch_size"]} problems, K={cfg["k"]} samples per agent (IAC/MAAC: K samples per
   agent per node too, critic baseline), temperature {cfg["temperature"]}, actor learning rate {cfg["learning_rate"]:g},
   critic learning rate {cfg["critic_learning_rate"]:g} (IAC: value heads on the agents' trunks; MAAC: a third SmolLM2 as

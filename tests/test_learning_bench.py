@@ -201,3 +201,15 @@ def test_marlhf_row_spends_magrpos_sample_budget_counting_its_pairs():
     rec.batches = L.marlhf_rl_batches()
     rec.on_validation_epoch_end(None, None)
     assert [h["samples"] for h in rec.history] == [0, L.CONFIG["batches"] * per_batch]
+
+
+def test_the_section_says_held_out_pairs_reuse_training_questions():
+    o = L.question_overlap(L.TASK)
+    held, train = L.held_out_and_train(L.TASK)
+    assert o["problems"] == len(held) == L.NUM_HELD_OUT
+    assert o["questions"] == 8 * 8  # operands 2..9 for each agent's own product
+    assert o["both_seen"] == sum(
+        r["q0"] in {t["q0"] for t in train} and r["q1"] in {t["q1"] for t in train} for r in held
+    )
+    text = L._overlap(o)
+    assert f"{o['both_seen']} of {o['problems']} held-out problems" in text and L._overlap(None) == ""
