@@ -1028,8 +1028,7 @@ def render(res: dict[str, Any]) -> str:
 - **Task rule, fixed before training**: {res["rule"]} Untrained greedy held-out success: {cal}.
 - **Held-out**: {n} problems (seed {HELD_OUT_SEED}), never trained on (training problems are drawn excluding them);
   success is greedy decoding of every held-out problem, measured before training and every {cfg["eval_every"]} batches.
-{_overlap(res.get("overlap"))}
-- **Training**: {cfg["batches"]} batches of {cfg["batch_size"]} problems, K={cfg["k"]} samples per agent (IAC/MAAC: K samples per
+{_overlap(res.get("overlap"))}- **Training**: {cfg["batches"]} batches of {cfg["batch_size"]} problems, K={cfg["k"]} samples per agent (IAC/MAAC: K samples per
   agent per node too, critic baseline), temperature {cfg["temperature"]}, actor learning rate {cfg["learning_rate"]:g},
   critic learning rate {cfg["critic_learning_rate"]:g} (IAC: value heads on the agents' trunks; MAAC: a third SmolLM2 as
   the centralised critic), library defaults otherwise (`sequence_sum` loss, AdamW).
