@@ -127,14 +127,12 @@ def test_history_compares_with_the_policy_k_rounds_back(tmp_path):
 def test_history_k2_keeps_what_later_rounds_need_and_saves_shared_weights_once(tmp_path):
     team = make_team(shared=True)
     cmp = comparator(team, comparator_policy="history", comparator_history_k=2, dir=str(tmp_path))
-    initial = weights(team.agents[0])
+    ends = {-1: weights(team.agents[0])}  # round -> the policy at its end (-1: initial)
     for r in range(3):
         cmp.begin_round(r)
-        expected = initial if r < 2 else end_of_0
-        assert same(weights(cmp.models()[1][0]), expected)
+        assert same(weights(cmp.models()[1][0]), ends[max(r - 2, -1)])
         step(team.agents[0])
-        if r == 0:
-            end_of_0 = weights(team.agents[0])
+        ends[r] = weights(team.agents[0])
         cmp.end_round(r)
     assert sorted(os.listdir(tmp_path)) == ["round_1", "round_2"]
     assert os.listdir(tmp_path / "round_2") == ["agent_0"]
