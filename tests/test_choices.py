@@ -22,6 +22,13 @@ DECLARED = {
     "parallel_training",
     "critic_type",
     "RewardModelReward.kind",
+    "comparator_policy",
+    "comparator_generation_mode",
+    "comparator_api_format",
+    "comparator_on_error",
+    "preference_scoring_reward",
+    "pair_selection",
+    "preference_replay_mode",
 }
 
 

@@ -22,7 +22,7 @@ Differences (each asserted below, with its cause):
    ``comparator_api_max_n_per_request: 1``. Cause: no vendor rules in the client.
 4. A centralized completion without tags: CoMLRL raises ``CentralizedComparatorParseError``; here
    every role is ``""`` and ``comparator/parse_failures`` counts it. Cause: a parse failure is a
-   defined outcome (issue 23).
+   defined outcome (as for the centralized actor).
 5. Replay ages: CoMLRL lists only non-empty rounds, so an empty round does not age the older ones and
    ``nearest_k`` counts non-empty rounds; here ages count rounds. With no empty round the weights and
    draws are identical.

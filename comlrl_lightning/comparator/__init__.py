@@ -1,4 +1,4 @@
-"""The iterative trainers' comparator (issue 24): who the current policy is compared with each round
+"""The iterative trainers' comparator: who the current policy is compared with each round
 (:mod:`~comlrl_lightning.comparator.policies`), its HTTP client (:mod:`~comlrl_lightning.comparator.api`),
 its per-round policy store (:mod:`~comlrl_lightning.comparator.history`), the tagged joint format
 (:mod:`~comlrl_lightning.comparator.tagged`), pairing (:mod:`~comlrl_lightning.comparator.pairing`) and

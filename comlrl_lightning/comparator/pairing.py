@@ -35,8 +35,8 @@ PAIR_SELECTION = Choice(
         "first, then the largest gap (CoMLRL's iterative default)",
     },
 )
-"""Which preference pairs an episode contributes (CoMLRL ``pair_selection``). One-shot MADPO has no
-comparator and refuses ``comparator_reward``."""
+"""Which preference pairs an episode contributes (CoMLRL ``pair_selection``): one declaration for
+one-shot and iterative MADPO; a trainer without a comparator must refuse ``comparator_reward``."""
 
 Side = tuple[str, int]
 """``("current" | "comparator", candidate index)``."""

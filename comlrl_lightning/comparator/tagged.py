@@ -3,7 +3,7 @@ role, and the split of its completion back into per-agent texts.
 
 A transcription of CoMLRL 1.4.3 ``preference/centralized.py`` ``TaggedCentralizedComparatorAdapter``
 (prompt text and tag pattern verbatim, so a comparator served for CoMLRL answers the same). The
-centralized *actor* (branch ``central``, issue 23) builds its own tagged adapter; when it lands,
+centralized *actor* (centralized MAGRPO, being built) has its own tagged adapter; when it lands,
 this module becomes that adapter's two functions and its tests stay.
 
 Where this differs from CoMLRL on purpose: a completion with none of the tags is a defined outcome
