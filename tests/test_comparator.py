@@ -117,11 +117,14 @@ def test_history_compares_with_the_policy_k_rounds_back(tmp_path):
     cmp.begin_round(1)
     assert same(weights(cmp.models()[0][0]), end_of_0)
     assert not same(weights(cmp.models()[0][0]), weights(team.agents[0]))
-    # a resumed run (new objects, the checkpoint's state) compares with the same folder
+    # a resumed run (new objects, a checkpoint taken inside round 1) compares with the same folder
     resumed = comparator(team, comparator_policy="history", comparator_history_k=1, dir=str(tmp_path))
     resumed.load_state_dict(cmp.state_dict())
     resumed.begin_round(1)
     assert same(weights(resumed.models()[0][0]), end_of_0)
+    cmp.end_round(1)
+    with pytest.raises(RuntimeError, match="outside a round"):
+        cmp.sample(PROMPTS, 1)
 
 
 def test_history_k2_keeps_what_later_rounds_need_and_saves_shared_weights_once(tmp_path):
@@ -212,5 +215,11 @@ def test_team_size_rules_are_checked_before_any_model_loads():
         ValueError, match=r"comparator_centralized_agent_index: got 2, must be below num_agents \(2\)"
     ):
         ComparatorConfig(comparator_centralized_agent_index=2).check(2)
+    with pytest.raises(ValueError, match="comparator_devices: .* needs one device per agent \\(2\\)"):
+        ComparatorConfig(comparator_policy="current_copy", comparator_devices=["cpu"]).check(2)
+    with pytest.raises(ValueError, match="comparator_devices: .* 'gpu0' is not a device"):
+        ComparatorConfig(comparator_policy="current_copy", comparator_devices=["cpu", "gpu0"]).check(2)
+    with pytest.raises(ValueError, match="comparator_devices: got 'cpu', only applies to comparator_policy"):
+        ComparatorConfig(comparator_devices="cpu")
     assert ComparatorConfig(comparator_policy="copy").comparator_policy == "current_copy"  # CoMLRL alias
     assert ComparatorConfig(comparator_policy="history").comparator_history_k == 1  # CoMLRL default

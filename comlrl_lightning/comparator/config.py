@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from comlrl_lightning.core.choices import Choice
 
 COMPARATOR_POLICY = Choice(
@@ -208,6 +210,13 @@ class ComparatorConfig:
                 isinstance(agents, str) or not agents or not all(isinstance(a, str) and a for a in agents)
             ):
                 _refuse("comparator_agents", agents, "must be a non-empty list of model sources")
+        if self.comparator_devices is not None and policy in ("current", "api"):
+            _refuse(
+                "comparator_devices",
+                self.comparator_devices,
+                "only applies to comparator_policy 'current_copy', 'model' or 'history' "
+                f"(it is {policy!r}: {'the agents sample where they are' if policy == 'current' else 'remote'})",
+            )
         if policy == "history" and self.comparator_history_k is None:
             self.comparator_history_k = 1
         if policy == "api":
@@ -247,8 +256,9 @@ class ComparatorConfig:
         """The rules that need the team's size (call before loading any model).
 
         Raises:
-            ValueError: ``comparator_centralized_agent_index`` not below ``num_agents``, or
-                ``comparator_agents`` of the wrong length.
+            ValueError: ``comparator_centralized_agent_index`` not below ``num_agents``,
+                ``comparator_agents`` or ``comparator_devices`` of the wrong length, or a device
+                string that is not a device.
         """
         if self.comparator_centralized_agent_index >= num_agents:
             _refuse(
@@ -256,6 +266,20 @@ class ComparatorConfig:
                 self.comparator_centralized_agent_index,
                 f"must be below num_agents ({num_agents})",
             )
+        devices = self.comparator_devices
+        if devices is not None and devices != "auto":
+            listed = [devices] if isinstance(devices, str) else list(devices)
+            if not isinstance(devices, str) and len(listed) != num_agents:
+                _refuse(
+                    "comparator_devices", devices, f"needs one device per agent ({num_agents}) or one string"
+                )
+            for device in listed:
+                try:
+                    torch.device(device)
+                except (RuntimeError, TypeError, ValueError):
+                    _refuse(
+                        "comparator_devices", devices, f"{device!r} is not a device (e.g. 'cpu', 'cuda:0')"
+                    )
         agents = self.comparator_agents
         if agents is not None:
             allowed = {1, num_agents} if self.comparator_generation_mode == "centralized" else {num_agents}

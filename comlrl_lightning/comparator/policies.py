@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -31,6 +31,7 @@ from comlrl_lightning.comparator.api import ApiClient, ComparatorError
 from comlrl_lightning.comparator.config import ComparatorConfig
 from comlrl_lightning.comparator.history import PolicyHistory
 from comlrl_lightning.comparator.tagged import build_tagged_prompt, parse_tagged_completion
+from comlrl_lightning.core import metrics as m
 from comlrl_lightning.core.generation import generate, has_chat_template, render_prompt
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,6 @@ class _Counters:
     retries: int = 0
     skipped_pairs: int = 0
     parse_failures: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class _Base:
@@ -123,8 +123,6 @@ class _Base:
 
     def metrics(self) -> dict[str, float]:
         """``comparator/*`` counts so far (see ``core/metrics.py``)."""
-        from comlrl_lightning.core import metrics as m
-
         c = self.counters
         return {
             m.COMPARATOR_ERRORS: float(c.errors),
@@ -252,6 +250,11 @@ class HistoryComparator(TeamComparator):
     def __init__(self, config: ComparatorConfig, team: Any, seed: int, directory: str) -> None:
         super().__init__(config, team, seed)
         self.history = PolicyHistory(directory, team, int(config.comparator_history_k or 1))
+
+    def models(self) -> list[tuple[nn.Module, Any]]:
+        if self._loaded is None:
+            raise RuntimeError("comparator_policy='history': sample() outside a round (before begin_round())")
+        return self._loaded
 
     def begin_round(self, round_index: int) -> None:
         self.history.save_initial()
