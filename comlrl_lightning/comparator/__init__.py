@@ -1,12 +1,13 @@
 """The iterative trainers' comparator: who the current policy is compared with each round
 (:mod:`~comlrl_lightning.comparator.policies`), its HTTP client (:mod:`~comlrl_lightning.comparator.api`),
 its per-round policy store (:mod:`~comlrl_lightning.comparator.history`), the tagged joint format
-(:mod:`~comlrl_lightning.comparator.tagged`), pairing (:mod:`~comlrl_lightning.comparator.pairing`) and
+(:mod:`~comlrl_lightning.comparator.tagged`), one build batch (:mod:`~comlrl_lightning.comparator.candidates`), pairing (:mod:`~comlrl_lightning.comparator.pairing`) and
 the config (:mod:`~comlrl_lightning.comparator.config`). Replay of earlier rounds' pairs is
 :mod:`comlrl_lightning.core.replay`. How they fit into a round: ``docs/iterative.md``.
 """
 
 from comlrl_lightning.comparator.api import ApiClient, ComparatorError
+from comlrl_lightning.comparator.candidates import CandidateBatch, build_candidates
 from comlrl_lightning.comparator.config import ComparatorConfig, RoundsConfig
 from comlrl_lightning.comparator.pairing import (
     PAIR_SELECTION,
@@ -19,11 +20,13 @@ from comlrl_lightning.comparator.policies import Comparator, ComparatorSample, b
 __all__ = [
     "PAIR_SELECTION",
     "ApiClient",
+    "CandidateBatch",
     "Comparator",
     "ComparatorConfig",
     "ComparatorError",
     "ComparatorSample",
     "RoundsConfig",
+    "build_candidates",
     "build_comparator",
     "comparison_order",
     "pair_with_comparator",
