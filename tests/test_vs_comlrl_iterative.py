@@ -1,13 +1,15 @@
 """Differential against CoMLRL 1.4.3 ``trainers/preference/iterative.py`` (``MADPOIterTrainer``):
 the comparator's API requests and completion extraction per format, the tagged centralized prompt
-and parse, the pairing and ordering of (current i, comparator i) in every ``pair_selection``, replay
+and parse, the pairing and ordering of (current i, comparator i) in every ``pair_selection``, one
+episode's whole scoring-and-pairing flow (``_generate_preference_pairs_for_item``), replay
 sampling weights and draws, the replay knobs' refusals, and per-round pair counts.
 
 Everything here calls CoMLRL's own code: a trainer built with ``object.__new__`` (its ``__init__``
 loads models) with the ``args`` attributes each method reads. Its API methods run against the same
 local HTTP server as ours; its replay writes and reads its own shard files; the only stand-in is its
 ``_preference_pair_from_record``, which tokenizes with the agents' tokenizers and is replaced by the
-identity (the records are compared as text).
+identity (the records are compared as text), and in the per-episode flow its two generation calls,
+which return fixed texts (the same texts go to ours).
 
 Differences (each asserted below, with its cause):
 
@@ -381,3 +383,58 @@ def test_replay_knobs_are_refused_where_comlrl_refuses_them(knobs):
     except ValueError:
         ours_ok = False
     assert ours_ok == comlrl_ok
+
+
+# ---------------------------------------------------------------------------------------- one build batch
+def _score(first: str, second: str) -> float:
+    return float((len(first) + 2 * len(second)) % 4)  # coarse: ties and equal comparator rewards
+
+
+def _their_episode_pairs(cur, cmp, prompts, mode, k, kc, limit):
+    """CoMLRL's ``_generate_preference_pairs_for_item`` with its two generation calls returning ``cur``
+    / ``cmp`` (``[N][K]`` texts) and no tokenizer (``_preference_tensors_from_text``)."""
+    t = theirs(pair_selection=mode, preference_pairs_per_sample=limit, preference_num_candidates=k)
+    t.args.comparator_num_candidates, t.args.joint_mode, t.args.log_reward_distribution = kc, "aligned", False
+    t.num_agents, t.reward_processor, t.agents = 2, lambda r: r, None
+    t.reward_func = lambda c0, c1: [_score(c0[0], c1[0])]
+    t._generate_policy_outputs_for_item = lambda agents, item, num_candidates, **kw: [
+        {"prompts": [prompts[i]], "completions": [cur[i]]} for i in range(2)
+    ]
+    t._generate_comparator_outputs_for_item = lambda item, iteration_idx, num_candidates, **kw: [
+        {"prompts": [prompts[i]], "completions": [cmp[i]]} for i in range(2)
+    ]
+    t._preference_tensors_from_text = lambda *args: None
+    return t._generate_preference_pairs_for_item({"x": "x"}, iteration_idx=0)
+
+
+def _our_episode_pairs(cur, cmp, mode, k, kc, limit, rng):
+    from comlrl_lightning.comparator import ComparatorSample, build_candidates
+    from comlrl_lightning.envs.base import DecPOMDP, Episode
+    from comlrl_lightning.team.agents import AgentSpec
+
+    comparator = SimpleNamespace(sample=lambda prompts, n, episodes=None: ComparatorSample(cmp, [True], n))
+    team = SimpleNamespace(tokenizers=[None, None], specs=[AgentSpec("x")] * 2)
+    team.generate = lambda rendered, kk: [SimpleNamespace(texts=list(cur[i])) for i in range(2)]
+    env = DecPOMDP(["solve: {x}", "check: {x}"], lambda ja, eps, turn: [_score(a[0], a[1]) for a in ja])
+    return build_candidates(team, env, comparator, [Episode(0, {"x": "x"})], k, kc, mode, limit, rng).pairs
+
+
+@pytest.mark.parametrize("mode", ["reward_gap", "all", "random", "comparator_reward"])
+@pytest.mark.parametrize("k, kc, limit", [(4, 4, None), (4, 3, 2), (2, 5, 1)])
+def test_an_episodes_pairs_equal_comlrls_generate_preference_pairs_for_item(mode, k, kc, limit):
+    """CoMLRL's whole per-episode flow (its reward call, selection and pair records) against
+    :func:`build_candidates` on the same texts (25 random text sets per case)."""
+    compared = 0
+    for seed in range(25):
+        rng = random.Random(seed)
+        cur = [["".join(rng.choices("ab", k=rng.randint(0, 4))) for _ in range(k)] for _ in range(2)]
+        cmp = [["".join(rng.choices("ab", k=rng.randint(0, 4))) for _ in range(kc)] for _ in range(2)]
+        random.seed(seed)
+        expected = _their_episode_pairs(cur, cmp, ["solve: x", "check: x"], mode, k, kc, limit)
+        got = _our_episode_pairs(cur, cmp, mode, k, kc, limit, random.Random(seed))
+        assert [(p.chosen, p.rejected, p.chosen_reward, p.rejected_reward, p.prompts) for p in got] == [
+            (p.winner_completions, p.loser_completions, p.winner_reward, p.loser_reward, p.prompts)
+            for p in expected
+        ], (seed, cur, cmp)
+        compared += len(got)
+    assert compared >= 10  # pairs were formed and compared, not only empty lists
