@@ -234,3 +234,12 @@ def test_the_key_is_never_in_errors_logs_config_or_checkpoint(server_factory, mo
 def test_a_key_header_in_the_config_is_refused(header):
     with pytest.raises(ValueError, match="comparator_api_headers: .*comparator_api_key_env"):
         config("http://h", comparator_api_headers={header: "k"}, comparator_api_key_header="X-Custom-Key")
+
+
+def test_a_missing_key_variable_is_refused_before_any_request(monkeypatch):
+    monkeypatch.delenv("CMP_KEY_MISSING", raising=False)
+    cfg = config("http://127.0.0.1:9/v1", comparator_api_key_env="CMP_KEY_MISSING")
+    with pytest.raises(
+        ValueError, match="comparator_api_key_env: got 'CMP_KEY_MISSING', but that environment"
+    ):
+        build_comparator(cfg, team=type("T", (), {"num_agents": 1})(), seed=0, sampling=SAMPLING)

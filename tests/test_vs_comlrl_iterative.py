@@ -6,10 +6,10 @@ sampling weights and draws, the replay knobs' refusals, and per-round pair count
 
 Everything here calls CoMLRL's own code: a trainer built with ``object.__new__`` (its ``__init__``
 loads models) with the ``args`` attributes each method reads. Its API methods run against the same
-local HTTP server as ours; its replay writes and reads its own shard files; the only stand-in is its
-``_preference_pair_from_record``, which tokenizes with the agents' tokenizers and is replaced by the
-identity (the records are compared as text), and in the per-episode flow its two generation calls,
-which return fixed texts (the same texts go to ours).
+local HTTP server as ours; its replay writes and reads its own shard files. Stand-ins, where it would
+need models: ``_preference_pair_from_record`` and ``_preference_tensors_from_text`` (they tokenize with
+the agents' tokenizers; the records are compared as text), and in the per-episode flow its two
+generation calls, which return fixed texts (the same texts go to ours).
 
 Differences (each asserted below, with its cause):
 

@@ -71,6 +71,10 @@ class ApiClient:
             current policy's sampling knobs, as CoMLRL sends ``self.args``').
         sleep: waits between retries (seconds); tests pass a recorder.
 
+    Raises:
+        ValueError: ``comparator_api_key_env`` names a variable that is not set (before any request
+            and, from :func:`~comlrl_lightning.comparator.policies.build_comparator`, before any model loads).
+
     Attributes:
         errors: failed HTTP attempts so far (every retry counted), for ``comparator/errors``.
         retries: retries made so far.
@@ -80,6 +84,12 @@ class ApiClient:
     def __init__(
         self, config: ComparatorConfig, sampling: dict[str, Any], sleep: Callable[[float], None] = time.sleep
     ) -> None:
+        env = config.comparator_api_key_env
+        if env and not os.environ.get(env):
+            raise ValueError(
+                f"comparator_api_key_env: got {env!r}, but that environment variable is not set (or empty); "
+                "export it, or give comparator_api_key_env: null for an endpoint without a key"
+            )
         self.config, self.sampling, self.sleep = config, dict(sampling), sleep
         self.errors = self.retries = self.requests = 0
 
