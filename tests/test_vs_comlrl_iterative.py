@@ -36,6 +36,9 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
+import comlrl.trainers.preference.centralized as centralized  # the test extra installs comlrl 1.4.3
+import comlrl.trainers.preference.iterative as iterative
+import comlrl.trainers.preference.madpo as madpo
 import pytest
 from local_http import chat_reply, serving
 
@@ -44,9 +47,6 @@ from comlrl_lightning.comparator.tagged import build_tagged_prompt, parse_tagged
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.replay import PreferenceReplay, ReplayConfig, replay_weights
 
-iterative = pytest.importorskip("comlrl.trainers.preference.iterative")
-centralized = pytest.importorskip("comlrl.trainers.preference.centralized")
-madpo = pytest.importorskip("comlrl.trainers.preference.madpo")
 Trainer = iterative.MADPOIterTrainer
 server_factory = pytest.fixture(serving)
 
