@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from comlrl_lightning.comparator import ComparatorConfig, build_comparator
-from comlrl_lightning.comparator.policies import HistoryComparator, TeamComparator
+from comlrl_lightning.comparator.history import HistoryComparator
+from comlrl_lightning.comparator.policies import TeamComparator
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import SamplingConfig
 from comlrl_lightning.team.agents import AgentSpec
@@ -158,6 +159,44 @@ def test_centralized_model_comparator_writes_one_tagged_completion_per_candidate
     assert [a for a, _ in seen] == [1] and "Agent 1 original prompt:\nsay hi" in seen[0][1][0]
     assert sample.joint(1) == [["x", ""], ["y", ""]]
     assert cmp.metrics()[M.COMPARATOR_PARSE_FAILURES] == 2
+
+
+def test_a_custom_adapter_writes_the_joint_prompt_and_splits_with_the_row():
+    class Lines:
+        """One role per line; the row's `sep` shows the adapter sees each episode's own row."""
+
+        def build_prompt(self, batch_item, agent_prompts):
+            return batch_item["sep"].join(agent_prompts)
+
+        def parse_completion(self, completion, batch_item, num_agents):
+            parts = completion.split(batch_item["sep"])
+            return parts if len(parts) == num_agents else None
+
+    team = make_team()
+    cmp = build_comparator(
+        ComparatorConfig(comparator_generation_mode="centralized"), team, 0, SAMPLING, adapter=Lines()
+    )
+    seen = []
+    cmp._generate = lambda agent, pair, prompts, k: seen.extend(prompts) or ["a|b", "c;d"]
+    sample = cmp.sample([["p"], ["q"]], 2, episodes=[{"sep": "|"}])
+    assert seen == ["p|q"] and sample.joint(0) == [["a", ""], ["b", ""]] and sample.parse_failures == 1
+
+
+@pytest.mark.parametrize("bad, error", [("one string", TypeError), (["only one"], ValueError)])
+def test_an_adapter_bug_is_an_error_not_a_parse_failure(bad, error):
+    class Broken:
+        def build_prompt(self, batch_item, agent_prompts):
+            return "joint"
+
+        def parse_completion(self, completion, batch_item, num_agents):
+            return bad
+
+    cmp = build_comparator(
+        ComparatorConfig(comparator_generation_mode="centralized"), make_team(), 0, SAMPLING, adapter=Broken()
+    )
+    cmp._generate = lambda agent, pair, prompts, k: ["x"] * k
+    with pytest.raises(error, match="Broken.parse_completion"):
+        cmp.sample([["p"], ["q"]], 1)
 
 
 @pytest.mark.parametrize(

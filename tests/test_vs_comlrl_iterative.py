@@ -244,6 +244,24 @@ def test_tagged_parse_equals_comlrls(text):
     assert parse_tagged_completion(text, 2) == (expected, True)
 
 
+def test_comlrls_own_adapter_works_in_our_comparator_unchanged(server_factory):
+    joint = "<agent_1>B</agent_1> <agent_0>A</agent_0>"
+    srv = server_factory(handler=lambda r: chat_reply([joint, "untagged"]))
+    cfg = ComparatorConfig(
+        comparator_policy="api",
+        comparator_api_url=srv.url,
+        comparator_api_format="openai_chat",
+        comparator_api_model="m",
+        comparator_generation_mode="centralized",
+    )
+    from comlrl_lightning.comparator.policies import ApiComparator
+
+    adapter = centralized.TaggedCentralizedComparatorAdapter()
+    sample = ApiComparator(cfg, 2, 0, SAMPLING, adapter=adapter).sample([["p0"], ["p1"]], 2, [{"id": 1}])
+    assert srv.requests[0]["body"]["messages"][0]["content"] == adapter.build_prompt({"id": 1}, ["p0", "p1"])
+    assert sample.joint(0) == [["A", ""], ["B", ""]] and sample.parse_failures == 1
+
+
 def test_difference_4_an_untagged_completion_is_an_outcome_here():
     with pytest.raises(centralized.CentralizedComparatorParseError):
         centralized.TaggedCentralizedComparatorAdapter().parse_completion("no tags", {}, 2)

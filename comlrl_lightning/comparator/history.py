@@ -1,5 +1,6 @@
-"""The ``history`` comparator's store: the team's policy at the start of training (``initial``) and at
-the end of each round (``round_<r>``), one HF folder per distinct agent model (``agent_<i>``).
+"""The ``history`` comparator (:class:`HistoryComparator`) and its store (:class:`PolicyHistory`):
+the team's policy at the start of training (``initial``) and at the end of each round
+(``round_<r>``), one HF folder per distinct agent model (``agent_<i>``).
 
 Why on disk, not in memory: ``k`` rounds of N models in host RAM cost ``k·N`` model copies for the
 whole run, and a resumed run would have lost them. HF folders survive a resume as they are (the
@@ -21,6 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from comlrl_lightning.comparator.config import ComparatorConfig
+from comlrl_lightning.comparator.policies import TeamComparator
+from comlrl_lightning.comparator.tagged import CentralizedComparatorAdapter
 from comlrl_lightning.infra.checkpoint_io import fsync_dir
 
 
@@ -131,3 +135,40 @@ class PolicyHistory:
             raise FileNotFoundError(
                 f"policy_checkpoint_dir={self.directory!r}: the checkpoint's {missing} are gone"
             )
+
+
+class HistoryComparator(TeamComparator):
+    """``history``: the agents as they were at the end of round ``r − comparator_history_k`` (the
+    initial agents while that is negative), kept as HF folders (:class:`PolicyHistory`)."""
+
+    def __init__(
+        self,
+        config: ComparatorConfig,
+        team: Any,
+        seed: int,
+        directory: str,
+        adapter: CentralizedComparatorAdapter | None = None,
+    ) -> None:
+        super().__init__(config, team, seed, adapter)
+        self.history = PolicyHistory(directory, team, int(config.comparator_history_k or 1))
+
+    def models(self) -> list[tuple[nn.Module, Any]]:
+        if self._loaded is None:
+            raise RuntimeError("comparator_policy='history': sample() outside a round (before begin_round())")
+        return self._loaded
+
+    def begin_round(self, round_index: int) -> None:
+        self.history.save_initial()
+        only = self.config.comparator_centralized_agent_index if self.centralized else None
+        self._loaded = self.history.load(round_index, [self._device(i) for i in range(self.num_agents)], only)
+
+    def end_round(self, round_index: int) -> None:
+        self._loaded = None
+        self.history.save_round(round_index)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "history": self.history.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.history.load_state_dict(state["history"])

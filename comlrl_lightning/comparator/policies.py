@@ -29,8 +29,12 @@ from torch import nn
 
 from comlrl_lightning.comparator.api import ApiClient, ComparatorError
 from comlrl_lightning.comparator.config import ComparatorConfig
-from comlrl_lightning.comparator.history import PolicyHistory
-from comlrl_lightning.comparator.tagged import build_tagged_prompt, parse_tagged_completion
+from comlrl_lightning.comparator.tagged import (
+    CentralizedComparatorAdapter,
+    TaggedAdapter,
+    joint_prompt,
+    split_completion,
+)
 from comlrl_lightning.core import metrics as m
 from comlrl_lightning.core.generation import generate, has_chat_template, render_prompt
 
@@ -94,9 +98,16 @@ class _Counters:
 class _Base:
     """Counters, the RNG stream, the centralized split, and the checkpoint state shared by all policies."""
 
-    def __init__(self, config: ComparatorConfig, num_agents: int, seed: int) -> None:
+    def __init__(
+        self,
+        config: ComparatorConfig,
+        num_agents: int,
+        seed: int,
+        adapter: CentralizedComparatorAdapter | None = None,
+    ) -> None:
         config.check(num_agents)
         self.config, self.num_agents, self.seed = config, num_agents, int(seed)
+        self.adapter = adapter or TaggedAdapter()
         self.counters = _Counters()
 
     def begin_round(self, round_index: int) -> None:
@@ -109,12 +120,17 @@ class _Base:
     def centralized(self) -> bool:
         return self.config.comparator_generation_mode == "centralized"
 
-    def _split(self, completions: Sequence[str]) -> tuple[list[list[str]], int]:
-        """``[N][len]`` per-agent texts of tagged completions, and how many had no tag."""
+    def _joint_prompts(self, prompts: Sequence[Sequence[str]], rows: Sequence[Any]) -> list[str]:
+        """``[B]`` the adapter's joint prompt per episode."""
+        return [joint_prompt(self.adapter, rows[b], [p[b] for p in prompts]) for b in range(len(rows))]
+
+    def _split(self, completions: Sequence[str], rows: Sequence[Any], k: int) -> tuple[list[list[str]], int]:
+        """``[N][B·K]`` per-agent texts of the joint completions (episode ``b``'s are rows
+        ``b·K .. b·K + K − 1``), and how many could not be parsed (their texts are ``""``)."""
         per_agent: list[list[str]] = [[] for _ in range(self.num_agents)]
         failures = 0
-        for text in completions:
-            parts, parsed = parse_tagged_completion(text, self.num_agents)
+        for r, text in enumerate(completions):
+            parts, parsed = split_completion(self.adapter, text, rows[r // k], self.num_agents)
             failures += not parsed
             for i, part in enumerate(parts):
                 per_agent[i].append(part)
@@ -150,8 +166,14 @@ class _Base:
 class TeamComparator(_Base):
     """``current``, ``current_copy`` and ``model``: sample with :meth:`models` through the team's path."""
 
-    def __init__(self, config: ComparatorConfig, team: Any, seed: int) -> None:
-        super().__init__(config, team.num_agents, seed)
+    def __init__(
+        self,
+        config: ComparatorConfig,
+        team: Any,
+        seed: int,
+        adapter: CentralizedComparatorAdapter | None = None,
+    ) -> None:
+        super().__init__(config, team.num_agents, seed, adapter)
         self.team = team
         self._loaded: list[tuple[nn.Module, Any]] | None = None
         self._copies: list[nn.Module] | None = None
@@ -229,9 +251,9 @@ class TeamComparator(_Base):
             torch.manual_seed(_stream_seed(self.seed, self.counters.calls))
             if self.centralized:
                 idx = self.config.comparator_centralized_agent_index
-                joint = [build_tagged_prompt([p[b] for p in prompts]) for b in range(num_episodes)]
-                texts = self._generate(idx, models[idx], joint, num_candidates)
-                per_agent, failures = self._split(texts)
+                rows = list(episodes) if episodes is not None else [{}] * num_episodes
+                texts = self._generate(idx, models[idx], self._joint_prompts(prompts, rows), num_candidates)
+                per_agent, failures = self._split(texts, rows, num_candidates)
                 return ComparatorSample(per_agent, [True] * num_episodes, num_candidates, failures)
             texts = self.team.map(lambda i: self._generate(i, models[i], prompts[i], num_candidates))
         return ComparatorSample(list(texts), [True] * num_episodes, num_candidates)
@@ -243,45 +265,21 @@ class TeamComparator(_Base):
         return generate(model, tok, rendered, k, self.team.sampling[agent], chat, do_sample=True).texts
 
 
-class HistoryComparator(TeamComparator):
-    """``history``: the agents as they were at the end of round ``r − comparator_history_k`` (the
-    initial agents while that is negative), kept as HF folders (:class:`PolicyHistory`)."""
-
-    def __init__(self, config: ComparatorConfig, team: Any, seed: int, directory: str) -> None:
-        super().__init__(config, team, seed)
-        self.history = PolicyHistory(directory, team, int(config.comparator_history_k or 1))
-
-    def models(self) -> list[tuple[nn.Module, Any]]:
-        if self._loaded is None:
-            raise RuntimeError("comparator_policy='history': sample() outside a round (before begin_round())")
-        return self._loaded
-
-    def begin_round(self, round_index: int) -> None:
-        self.history.save_initial()
-        only = self.config.comparator_centralized_agent_index if self.centralized else None
-        self._loaded = self.history.load(round_index, [self._device(i) for i in range(self.num_agents)], only)
-
-    def end_round(self, round_index: int) -> None:
-        self._loaded = None
-        self.history.save_round(round_index)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "history": self.history.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.history.load_state_dict(state["history"])
-
-
 class ApiComparator(_Base):
     """``api``: one :class:`ApiClient` request series per agent prompt (decentralized) or per episode
     (centralized, one tagged prompt); a failure after the retries skips the episode or stops the run
     (``comparator_on_error``)."""
 
     def __init__(
-        self, config: ComparatorConfig, num_agents: int, seed: int, sampling: dict[str, Any], client=None
-    ):
-        super().__init__(config, num_agents, seed)
+        self,
+        config: ComparatorConfig,
+        num_agents: int,
+        seed: int,
+        sampling: dict[str, Any],
+        client: ApiClient | None = None,
+        adapter: CentralizedComparatorAdapter | None = None,
+    ) -> None:
+        super().__init__(config, num_agents, seed, adapter)
         self.client = client or ApiClient(config, sampling)
 
     def sample(
@@ -296,8 +294,8 @@ class ApiComparator(_Base):
             try:
                 if self.centralized:
                     idx = self.config.comparator_centralized_agent_index
-                    joint = self.client.complete(build_tagged_prompt([p[b] for p in prompts]), k, idx, row)
-                    per_agent, failed = self._split(joint)
+                    prompt = joint_prompt(self.adapter, row or {}, [p[b] for p in prompts])
+                    per_agent, failed = self._split(self.client.complete(prompt, k, idx, row), [row or {}], k)
                     failures += failed
                 else:
                     per_agent = [
@@ -346,7 +344,12 @@ def _stream_seed(seed: int, calls: int) -> int:
 
 
 def build_comparator(
-    config: ComparatorConfig, team: Any, seed: int, sampling: dict[str, Any], history_dir: str | None = None
+    config: ComparatorConfig,
+    team: Any,
+    seed: int,
+    sampling: dict[str, Any],
+    history_dir: str | None = None,
+    adapter: CentralizedComparatorAdapter | None = None,
 ) -> Comparator:
     """The comparator ``config`` names, over ``team`` (loads nothing yet: ``model`` loads on first
     sample, ``history`` at its first round).
@@ -355,16 +358,20 @@ def build_comparator(
         sampling: the request's ``max_new_tokens`` / ``temperature`` / ``top_p`` / ``top_k`` (``api``).
         history_dir: ``history``'s folder when ``policy_checkpoint_dir`` is None (the module passes
             ``<default_root_dir>/policy_checkpoints``).
+        adapter: the centralized joint format (CoMLRL's ``centralized_comparator_adapter``); None:
+            :class:`~comlrl_lightning.comparator.tagged.TaggedAdapter`.
 
     Raises:
         ValueError: ``config.check(team.num_agents)`` fails, or ``history`` without any folder.
     """
     policy = config.comparator_policy
     if policy == "api":
-        return ApiComparator(config, team.num_agents, seed, sampling)
+        return ApiComparator(config, team.num_agents, seed, sampling, adapter=adapter)
     if policy == "history":
+        from comlrl_lightning.comparator.history import HistoryComparator  # it builds on TeamComparator
+
         directory = config.policy_checkpoint_dir or history_dir
         if not directory:
             raise ValueError("policy_checkpoint_dir: got None, comparator_policy='history' needs a folder")
-        return HistoryComparator(config, team, seed, directory)
-    return TeamComparator(config, team, seed)
+        return HistoryComparator(config, team, seed, directory, adapter)
+    return TeamComparator(config, team, seed, adapter)
