@@ -16,7 +16,7 @@ import yaml
 from local_http import chat_reply, serving
 
 from comlrl_lightning.comparator import ApiClient, ComparatorConfig, ComparatorError, build_comparator
-from comlrl_lightning.comparator.policies import ApiComparator
+from comlrl_lightning.comparator.remote import ApiComparator
 from comlrl_lightning.core import metrics as M
 
 SAMPLING = {"max_new_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": 5}
@@ -243,3 +243,32 @@ def test_a_missing_key_variable_is_refused_before_any_request(monkeypatch):
         ValueError, match="comparator_api_key_env: got 'CMP_KEY_MISSING', but that environment"
     ):
         build_comparator(cfg, team=type("T", (), {"num_agents": 1})(), seed=0, sampling=SAMPLING)
+
+
+def test_concurrent_requests_overlap_and_keep_the_samples_order(server_factory):
+    import threading
+    import time
+
+    lock, state = threading.Lock(), {"now": 0, "peak": 0}
+
+    def slow(r):
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.1)
+        with lock:
+            state["now"] -= 1
+        prompt = r["body"]["messages"][0]["content"]
+        return (400, {"e": 1}) if prompt == "bad" else chat_reply([prompt + "!"] * r["body"]["n"])
+
+    srv = server_factory(handler=slow)
+    prompts = [["e0", "bad", "e2", "e3"], ["f0", "f1", "f2", "f3"]]
+    serial = ApiComparator(config(srv.url), 2, 0, SAMPLING).sample(prompts, 2)
+    assert state["peak"] == 1
+    parallel = ApiComparator(config(srv.url, comparator_api_concurrency=4), 2, 0, SAMPLING)
+    got = parallel.sample(prompts, 2)
+    assert state["peak"] >= 2  # requests were in flight together
+    assert got.texts == serial.texts and got.ok == serial.ok == [True, False, True, True]
+    assert parallel.metrics()[M.COMPARATOR_SKIPPED_PAIRS] == 2 and parallel.client.requests == 8
+    with pytest.raises(ValueError, match="comparator_api_concurrency: got 0"):
+        config(srv.url, comparator_api_concurrency=0)

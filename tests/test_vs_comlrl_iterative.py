@@ -254,7 +254,7 @@ def test_comlrls_own_adapter_works_in_our_comparator_unchanged(server_factory):
         comparator_api_model="m",
         comparator_generation_mode="centralized",
     )
-    from comlrl_lightning.comparator.policies import ApiComparator
+    from comlrl_lightning.comparator.remote import ApiComparator
 
     adapter = centralized.TaggedCentralizedComparatorAdapter()
     sample = ApiComparator(cfg, 2, 0, SAMPLING, adapter=adapter).sample([["p0"], ["p1"]], 2, [{"id": 1}])

@@ -1,8 +1,9 @@
 """The iterative trainers' comparator: who the current policy is compared with each round
-(:mod:`~comlrl_lightning.comparator.policies`), its HTTP client (:mod:`~comlrl_lightning.comparator.api`),
-its per-round policy store (:mod:`~comlrl_lightning.comparator.history`), the tagged joint format
-(:mod:`~comlrl_lightning.comparator.tagged`), one build batch (:mod:`~comlrl_lightning.comparator.candidates`), pairing (:mod:`~comlrl_lightning.comparator.pairing`) and
-the config (:mod:`~comlrl_lightning.comparator.config`). Replay of earlier rounds' pairs is
+(:mod:`~comlrl_lightning.comparator.policies`, :mod:`~comlrl_lightning.comparator.history`,
+:mod:`~comlrl_lightning.comparator.remote`), its HTTP client (:mod:`~comlrl_lightning.comparator.api`),
+the centralized joint format (:mod:`~comlrl_lightning.comparator.tagged`), one build batch
+(:mod:`~comlrl_lightning.comparator.candidates`), pairing (:mod:`~comlrl_lightning.comparator.pairing`)
+and the config (:mod:`~comlrl_lightning.comparator.config`). Replay of earlier rounds' pairs is
 :mod:`comlrl_lightning.core.replay`. How they fit into a round: ``docs/iterative.md``.
 """
 

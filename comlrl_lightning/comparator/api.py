@@ -29,6 +29,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -92,6 +93,9 @@ class ApiClient:
             )
         self.config, self.sampling, self.sleep = config, dict(sampling), sleep
         self.errors = self.retries = self.requests = 0
+        self._count = (
+            threading.Lock()
+        )  # requests of one sample may run in threads (comparator_api_concurrency)
 
     # ------------------------------------------------------------------ one prompt
     def complete(self, prompt: str, num_candidates: int, agent: int = 0, episode: Any = None) -> list[str]:
@@ -198,10 +202,12 @@ class ApiClient:
             try:
                 return self._send(body)
             except ComparatorError as err:
-                self.errors += 1
+                with self._count:
+                    self.errors += 1
                 if not err.retryable or attempt == retries:
                     raise
-                self.retries += 1
+                with self._count:
+                    self.retries += 1
                 self.sleep(self._backoff(attempt) if err.retry_after is None else err.retry_after)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -209,7 +215,8 @@ class ApiClient:
         return min(self.config.comparator_api_retry_backoff * 2**attempt, MAX_BACKOFF_S)
 
     def _send(self, body: dict[str, Any]) -> Any:
-        self.requests += 1
+        with self._count:
+            self.requests += 1
         request = urllib.request.Request(
             str(self.config.comparator_api_url),
             data=json.dumps(body).encode("utf-8"),

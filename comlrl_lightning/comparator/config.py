@@ -171,6 +171,10 @@ class ComparatorConfig:
     comparator_api_retry_backoff: float = 1.0
     """``api``: seconds before the first retry, doubled each retry and capped at 30 s; a server's
     ``Retry-After`` (seconds, capped the same) replaces it (>= 0). Not in CoMLRL."""
+    comparator_api_concurrency: int = 1
+    """``api``: requests of one sample in flight at once, over episodes × agents (>= 1; each its own
+    retries). 1: one after another, as CoMLRL (it runs agents in threads only with ``parallel_training``).
+    Not in CoMLRL."""
     comparator_on_error: ComparatorOnError = "skip"
     """One of :data:`COMPARATOR_ON_ERROR`. Not in CoMLRL (it stops at the first failure)."""
 
@@ -237,6 +241,9 @@ class ComparatorConfig:
         timeout = self.comparator_api_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
             _refuse("comparator_api_timeout", timeout, "must be a finite number of seconds > 0")
+        workers = self.comparator_api_concurrency
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            _refuse("comparator_api_concurrency", workers, "must be an integer >= 1")
         retries = self.comparator_api_max_retries
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             _refuse("comparator_api_max_retries", retries, "must be an integer >= 0")

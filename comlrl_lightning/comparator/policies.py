@@ -1,6 +1,9 @@
 """The comparator: for the same per-agent prompts, ``K`` joint responses from a policy other than
 (or a frozen view of) the one being trained. One protocol (:class:`Comparator`), five policies
-(:data:`~comlrl_lightning.comparator.config.COMPARATOR_POLICY`), built by :func:`build_comparator`.
+(:data:`~comlrl_lightning.comparator.config.COMPARATOR_POLICY`), built by :func:`build_comparator`:
+:class:`TeamComparator` (``current``, ``current_copy``, ``model``) here,
+:class:`~comlrl_lightning.comparator.history.HistoryComparator` and
+:class:`~comlrl_lightning.comparator.remote.ApiComparator` beside it, all on :class:`BaseComparator`.
 
 Model-based policies (``current``, ``current_copy``, ``model``, ``history``) generate through the
 team's path (``Team.generate`` / :func:`comlrl_lightning.core.generation.generate`: one batched call
@@ -27,7 +30,6 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from comlrl_lightning.comparator.api import ApiClient, ComparatorError
 from comlrl_lightning.comparator.config import ComparatorConfig
 from comlrl_lightning.comparator.tagged import (
     CentralizedComparatorAdapter,
@@ -95,7 +97,7 @@ class _Counters:
     parse_failures: int = 0
 
 
-class _Base:
+class BaseComparator:
     """Counters, the RNG stream, the centralized split, and the checkpoint state shared by all policies."""
 
     def __init__(
@@ -163,7 +165,7 @@ class _Base:
             setattr(self.counters, name, int(state[name]))
 
 
-class TeamComparator(_Base):
+class TeamComparator(BaseComparator):
     """``current``, ``current_copy`` and ``model``: sample with :meth:`models` through the team's path."""
 
     def __init__(
@@ -265,67 +267,6 @@ class TeamComparator(_Base):
         return generate(model, tok, rendered, k, self.team.sampling[agent], chat, do_sample=True).texts
 
 
-class ApiComparator(_Base):
-    """``api``: one :class:`ApiClient` request series per agent prompt (decentralized) or per episode
-    (centralized, one tagged prompt); a failure after the retries skips the episode or stops the run
-    (``comparator_on_error``)."""
-
-    def __init__(
-        self,
-        config: ComparatorConfig,
-        num_agents: int,
-        seed: int,
-        sampling: dict[str, Any],
-        client: ApiClient | None = None,
-        adapter: CentralizedComparatorAdapter | None = None,
-    ) -> None:
-        super().__init__(config, num_agents, seed, adapter)
-        self.client = client or ApiClient(config, sampling)
-
-    def sample(
-        self, prompts: Sequence[Sequence[str]], num_candidates: int, episodes: Sequence[Any] | None = None
-    ) -> ComparatorSample:
-        num_episodes, k = len(prompts[0]), num_candidates
-        texts: list[list[str]] = [[] for _ in range(self.num_agents)]
-        ok, failures = [], 0
-        self.counters.calls += 1
-        for b in range(num_episodes):
-            row = episodes[b] if episodes is not None else None
-            try:
-                if self.centralized:
-                    idx = self.config.comparator_centralized_agent_index
-                    prompt = joint_prompt(self.adapter, row or {}, [p[b] for p in prompts])
-                    per_agent, failed = self._split(self.client.complete(prompt, k, idx, row), [row or {}], k)
-                    failures += failed
-                else:
-                    per_agent = [
-                        self.client.complete(prompts[i][b], k, i, row) for i in range(self.num_agents)
-                    ]
-            except ComparatorError as err:
-                self._sync()
-                if self.config.comparator_on_error == "stop":
-                    raise ComparatorError(
-                        f"comparator_on_error='stop': {err}", err.retryable, err.status
-                    ) from None
-                log.warning("comparator failed for episode %d, its %d pairs skipped: %s", b, k, err)
-                self.counters.skipped_pairs += k
-                per_agent = [[""] * k for _ in range(self.num_agents)]
-                ok.append(False)
-            else:
-                ok.append(True)
-            for i in range(self.num_agents):
-                texts[i].extend(per_agent[i])
-        self._sync()
-        return ComparatorSample(texts, ok, k, failures)
-
-    def _sync(self) -> None:
-        self.counters.errors, self.counters.retries = self.client.errors, self.client.retries
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.client.errors, self.client.retries = self.counters.errors, self.counters.retries
-
-
 def _distinct(models: Sequence[tuple[nn.Module | None, Any]]) -> list[torch.Tensor]:
     """One parameter of each distinct model (its ``.device`` is where the model lives)."""
     seen, out = set(), []
@@ -366,9 +307,11 @@ def build_comparator(
     """
     policy = config.comparator_policy
     if policy == "api":
+        from comlrl_lightning.comparator.remote import ApiComparator  # it imports this module
+
         return ApiComparator(config, team.num_agents, seed, sampling, adapter=adapter)
     if policy == "history":
-        from comlrl_lightning.comparator.history import HistoryComparator  # it builds on TeamComparator
+        from comlrl_lightning.comparator.history import HistoryComparator  # it imports this module
 
         directory = config.policy_checkpoint_dir or history_dir
         if not directory:
