@@ -272,3 +272,35 @@ def test_concurrent_requests_overlap_and_keep_the_samples_order(server_factory):
     assert parallel.metrics()[M.COMPARATOR_SKIPPED_PAIRS] == 2 and parallel.client.requests == 8
     with pytest.raises(ValueError, match="comparator_api_concurrency: got 0"):
         config(srv.url, comparator_api_concurrency=0)
+
+
+def test_after_a_failure_the_episodes_other_requests_are_not_sent(server_factory):
+    srv = server_factory(handler=_failing_second_episode)
+    cmp = ApiComparator(config(srv.url), num_agents=2, seed=0, sampling=SAMPLING)
+    cmp.sample([["a0", "bad", "c0"], ["a1", "b1", "c1"]], num_candidates=1)
+    sent = [r["body"]["messages"][0]["content"] for r in srv.requests]
+    assert sent == ["a0", "a1", "bad", "c0", "c1"]  # not "b1": episode 1 had already failed
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_stop_sends_nothing_after_the_failure(server_factory, concurrency):
+    srv = server_factory(handler=_failing_second_episode)
+    cfg = config(srv.url, comparator_on_error="stop", comparator_api_concurrency=concurrency)
+    cmp = ApiComparator(cfg, num_agents=1, seed=0, sampling=SAMPLING)
+    with pytest.raises(ComparatorError, match="comparator_on_error='stop': .*HTTP 400"):
+        cmp.sample([["a", "bad", "c", "d", "e", "f", "g"]], num_candidates=1)
+    assert len(srv.requests) <= 2 + concurrency  # serial: "a", "bad"; threaded: those in flight
+
+
+def test_a_dead_endpoint_stops_after_too_many_failed_episodes_in_a_row(server_factory):
+    srv = server_factory(handler=lambda r: (503, {"e": "down"}))
+    cfg = config(srv.url, comparator_api_max_retries=0, comparator_max_consecutive_failures=3)
+    cmp = ApiComparator(cfg, num_agents=1, seed=0, sampling=SAMPLING)
+    assert cmp.sample([["a", "b"]], 1).ok == [False, False]  # 2 in a row: still skipping
+    resumed = ApiComparator(cfg, num_agents=1, seed=0, sampling=SAMPLING)
+    resumed.load_state_dict(cmp.state_dict())  # the count survives a resume
+    with pytest.raises(ComparatorError, match="comparator_max_consecutive_failures=3: 3 episodes in a row"):
+        resumed.sample([["c", "d"]], 1)
+    srv.handler = _failing_second_episode
+    cmp.consecutive_failures = 2
+    assert cmp.sample([["ok", "bad"]], 1).ok == [True, False] and cmp.consecutive_failures == 1

@@ -93,9 +93,8 @@ class ApiClient:
             )
         self.config, self.sampling, self.sleep = config, dict(sampling), sleep
         self.errors = self.retries = self.requests = 0
-        self._count = (
-            threading.Lock()
-        )  # requests of one sample may run in threads (comparator_api_concurrency)
+        # the requests of one sample may run in threads (comparator_api_concurrency)
+        self._count = threading.Lock()
 
     # ------------------------------------------------------------------ one prompt
     def complete(self, prompt: str, num_candidates: int, agent: int = 0, episode: Any = None) -> list[str]:

@@ -175,6 +175,10 @@ class ComparatorConfig:
     """``api``: requests of one sample in flight at once, over episodes × agents (>= 1; each its own
     retries). 1: one after another, as CoMLRL (it runs agents in threads only with ``parallel_training``).
     Not in CoMLRL."""
+    comparator_max_consecutive_failures: int | None = 16
+    """``api`` with ``skip``: this many episodes failing in a row (across samples; a success resets
+    the count) raise ``ComparatorError``: a dead endpoint stops the run instead of skipping every pair
+    of every round (>= 1; None: never). Not in CoMLRL."""
     comparator_on_error: ComparatorOnError = "skip"
     """One of :data:`COMPARATOR_ON_ERROR`. Not in CoMLRL (it stops at the first failure)."""
 
@@ -189,7 +193,12 @@ class ComparatorConfig:
         idx = self.comparator_centralized_agent_index
         if isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
             _refuse("comparator_centralized_agent_index", idx, "must be an integer >= 0")
-        for name in ("comparator_num_candidates", "comparator_history_k", "comparator_api_max_n_per_request"):
+        for name in (
+            "comparator_num_candidates",
+            "comparator_history_k",
+            "comparator_api_max_n_per_request",
+            "comparator_max_consecutive_failures",
+        ):
             _positive_int_or_none(name, getattr(self, name))
         only = {
             "model": ("comparator_model_name", "comparator_agents"),

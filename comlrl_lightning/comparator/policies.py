@@ -248,7 +248,7 @@ class TeamComparator(BaseComparator):
         models = self.models()
         num_episodes = len(prompts[0])
         self.counters.calls += 1
-        devices = sorted({str(m.device) for m in _distinct(models)} - {"cpu"})
+        devices = sorted({str(p.device) for p in _distinct(models) if p.device.type == "cuda"})
         with torch.random.fork_rng(devices=devices, device_type="cuda"):
             torch.manual_seed(_stream_seed(self.seed, self.counters.calls))
             if self.centralized:

@@ -7,6 +7,7 @@ episode or stops the run (``comparator_on_error``).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,9 +21,14 @@ log = logging.getLogger(__name__)
 
 
 class ApiComparator(BaseComparator):
-    """``api`` (see the module docstring). The sample's order does not depend on the concurrency:
-    texts are placed by (episode, agent), and with ``stop`` the error of the first failing episode is
-    raised once every request has returned."""
+    """``api`` (see the module docstring). The sample does not depend on the concurrency: texts are
+    placed by (episode, agent). Once a request of an episode fails, that episode's other requests are
+    not sent; with ``stop`` nothing more is sent and the first failing episode's error is raised.
+
+    Raises:
+        ComparatorError: from :meth:`sample`, with ``comparator_on_error="stop"`` after a failure,
+            or ``comparator_max_consecutive_failures`` episodes failed in a row.
+    """
 
     def __init__(
         self,
@@ -35,6 +41,8 @@ class ApiComparator(BaseComparator):
     ) -> None:
         super().__init__(config, num_agents, seed, adapter)
         self.client = client or ApiClient(config, sampling)
+        self.consecutive_failures = 0
+        """Episodes failed in a row, across samples (any success resets it)."""
 
     def sample(
         self, prompts: Sequence[Sequence[str]], num_candidates: int, episodes: Sequence[Any] | None = None
@@ -49,12 +57,21 @@ class ApiComparator(BaseComparator):
             ]
         else:
             jobs = [(b, i, prompts[i][b]) for b in range(num_episodes) for i in range(self.num_agents)]
+        failed: set[int] = set()  # episodes with a failed request: their other requests are not sent
+        stop = self.config.comparator_on_error == "stop"
+        abort, lock = threading.Event(), threading.Lock()
 
-        def run(job: tuple[int, int, str]) -> list[str] | ComparatorError:
+        def run(job: tuple[int, int, str]) -> list[str] | ComparatorError | None:
             b, agent, prompt = job
+            if abort.is_set() or b in failed:
+                return None
             try:
                 return self.client.complete(prompt, k, agent, rows[b])
             except ComparatorError as err:
+                with lock:
+                    failed.add(b)
+                if stop:
+                    abort.set()  # `stop` sends nothing more
                 return err
 
         self.counters.calls += 1
@@ -66,32 +83,51 @@ class ApiComparator(BaseComparator):
             replies = [run(job) for job in jobs]
         self._sync()
         per_episode = len(jobs) // max(num_episodes, 1)
+        chunks = [replies[b * per_episode : (b + 1) * per_episode] for b in range(num_episodes)]
+        errors = [next((g for g in c if isinstance(g, ComparatorError)), None) for c in chunks]
+        if stop and failed:  # requests after the abort came back None: raise before reading them
+            first = errors[min(failed)]
+            raise ComparatorError(f"comparator_on_error='stop': {first}", first.retryable, first.status)
         texts: list[list[str]] = [[] for _ in range(self.num_agents)]
         ok, failures = [], 0
         for b in range(num_episodes):
-            got = replies[b * per_episode : (b + 1) * per_episode]
-            error = next((g for g in got if isinstance(g, ComparatorError)), None)
+            got, error = chunks[b], errors[b]
             if error is not None:
-                if self.config.comparator_on_error == "stop":
-                    raise ComparatorError(
-                        f"comparator_on_error='stop': {error}", error.retryable, error.status
-                    )
-                log.warning("comparator failed for episode %d, its %d pairs skipped: %s", b, k, error)
-                self.counters.skipped_pairs += k
+                self._failed(b, k, error)
                 per_agent = [[""] * k for _ in range(self.num_agents)]
-            elif self.centralized:
-                per_agent, failed = self._split(got[0], [rows[b] or {}], k)
-                failures += failed
             else:
-                per_agent = got
+                self.consecutive_failures = 0
+                if self.centralized:
+                    per_agent, failed_parse = self._split(got[0], [rows[b] or {}], k)
+                    failures += failed_parse
+                else:
+                    per_agent = got
             ok.append(error is None)
             for i in range(self.num_agents):
                 texts[i].extend(per_agent[i])
         return ComparatorSample(texts, ok, k, failures)
 
+    def _failed(self, episode: int, k: int, error: ComparatorError) -> None:
+        """Count the skipped episode, or stop when too many failed in a row."""
+        self.consecutive_failures += 1
+        limit = self.config.comparator_max_consecutive_failures
+        if limit is not None and self.consecutive_failures >= limit:
+            raise ComparatorError(
+                f"comparator_max_consecutive_failures={limit}: {self.consecutive_failures} episodes in a row "
+                f"failed (the endpoint looks down); last: {error}",
+                error.retryable,
+                error.status,
+            )
+        log.warning("comparator failed for episode %d, its %d pairs skipped: %s", episode, k, error)
+        self.counters.skipped_pairs += k
+
     def _sync(self) -> None:
         self.counters.errors, self.counters.retries = self.client.errors, self.client.retries
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "consecutive_failures": self.consecutive_failures}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
+        self.consecutive_failures = int(state["consecutive_failures"])
         self.client.errors, self.client.retries = self.counters.errors, self.counters.retries
