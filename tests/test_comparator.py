@@ -262,3 +262,32 @@ def test_team_size_rules_are_checked_before_any_model_loads():
         ComparatorConfig(comparator_devices="cpu")
     assert ComparatorConfig(comparator_policy="copy").comparator_policy == "current_copy"  # CoMLRL alias
     assert ComparatorConfig(comparator_policy="history").comparator_history_k == 1  # CoMLRL default
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("comlrl_lightning.comparator.config", "ComparatorConfig"),
+        ("comlrl_lightning.comparator.config", "RoundsConfig"),
+        ("comlrl_lightning.core.replay", "ReplayConfig"),
+    ],
+)
+def test_every_config_field_is_typed_and_documented_where_it_is_declared(module, name):
+    import ast
+    import dataclasses
+    import importlib
+    import inspect
+
+    cls = getattr(importlib.import_module(module), name)
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    documented = {
+        node.target.id
+        for node, after in zip(body, body[1:])
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(after, ast.Expr)
+        and isinstance(after.value, ast.Constant)
+        and isinstance(after.value.value, str)
+        and after.value.value.strip()
+    }
+    fields = {f.name for f in dataclasses.fields(cls)}
+    assert fields and fields == documented, sorted(fields - documented)
