@@ -92,3 +92,37 @@ def test_per_agent_rewards_are_refused_naming_why():
         build_candidates(
             team, env, FixedComparator([["a"] * 2] * 2, [True, True]), EPISODES, 1, 1, "all", None
         )
+
+
+def test_two_rounds_of_build_replay_and_history_fit_together(tmp_path):
+    """The wiring docs/iterative.md plans, without the DPO step (one SGD step stands in for training)."""
+    from comlrl_lightning.comparator.history import HistoryComparator
+    from comlrl_lightning.core.replay import PreferenceReplay, ReplayConfig
+
+    torch.manual_seed(0)
+    team = Team(
+        [AgentSpec("builtin:tiny-gpt2"), AgentSpec("builtin:tiny-gpt2")], SamplingConfig(max_new_tokens=5)
+    )
+    team.load(with_reference=False)
+    env = DecPOMDP(["{prompt} A:", "{prompt} B:"], CountingReward())
+    cfg = ComparatorConfig(comparator_policy="history", policy_checkpoint_dir=str(tmp_path / "policies"))
+    cmp = build_comparator(cfg, team, seed=1, sampling={})
+    assert isinstance(cmp, HistoryComparator)
+    replay_cfg = ReplayConfig("all_history", preference_replay_sample_size=6)
+    replay = PreferenceReplay(replay_cfg, str(tmp_path / "replay"), seed=2, num_agents=2)
+    trained = []
+    for r in range(2):
+        cmp.begin_round(r)
+        pairs = []
+        for batch in (EPISODES[:1], EPISODES[1:]):
+            pairs += build_candidates(team, env, cmp, batch, 3, 3, "reward_gap", 2).pairs
+        replay.add_round(r, pairs)
+        trained.append(replay.select(r, pairs))
+        with torch.no_grad():  # stands in for the round's training
+            for p in team.agents[0].parameters():
+                p.add_(0.5)
+        cmp.end_round(r)
+    assert sorted(p.name for p in (tmp_path / "replay").iterdir()) == ["round_0.jsonl", "round_1.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "policies").iterdir()) == ["round_1"]  # k=1 keeps the last
+    assert [len(t) for t in trained] == [6, 6] and replay.counts()[0] == 2
+    assert all(len(p.chosen) == 2 for t in trained for p in t)
