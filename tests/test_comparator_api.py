@@ -284,12 +284,18 @@ def test_after_a_failure_the_episodes_other_requests_are_not_sent(server_factory
 
 @pytest.mark.parametrize("concurrency", [1, 3])
 def test_stop_sends_nothing_after_the_failure(server_factory, concurrency):
-    srv = server_factory(handler=_failing_second_episode)
+    def slow_success(r):  # successes take 0.3 s, the failure is immediate: nothing new starts after it
+        if r["body"]["messages"][0]["content"] == "bad":
+            return 400, {"error": "no"}
+        return (*chat_reply(["ok"]), {}, 0.3)
+
+    srv = server_factory(handler=slow_success)
     cfg = config(srv.url, comparator_on_error="stop", comparator_api_concurrency=concurrency)
     cmp = ApiComparator(cfg, num_agents=1, seed=0, sampling=SAMPLING)
     with pytest.raises(ComparatorError, match="comparator_on_error='stop': .*HTTP 400"):
         cmp.sample([["a", "bad", "c", "d", "e", "f", "g"]], num_candidates=1)
-    assert len(srv.requests) <= 2 + concurrency  # serial: "a", "bad"; threaded: those in flight
+    sent = sorted(r["body"]["messages"][0]["content"] for r in srv.requests)
+    assert sent == (["a", "bad"] if concurrency == 1 else ["a", "bad", "c"])  # threaded: those in flight
 
 
 def test_a_dead_endpoint_stops_after_too_many_failed_episodes_in_a_row(server_factory):
