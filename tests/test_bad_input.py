@@ -392,7 +392,11 @@ def test_actor_critic_refuses_kl_as_reward_which_it_would_never_apply(monkeypatc
         ),
         (
             {"preference": {"pair_selection": "best"}},
-            "pair_selection: got 'best', allowed: ['reward_gap', 'all', 'random']",
+            "pair_selection: got 'best', allowed: ['reward_gap', 'all', 'random', 'comparator_reward']",
+        ),
+        (
+            {"preference": {"pair_selection": "comparator_reward"}},
+            "preference.pair_selection: got 'comparator_reward', which ranks pairs against a comparator",
         ),
         (
             {"preference": {"pair_selection": "all"}},

@@ -26,6 +26,12 @@ DECLARED = {
     "preference.loss_type",
     "preference_mode",
     "collaboration_mode",
+    "comparator_policy",
+    "comparator_generation_mode",
+    "comparator_api_format",
+    "comparator_on_error",
+    "preference_scoring_reward",
+    "preference_replay_mode",
 }
 
 

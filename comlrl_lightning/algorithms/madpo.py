@@ -38,7 +38,11 @@ from comlrl_lightning.core.config import DEFAULTS, PlacementConfig, RolloutConfi
 from comlrl_lightning.core.dpo import DPOConfig, PairLogps, dpo_metrics, joint_dpo_losses
 from comlrl_lightning.core.pair_batch import PairTokens, agent_pair_logps, pair_step_output, pair_tokens
 from comlrl_lightning.core.pairs import PreferencePair
-from comlrl_lightning.core.preference import PreferenceConfig, build_preference_pairs
+from comlrl_lightning.core.preference import (
+    PreferenceConfig,
+    build_preference_pairs,
+    refuse_comparator_reward,
+)
 from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.team.agents import AgentSpec, normalize_agents
@@ -108,6 +112,8 @@ class MADPO(CoMLRLModule):
                 "collaboration_mode: got 'centralized'; MADPO's joint actor (CoMLRL's centralized "
                 "adapter) is not built in this release: allowed here: 'decentralized'"
             )
+        if not self.has_comparator:
+            refuse_comparator_reward(groups["preference"].pair_selection, "preference.pair_selection")
         groups["rollout"] = _candidate_rollout(groups["rollout"], groups["preference"])
         specs = normalize_agents(agents, num_agents)
         knobs = dict(
@@ -124,6 +130,10 @@ class MADPO(CoMLRLModule):
         """``[P][N]`` the token ids of :attr:`pairs`."""
         self._order: list[int] = []
         self._epoch = self._cursor = 0
+
+    has_comparator = False
+    """Whether pairs are formed against a comparator (``MADPOIter``): only then is
+    ``pair_selection="comparator_reward"`` accepted."""
 
     @property
     def uses_reference_model(self) -> bool:
