@@ -6,6 +6,7 @@ from comlrl_lightning.algorithms.centralized_magrpo import CentralizedMAGRPO
 from comlrl_lightning.algorithms.iac import IAC
 from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.algorithms.madpo import MADPO
+from comlrl_lightning.algorithms.madpo_iter import MADPOIter
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.core.config import (
     AdvantageConfig,
@@ -59,6 +60,7 @@ __all__ = [
     "CriticConfig",
     "CriticSpec",
     "MADPO",
+    "MADPOIter",
     "DPOConfig",
     "PreferenceConfig",
 ]
