@@ -209,3 +209,66 @@ def test_api_comparator_in_a_fit_against_a_local_server(
     (ckpt,) = os.listdir(tmp_path / "ckpt")
     assert secret.encode() not in (tmp_path / "ckpt" / ckpt).read_bytes()
     assert secret not in str(model.hparams)
+
+
+def test_the_toy_config_trains_two_rounds_from_the_cli(tmp_path):
+    import glob
+
+    from experiments import ROOT, experiment
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from comlrl_lightning.cli import main
+
+    os.chdir(ROOT)  # configs use paths relative to the repository root
+    main(
+        [
+            "fit",
+            *experiment("toy_madpo_iterative.yaml"),
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--data.init_args.num_train=8",
+            "--model.init_args.sampling.max_new_tokens=8",
+            "--trainer.log_every_n_steps=1",
+            "--trainer.limit_val_batches=1",
+        ]
+    )
+    (events,) = glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)
+    acc = EventAccumulator(events)
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"pairs/current", "pairs/train", "pairs/total", "iter/round", "iter/samples"} <= tags
+    assert {"comparator/errors", "comparator/skipped_pairs", "rewards/margins", "val/reward"} <= tags
+    assert sorted({int(e.value) for e in acc.Scalars("iter/round")}) == [0, 1]
+    assert len(acc.Scalars("pairs/current")) == 2  # one build per round
+    shards = sorted(p.name for p in (tmp_path / "preference_replay").iterdir())
+    assert shards == ["round_0.jsonl", "round_1.jsonl"]
+    assert acc.Scalars("iter/samples")[-1].value == 2 * 8 * (4 + 4)  # 2 rounds x 8 prompts x (K + K')
+
+
+def test_the_humaneval_config_trains_two_rounds_on_the_tiny_team(tmp_path):
+    from experiments import ROOT, experiment
+
+    from comlrl_lightning.cli import main
+
+    os.chdir(ROOT)
+    main(
+        [
+            "fit",
+            *experiment("humaneval_madpo_iterative.yaml"),
+            "--trainer.enable_progress_bar=false",
+            "--model.init_args.agents=[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]",
+            "--model.init_args.sampling.max_new_tokens=8",
+            "--model.init_args.sampling.max_prompt_length=256",
+            "--trainer.limit_train_batches=1",
+            "--data.init_args.max_val_samples=2",
+            "--data.init_args.val_batch_size=2",
+            "--validate_before_fit=false",
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+    )
+    shards = sorted(p.name for p in (tmp_path / "preference_replay").iterdir())
+    assert shards == ["round_0.jsonl", "round_1.jsonl"]
+    # history k=1: the policy after round 1 is kept for a next round; the initial one was pruned
+    assert sorted(p.name for p in (tmp_path / "policy_checkpoints").iterdir()) == ["round_1"]

@@ -4,7 +4,8 @@
 Each of ``rounds.num_rounds`` rounds (``docs/iterative.md``, "One round"):
 
 1. ``build``: the comparator opens the round (``begin_round``); the training set is walked once in
-   dataset order, one dataloader batch of prompts per ``training_step``: the current agents sample
+   dataset order (its first ``limit_train_batches`` batches, when that is set), one dataloader batch
+   of prompts per ``training_step``: the current agents sample
    ``preference_num_candidates`` joint responses, the comparator its ``comparator_num_candidates``
    for the same prompts, the task reward scores both, and current ``i`` is paired with comparator
    ``i`` (:func:`~comlrl_lightning.comparator.candidates.build_candidates`, ``pair_selection``);
@@ -34,6 +35,7 @@ mid-training, continues bit-exact. The API key is in none of them.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import random
 import time
@@ -211,7 +213,10 @@ class MADPOIter(MADPO):
             self._round_open = True
         loader = self.trainer.train_dataloader
         dataset, size = loader.dataset, max(int(getattr(loader, "batch_size", 1) or 1), 1)
-        end = min(self._position + size, len(dataset))
+        walk = len(dataset)
+        if math.isfinite(self.trainer.num_training_batches):  # limit_train_batches caps the walk
+            walk = min(walk, int(self.trainer.num_training_batches) * size)
+        end = min(self._position + size, walk)
         episodes = [dataset[i] for i in range(self._position, end)]
         p, c = self.preference, self.comparator_config
         built = build_candidates(
@@ -235,7 +240,7 @@ class MADPOIter(MADPO):
         n = len(episodes)
         self.log(M.REWARD, built.current_rewards.mean().to(self.device), prog_bar=True, batch_size=n)
         self._log_round(n)
-        if self._position >= len(dataset):
+        if self._position >= walk:
             self._finish_build()
 
     def _finish_build(self) -> None:
