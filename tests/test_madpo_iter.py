@@ -272,3 +272,29 @@ def test_the_humaneval_config_trains_two_rounds_on_the_tiny_team(tmp_path):
     assert shards == ["round_0.jsonl", "round_1.jsonl"]
     # history k=1: the policy after round 1 is kept for a next round; the initial one was pruned
     assert sorted(p.name for p in (tmp_path / "policy_checkpoints").iterdir()) == ["round_1"]
+
+
+def test_the_learning_harness_row_spends_the_online_rows_sample_budget(monkeypatch):
+    """``benchmarks/learning.py``'s ``madpo_iter`` row: its budget (comparator samples counted) equals
+    the online rows' in the recorded config, and its quick run (tiny model) counts what it generated."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import learning as L
+
+    cfg = L.CONFIG
+    module = L.build_module("madpo_iter", L.TASK, cfg)  # built, not loaded
+    k_cur = module.preference.preference_num_candidates
+    k_cmp = module.comparator_config.comparator_num_candidates
+    walk = cfg["batches"] // L.ITERATIVE_ROUNDS
+    iterative = module.rounds.num_rounds * walk * cfg["batch_size"] * (k_cur + k_cmp)
+    assert iterative == cfg["batches"] * cfg["batch_size"] * cfg["k"] == 96
+    assert module.comparator_config.comparator_policy == "current_copy"
+
+    monkeypatch.setattr(L, "SMOLLM2", "builtin:tiny-gpt2")
+    run = L.run_one("madpo_iter", L.TASK, 0, L.QUICK)
+    samples = [h["samples"] for h in run["history"]]
+    # quick: 3 rounds x 1 batch x 2 problems x (2 + 2) joint responses, 2 answers each
+    assert samples[0] == 0 and samples[-1] == 2 * 3 * 1 * L.QUICK["batch_size"] * (2 + 2) == 48
+    assert samples == sorted(samples) and len(run["history"][-1]["solved"]) == L.NUM_HELD_OUT

@@ -181,6 +181,11 @@ class MADPOIter(MADPO):
         return build_comparator(self.comparator_config, self.team, self.seed, sampling, history_dir)
 
     @property
+    def samples_generated(self) -> int:
+        """Joint responses generated for pairs so far, current plus comparator (the sample budget)."""
+        return self._samples
+
+    @property
     def round(self) -> int:
         """The round in progress (0-based; ``num_rounds`` once every round is done)."""
         return self._round
