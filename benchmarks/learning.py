@@ -26,6 +26,7 @@ import os
 import random
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -221,7 +222,9 @@ class HeldOut(pl.Callback):
         solved = path_solved(turns)
         for ep, s in zip(batch, solved.tolist()):
             self._cur[ep.index] = 0.0 if s != s else s
-        if hasattr(pl_module, "joint_actor"):  # centralized: which joint completions had no role section
+        if (
+            getattr(pl_module, "joint_actor", None) is not None
+        ):  # centralized: joint completions without a role section
             self._failed += [float(x.failed) for x in pl_module.joint_actor.splits]
         if not self.texts:
             self.texts = [list(g.texts[:6]) for g in turns[0].generations]
@@ -410,7 +413,9 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     extra: dict[str, Any] = {}
     if algorithm == "madpo_iter":  # stops itself after its rounds; each round walks batches / rounds batches
         steps = -1
-        extra = dict(limit_train_batches=max(cfg["batches"] // ITERATIVE_ROUNDS, 1), max_epochs=10_000)
+        walk = max(cfg["batches"] // ITERATIVE_ROUNDS, 1)
+        shards = tempfile.mkdtemp(prefix="learning_madpo_iter_")  # replay shards of this run only
+        extra = dict(limit_train_batches=walk, max_epochs=10_000, default_root_dir=shards)
     trainer = _quiet_trainer(
         callbacks=[rec],
         max_steps=steps,

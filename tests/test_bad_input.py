@@ -437,7 +437,7 @@ def test_actor_critic_refuses_kl_as_reward_which_it_would_never_apply(monkeypatc
             {"collaboration_mode": "centralised"},
             "collaboration_mode: got 'centralised', allowed: ['decentralized', 'centralized']",
         ),
-        ({"collaboration_mode": "centralized"}, "collaboration_mode: got 'centralized'; MADPO's joint actor"),
+        ({"collaboration_mode": "centralized"}, "agents: got 2 agents with collaboration_mode='centralized'"),
     ],
 )
 def test_madpo_refuses_bad_values_naming_the_field_before_any_model_loads(monkeypatch, groups, message):
@@ -490,6 +490,10 @@ def test_madpo_refuses_bad_values_naming_the_field_before_any_model_loads(monkey
             "preference_replay_sample_size: got 4, does not apply to preference_replay_mode='current'",
         ),
         ({"seed": "zero"}, "seed: got 'zero', must be an integer"),
+        (
+            {"collaboration_mode": "centralized"},
+            "collaboration_mode: got 'centralized'; MADPOIter trains one model",
+        ),
         ({"preference": {"pair_selection": "best"}}, "pair_selection: got 'best', allowed:"),
         ({"rollout": {"num_turns": 2}}, "rollout.num_turns: got 2; MADPO pairs one-turn"),
     ],
@@ -547,3 +551,19 @@ def test_centralized_num_turns_from_the_cli_fails_before_any_model_loads(monkeyp
         main(["fit", *experiment("toy_centralized_magrpo.yaml"), "--model.init_args.rollout.num_turns=2"])
     assert info.value.code == 1
     assert "rollout.num_turns: got 2, allowed: [1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(num_roles=0), ValueError, r"^num_roles: got 0, must be an integer >= 1"),
+        (dict(num_agents=2), ValueError, r"^agents: got 2 agents with collaboration_mode='centralized'"),
+        (dict(adapter=object()), TypeError, r"^adapter: object.build_prompt must be callable"),
+    ],
+)
+def test_centralized_madpo_refuses_bad_values_before_any_model_loads(monkeypatch, kwargs, error, match):
+    from comlrl_lightning import MADPO
+
+    no_model_loads(monkeypatch)
+    with pytest.raises(error, match=match):
+        MADPO(agents="builtin:tiny-gpt2", collaboration_mode="centralized", **kwargs)

@@ -144,6 +144,77 @@ def test_interrupted_then_resumed_run_equals_uninterrupted(trainer_factory, tmp_
     straight = run(trainer_factory, mode)
     if mode == "one_shot":
         assert resumed.pairs == straight.pairs and resumed._order == straight._order
+    loaded = MADPO.load_from_checkpoint(tmp_path / ckpt)  # the hyperparameters rebuild the module
+    assert loaded.dpo.preference_mode == mode and loaded.preference.preference_num_candidates == 3
+    assert (loaded.pairs is not None) == (mode == "one_shot") and loaded.sampling_config.max_new_tokens == 8
     for i in range(2):
         for (name, a), b in zip(resumed.agents[i].named_parameters(), straight.agents[i].parameters()):
             assert torch.equal(a, b), f"agent {i} {name}"
+
+
+class HalvesAdapter:
+    """A test adapter: role i's text is the i-th half of the joint completion (never a parse failure)."""
+
+    def build_prompt(self, batch_item, agent_prompts):
+        return " | ".join(agent_prompts)
+
+    def parse_completion(self, completion, batch_item, num_agents):
+        mid = len(completion) // 2
+        return [completion[:mid], completion[mid:]]
+
+
+def test_centralized_trains_one_joint_actor_on_pairs_of_its_joint_completions(trainer_factory):
+    pl.seed_everything(0)
+    model = MADPO(
+        agents="builtin:tiny-gpt2",
+        collaboration_mode="centralized",
+        num_roles=2,
+        adapter=HalvesAdapter(),
+        learning_rate=1e-3,
+        preference=PreferenceConfig(preference_num_candidates=4, preference_pairs_per_sample=3),
+        dpo=DPOConfig(preference_mode="online"),
+        sampling={"max_new_tokens": 12},
+    )
+    assert model.num_agents == 1 and model.num_roles == 2 and "adapter" not in model.hparams
+    built = []
+    build = model._build
+    joint = []
+    model._build = lambda episodes: _record(build(episodes))
+
+    def _record(out):
+        built.append(out)
+        joint.append(list(model.joint_actor.joint_prompts))
+        return out
+
+    grab = Grab()
+    trainer = trainer_factory(max_steps=2, callbacks=[grab])
+    trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=4))
+    assert trainer.global_step == 2  # one optimizer: one step per batch
+    pairs = [p for b in built for p in b.pairs]
+    assert pairs and all(len(p.chosen) == 1 for p in pairs)  # one policy: the joint completion
+    first = built[0]
+    for pair, ix in zip(first.pairs, first.index):
+        assert pair.prompts == [joint[0][ix.node]] and " | " in pair.prompts[0]  # the adapter's joint prompt
+        assert pair.chosen[0] == first.turn.generations[0].texts[ix.node * 4 + ix.chosen]
+    assert len(model.reference_models) == 1 and "agent_0/rewards/margins" in grab.metrics[-1]
+    assert "centralized/parse_failure" in grab.metrics[-1]
+    with pytest.raises(ValueError, match="data.formatters: the env has 2 formatters .* model.num_roles=3"):
+        bad = MADPO(agents="builtin:tiny-gpt2", collaboration_mode="centralized", num_roles=3)
+        trainer_factory(max_steps=1).fit(bad, LengthRatioDataModule(batch_size=2, num_train=4))
+
+
+def test_a_non_finite_dpo_loss_skips_the_step_instead_of_stepping_on_a_constant(trainer_factory, monkeypatch):
+    import comlrl_lightning.algorithms.madpo as madpo_mod
+
+    real = madpo_mod.joint_dpo_losses
+    monkeypatch.setattr(madpo_mod, "joint_dpo_losses", lambda *a, **k: real(*a, **k) * float("nan"))
+    pl.seed_everything(0)
+    model = _madpo("online")
+    model.configure_model()
+    before = [[p.detach().clone() for p in a.parameters()] for a in model.agents]
+    trainer = trainer_factory(max_steps=2)
+    with pytest.warns(UserWarning, match="non-finite loss"):
+        trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=4))
+    assert trainer.global_step == 2 and model.skipped_steps == [1, 1]
+    for b, agent in zip(before, model.agents):
+        assert all(torch.equal(x, p) for x, p in zip(b, agent.parameters()))

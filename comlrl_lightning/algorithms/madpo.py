@@ -38,21 +38,18 @@ from comlrl_lightning.core.config import DEFAULTS, PlacementConfig, RolloutConfi
 from comlrl_lightning.core.dpo import DPOConfig, PairLogps, dpo_metrics, joint_dpo_losses
 from comlrl_lightning.core.pair_batch import PairTokens, agent_pair_logps, pair_step_output, pair_tokens
 from comlrl_lightning.core.pairs import PreferencePair
-from comlrl_lightning.core.preference import (
-    PreferenceConfig,
-    build_preference_pairs,
-    refuse_comparator_reward,
-)
+from comlrl_lightning.core.preference import PreferenceConfig, build_preference_pairs
 from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.team.agents import AgentSpec, normalize_agents
+from comlrl_lightning.team.centralized import CentralizedAdapter, JointActor, TaggedAdapter
 
 COLLABORATION_MODE = Choice(
     "collaboration_mode",
     {
         "decentralized": "one model per agent, each writing its own completion (CoMLRL's default)",
         "centralized": "one joint actor writing every role's part in one completion (CoMLRL's "
-        "centralized adapter); not built in this release: refused at construction",
+        "centralized adapter: `team/centralized.py`); `agents` is that one model, `num_roles` the roles",
     },
 )
 """Who writes the team's joint response."""
@@ -79,7 +76,12 @@ class MADPO(CoMLRLModule):
             ``preference_mode``, ...).
         rollout: validation knobs (``num_generations_eval``, ``eval_pass_at_k``); one turn, aligned,
             ``shared`` credit; its ``num_generations`` is ``preference_num_candidates``.
-        collaboration_mode: one of :data:`COLLABORATION_MODE` (``centralized`` is refused).
+        collaboration_mode: one of :data:`COLLABORATION_MODE`. ``centralized``: ``agents`` is the one
+            joint actor, trained on the pairs of its joint completions (one optimizer, one reference).
+        num_roles: ``centralized``: the env's formatter count (CoMLRL's ``num_agents``), >= 1.
+        adapter: ``centralized``: builds the joint prompt and parses role texts
+            (:class:`~comlrl_lightning.team.centralized.CentralizedAdapter`; default ``TaggedAdapter``,
+            CoMLRL's). Not saved in the hyperparameters: pass a custom one to ``load_from_checkpoint``.
         sampling, placement, optimizer, scheduler, learning_rate, val_sampling, env: see :class:`CoMLRLModule`.
 
     Raises:
@@ -96,6 +98,8 @@ class MADPO(CoMLRLModule):
         sampling: SamplingConfig = DEFAULTS["sampling"],
         placement: PlacementConfig = DEFAULTS["placement"],
         collaboration_mode: COLLABORATION_MODE.literal = "decentralized",  # type: ignore[valid-type]
+        num_roles: int = 2,
+        adapter: CentralizedAdapter | None = None,
         optimizer: OptimizerCallable | None = None,
         scheduler: LRSchedulerCallable | None = None,
         learning_rate: float = 5e-6,
@@ -107,14 +111,11 @@ class MADPO(CoMLRLModule):
             k: _GROUP_TYPES[k](**cfg) if isinstance(cfg, dict) else replace(cfg) for k, cfg in given.items()
         }
         COLLABORATION_MODE.check(collaboration_mode)
-        if collaboration_mode == "centralized":
-            raise ValueError(
-                "collaboration_mode: got 'centralized'; MADPO's joint actor (CoMLRL's centralized "
-                "adapter) is not built in this release: allowed here: 'decentralized'"
-            )
-        if not self.has_comparator:
-            refuse_comparator_reward(groups["preference"].pair_selection, "preference.pair_selection")
+        central = collaboration_mode == "centralized"
         groups["rollout"] = _candidate_rollout(groups["rollout"], groups["preference"])
+        if central:
+            adapter = _check_joint_actor(agents, num_agents, num_roles, adapter)
+            agents, num_agents = agents[0] if isinstance(agents, (list, tuple)) else agents, 1
         specs = normalize_agents(agents, num_agents)
         knobs = dict(
             optimizer=optimizer, scheduler=scheduler, learning_rate=learning_rate, val_sampling=val_sampling
@@ -123,7 +124,13 @@ class MADPO(CoMLRLModule):
         self.preference: PreferenceConfig = groups["preference"]
         self.dpo: DPOConfig = groups["dpo"]
         self.collaboration_mode = collaboration_mode
-        self.save_config(groups, ignore=[])
+        self.save_config(groups, ignore=["adapter"])
+        self.num_roles = num_roles if central else self.num_agents
+        self.joint_actor = JointActor(self.team, adapter, num_roles) if central else None
+        """``centralized``: the one model writing every role's part (the rollout's ``actors``)."""
+        if not central:
+            self.hparams.pop("num_roles", None)
+            self._hparams_initial.pop("num_roles", None)
         self.pairs: list[PreferencePair] | None = None
         """``one_shot``: the pair set (None until the first training step builds it)."""
         self.pair_tokens: list[list[PairTokens]] = []
@@ -131,13 +138,20 @@ class MADPO(CoMLRLModule):
         self._order: list[int] = []
         self._epoch = self._cursor = 0
 
-    has_comparator = False
-    """Whether pairs are formed against a comparator (``MADPOIter``): only then is
-    ``pair_selection="comparator_reward"`` accepted."""
-
     @property
     def uses_reference_model(self) -> bool:
         return not self.dpo.reference_free
+
+    @property
+    def actors(self) -> Any:
+        """The team, or with ``collaboration_mode: centralized`` the joint actor."""
+        return self.joint_actor if self.joint_actor is not None else super().actors
+
+    @property
+    def env_agents(self) -> tuple[int, str]:
+        if self.joint_actor is not None:
+            return self.num_roles, "model.num_roles"
+        return super().env_agents
 
     def setup(self, stage: str) -> None:
         super().setup(stage)
@@ -165,6 +179,10 @@ class MADPO(CoMLRLModule):
         if self.dpo.preference_mode == "online":
             built = self._build(batch)
             pairs, tokens, turns = built.pairs, pair_tokens(built), [built.turn]
+            if self.joint_actor is not None:
+                splits = self.joint_actor.splits
+                failed = sum(x.failed for x in splits) / max(len(splits), 1)
+                self.log(M.PARSE_FAILURE, float(failed), batch_size=len(batch), sync_dist=True)
         else:
             if self.pairs is None:
                 self._build_one_shot()
@@ -329,6 +347,28 @@ class MADPO(CoMLRLModule):
         self.pairs = [PreferencePair.from_json(d, "checkpoint") for d in state["pairs"]]
         self.pair_tokens = [[PairTokens.from_state(t) for t in row] for row in state["tokens"]]
         self._order, self._epoch, self._cursor = list(state["order"]), state["epoch"], state["cursor"]
+
+
+def _check_joint_actor(agents: Any, num_agents: int | None, num_roles: int, adapter: Any) -> Any:
+    """``collaboration_mode: centralized``: the adapter to use (default ``TaggedAdapter``).
+
+    Raises:
+        ValueError: more than one agent, ``num_agents`` other than None/1, or ``num_roles < 1``.
+        TypeError: an adapter without callable ``build_prompt`` and ``parse_completion``.
+    """
+    if (isinstance(agents, (list, tuple)) and len(agents) != 1) or num_agents not in (None, 1):
+        n = len(agents) if isinstance(agents, (list, tuple)) else num_agents
+        raise ValueError(
+            f"agents: got {n} agents with collaboration_mode='centralized'; it trains exactly one joint "
+            "actor (the env's formatters are its roles: set num_roles)"
+        )
+    if not isinstance(num_roles, int) or isinstance(num_roles, bool) or num_roles < 1:
+        raise ValueError(f"num_roles: got {num_roles!r}, must be an integer >= 1 (the env's formatter count)")
+    adapter = TaggedAdapter() if adapter is None else adapter
+    for name in ("build_prompt", "parse_completion"):
+        if not callable(getattr(adapter, name, None)):
+            raise TypeError(f"adapter: {type(adapter).__name__}.{name} must be callable")
+    return adapter
 
 
 def _candidate_rollout(rollout: RolloutConfig, preference: PreferenceConfig) -> RolloutConfig:

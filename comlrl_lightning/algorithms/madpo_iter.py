@@ -39,8 +39,8 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, replace
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -61,7 +61,16 @@ from comlrl_lightning.core.replay import PreferenceReplay, ReplayConfig
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.team.agents import AgentSpec
 
-_ITER_PREFERENCE = PreferenceConfig(pair_selection="comparator_reward")
+
+@dataclass
+class IterativePreferenceConfig(PreferenceConfig):
+    """:class:`~comlrl_lightning.core.preference.PreferenceConfig`'s fields, with
+    ``pair_selection="comparator_reward"`` accepted (current ``i`` against comparator ``i``)."""
+
+    with_comparator: ClassVar[bool] = True
+
+
+_ITER_PREFERENCE = IterativePreferenceConfig(pair_selection="comparator_reward")
 _ITER_DPO = DPOConfig(num_train_epochs=1)
 _ROUNDS, _COMPARATOR, _REPLAY = RoundsConfig(), ComparatorConfig(), ReplayConfig()
 _GROUPS: dict[str, type] = {"rounds": RoundsConfig, "comparator": ComparatorConfig, "replay": ReplayConfig}
@@ -105,7 +114,7 @@ class MADPOIter(MADPO):
         self,
         agents: list[AgentSpec] | AgentSpec | list[str] | str,
         num_agents: int | None = None,
-        preference: PreferenceConfig = _ITER_PREFERENCE,
+        preference: IterativePreferenceConfig = _ITER_PREFERENCE,
         dpo: DPOConfig = _ITER_DPO,
         rounds: RoundsConfig = _ROUNDS,
         comparator: ComparatorConfig = _COMPARATOR,
@@ -137,20 +146,28 @@ class MADPOIter(MADPO):
                 f"rounds.preference_scoring_reward: got {groups['rounds'].preference_scoring_reward!r}; "
                 "MADPO has no reward model to order pairs with: allowed 'task' (reward_model is iterative MARLHF's)"
             )
+        if collaboration_mode != "decentralized":
+            raise ValueError(
+                f"collaboration_mode: got {collaboration_mode!r}; MADPOIter trains one model per agent "
+                "(a centralized comparator is comparator.comparator_generation_mode): allowed 'decentralized'"
+            )
+        if isinstance(preference, dict):
+            preference = IterativePreferenceConfig(**preference)
+        elif not isinstance(preference, IterativePreferenceConfig):
+            preference = IterativePreferenceConfig(**asdict(preference))
         super().__init__(
             agents,
             num_agents,
-            preference,
-            dpo,
-            rollout,
-            sampling,
-            placement,
-            collaboration_mode,
-            optimizer,
-            scheduler,
-            learning_rate,
-            val_sampling,
-            env,
+            preference=preference,
+            dpo=dpo,
+            rollout=rollout,
+            sampling=sampling,
+            placement=placement,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            learning_rate=learning_rate,
+            val_sampling=val_sampling,
+            env=env,
         )
         self.rounds: RoundsConfig = groups["rounds"]
         self.comparator_config: ComparatorConfig = groups["comparator"]

@@ -60,7 +60,11 @@ OnNonfinite = ON_NONFINITE.literal
 @dataclass
 class DPOConfig:
     """The joint DPO update of :class:`~comlrl_lightning.algorithms.madpo.MADPO` (TRL's ``DPOConfig``
-    names where they apply, CoMLRL's for the multi-agent knobs)."""
+    names where they apply, CoMLRL's for the multi-agent knobs).
+
+    Raises:
+        ValueError: a value out of range or not allowed, naming the field, the value and what is allowed.
+    """
 
     dpo_beta: float = 0.1
     """β of the DPO loss (> 0): the inverse temperature of the implied reward. CoMLRL name (TRL: ``beta``)."""

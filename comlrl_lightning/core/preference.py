@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,7 +36,17 @@ PairSelection = PAIR_SELECTION.literal
 
 @dataclass
 class PreferenceConfig:
-    """How preference pairs are built from rollouts (CoMLRL's names and defaults; MADPO, MARLHF)."""
+    """How preference pairs are built from rollouts (CoMLRL's names and defaults; MADPO, MARLHF).
+
+    Raises:
+        ValueError: ``preference_num_candidates < 2``, an unknown ``pair_selection`` or
+            ``comparator_reward`` (unless :attr:`with_comparator`), or a bad
+            ``preference_pairs_per_sample`` (see :func:`check_limit`), naming the field.
+    """
+
+    with_comparator: ClassVar[bool] = False
+    """Whether pairs are formed against a comparator (the iterative trainers' subclass): only then is
+    ``pair_selection="comparator_reward"`` accepted. Not a field."""
 
     preference_num_candidates: int = 80
     """Joint responses sampled per prompt (K, >= 2; one batched ``generate`` per agent). CoMLRL name."""
@@ -50,6 +60,8 @@ class PreferenceConfig:
         if isinstance(k, bool) or not isinstance(k, int) or k < 2:
             raise ValueError(f"preference_num_candidates: got {k!r}, must be an integer >= 2")
         PAIR_SELECTION.check(self.pair_selection)
+        if not self.with_comparator:
+            refuse_comparator_reward(self.pair_selection, "preference.pair_selection")
         check_limit(self.pair_selection, self.preference_pairs_per_sample)
 
 
@@ -164,10 +176,14 @@ def pairs_of_turn(
     pair_selection: str = "reward_gap",
     pairs_per_sample: int | None = 16,
     rng: Any = None,
+    prompts: list[list[str]] | None = None,
 ) -> PairSet:
     """Select pairs among each node's candidates of a rolled-out ``turn`` (aligned joint actions:
     candidate ``k`` of node ``g`` is row ``g·K + k`` of every agent). Nodes go in order, each
     drawing from ``rng`` once under ``random`` (CoMLRL's call order, one item at a time).
+    ``prompts``: per trained policy, per node, the prompt text a pair records (default: each agent's
+    observation; a joint actor's: its joint prompt). A pair's ``chosen`` / ``rejected`` hold one text
+    per trained policy (a joint actor: its joint completion).
 
     Raises:
         ValueError: as :func:`select_pair_indices`; a turn whose joint actions are not aligned.
@@ -185,7 +201,10 @@ def pairs_of_turn(
             texts = [turn.generations[i].texts for i in range(n)]
             pairs.append(
                 PreferencePair(
-                    prompts=[turn.nodes[node].prompts[i][-1] for i in range(n)],
+                    prompts=[
+                        turn.nodes[node].prompts[i][-1] if prompts is None else prompts[i][node]
+                        for i in range(n)
+                    ],
                     chosen=[texts[i][node * k + w] for i in range(n)],
                     rejected=[texts[i][node * k + r] for i in range(n)],
                     chosen_reward=float(rewards[node, w]),
@@ -232,4 +251,6 @@ def build_preference_pairs(
     check_limit(pair_selection, pairs_per_sample)
     turns = rollout_tree(env, episodes, actors, RolloutPlan(num_generations=num_candidates), step=step)
     compute_returns(turns, 1.0)  # one turn: each candidate's return is its reward
-    return pairs_of_turn(turns[0], pair_selection, pairs_per_sample, rng)
+    joint = getattr(actors, "joint_prompts", None)  # a joint actor (team/centralized.JointActor)
+    prompts = [list(joint)] if joint is not None and len(turns[0].generations) == 1 else None
+    return pairs_of_turn(turns[0], pair_selection, pairs_per_sample, rng, prompts)
