@@ -52,7 +52,13 @@ from comlrl_lightning.comparator.policies import Comparator, build_comparator
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import DEFAULTS, PlacementConfig, RolloutConfig, SamplingConfig
 from comlrl_lightning.core.dpo import DPOConfig
-from comlrl_lightning.core.generation import has_chat_template, render_prompt, tokenize_prompts
+from comlrl_lightning.core.generation import (
+    context_length,
+    fit_to_context,
+    has_chat_template,
+    render_prompt,
+    tokenize_prompts,
+)
 from comlrl_lightning.core.pair_batch import PairTokens, pair_step_output
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.preference import PreferenceConfig
@@ -107,8 +113,6 @@ class MADPOIter(MADPO):
             comparator knob that does not fit the team (``ComparatorConfig.check``), or an unset
             ``comparator_api_key_env`` variable; all before any model is loaded.
     """
-
-    has_comparator = True
 
     def __init__(
         self,
@@ -208,6 +212,11 @@ class MADPOIter(MADPO):
         return self._round
 
     def setup(self, stage: str) -> None:
+        if self.trainer.world_size > 1:
+            raise ValueError(
+                f"MADPOIter: {self.trainer.world_size} processes; a round's pairs, replay shards and "
+                "history folders are written by one process: run it on one device (docs/iterative.md)"
+            )
         super().setup(stage)
         root = self.trainer.default_root_dir
         if self.comparator is None:
@@ -354,18 +363,23 @@ class MADPOIter(MADPO):
 
 
 def text_pair_tokens(team: Any, pairs: list[PreferencePair]) -> list[list[PairTokens]]:
-    """``[P][N]`` each pair's tokens per agent from its texts: the agent's observation rendered as a
-    rollout renders it (chat template if the agent uses one) and tokenised as a prompt; each side's
-    completion tokenised without special tokens, plus the EOS unless it has ``max_new_tokens`` tokens
-    (then ``clipped``). Tensors are 1-D CPU ``long``."""
+    """``[P][N]`` each pair's tokens per agent from its texts: the agent's observation rendered and cut
+    as a rollout's prompt is (chat template if the agent uses one, ``max_prompt_length``, the model's
+    context); each side's completion tokenised without special tokens, cut at ``max_new_tokens``, plus
+    the EOS (the model's first ``eos_token_id``, else the tokenizer's) unless it has ``max_new_tokens``
+    tokens (then ``clipped``). Tensors are 1-D CPU ``long``."""
     out: list[list[PairTokens]] = [[] for _ in pairs]
     for i in range(team.num_agents):
-        tok, spec = team.tokenizers[i], team.specs[i]
+        tok, spec, sampling, model = team.tokenizers[i], team.specs[i], team.sampling[i], team.agents[i]
         chat = spec.chat_template and has_chat_template(tok)
-        limit, eos = team.sampling[i].max_new_tokens, tok.eos_token_id
+        limit = sampling.max_new_tokens
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        eos = tok.eos_token_id if eos is None else eos
+        eos = eos[0] if isinstance(eos, (list, tuple)) else eos
         for row, pair in zip(out, pairs):
             rendered = render_prompt(tok, [pair.prompts[i]], [], spec.chat_template)
-            ids, mask = tokenize_prompts(tok, [rendered], chat)
+            ids, mask = tokenize_prompts(tok, [rendered], chat, sampling.max_prompt_length)
+            ids, mask = fit_to_context(ids, mask, context_length(model), limit)
             prompt = ids[0][mask[0].bool()].long()
             sides = []
             for text in (pair.chosen[i], pair.rejected[i]):
