@@ -298,3 +298,33 @@ def test_the_learning_harness_row_spends_the_online_rows_sample_budget(monkeypat
     # quick: 3 rounds x 1 batch x 2 problems x (2 + 2) joint responses, 2 answers each
     assert samples[0] == 0 and samples[-1] == 2 * 3 * 1 * L.QUICK["batch_size"] * (2 + 2) == 48
     assert samples == sorted(samples) and len(run["history"][-1]["solved"]) == L.NUM_HELD_OUT
+
+
+@pytest.mark.parametrize(
+    "comparator",
+    [
+        dict(comparator_policy="current"),
+        dict(
+            comparator_policy="model", comparator_model_name="builtin:tiny-gpt2", comparator_num_candidates=2
+        ),
+        dict(comparator_policy="current_copy", comparator_generation_mode="centralized"),
+    ],
+    ids=["current", "model", "current_copy-centralized"],
+)
+def test_every_team_comparator_runs_a_round_in_a_fit(trainer_factory, tmp_path, comparator):
+    pl.seed_everything(0)
+    model = _module(comparator=comparator, rounds=dict(num_rounds=1))
+    trainer = trainer_factory(max_steps=-1, max_epochs=100, default_root_dir=tmp_path)
+    trainer.fit(model, LengthRatioDataModule(batch_size=BATCH, num_train=TRAIN))
+    assert model.round == 1 and trainer.should_stop
+    k_cmp = comparator.get("comparator_num_candidates", K)
+    assert model.samples_generated == TRAIN * (K + k_cmp)
+    pairs = read_pairs(tmp_path / "preference_replay" / "round_0.jsonl", 2)
+    assert len(pairs) <= TRAIN * 2 and all(p.chosen_reward > p.rejected_reward for p in pairs)
+    failures = model.comparator.metrics()[M.COMPARATOR_PARSE_FAILURES]
+    if comparator.get("comparator_generation_mode") == "centralized":
+        # the random tiny model writes no <agent_i> tag: every joint completion is a parse failure,
+        # scored as empty roles (a defined outcome, counted), never a crash
+        assert failures == TRAIN * K
+    else:
+        assert failures == 0
