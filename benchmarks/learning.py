@@ -222,9 +222,8 @@ class HeldOut(pl.Callback):
         solved = path_solved(turns)
         for ep, s in zip(batch, solved.tolist()):
             self._cur[ep.index] = 0.0 if s != s else s
-        if (
-            getattr(pl_module, "joint_actor", None) is not None
-        ):  # centralized: joint completions without a role section
+        # centralized (MADPO's joint_actor is None when decentralized): joint completions without a role section
+        if getattr(pl_module, "joint_actor", None) is not None:
             self._failed += [float(x.failed) for x in pl_module.joint_actor.splits]
         if not self.texts:
             self.texts = [list(g.texts[:6]) for g in turns[0].generations]
