@@ -229,7 +229,7 @@ def test_the_toy_config_trains_two_rounds_from_the_cli(tmp_path):
             f"--trainer.default_root_dir={tmp_path}",
             "--data.init_args.num_train=8",
             "--model.init_args.sampling.max_new_tokens=8",
-            "--trainer.log_every_n_steps=1",
+            "--trainer.log_every_n_steps=5",  # once-a-round values must survive the interval
             "--trainer.limit_val_batches=1",
         ]
     )
@@ -240,9 +240,10 @@ def test_the_toy_config_trains_two_rounds_from_the_cli(tmp_path):
     assert {"pairs/current", "pairs/train", "pairs/total", "iter/round", "iter/samples"} <= tags
     assert {"comparator/errors", "comparator/skipped_pairs", "rewards/margins", "val/reward"} <= tags
     assert sorted({int(e.value) for e in acc.Scalars("iter/round")}) == [0, 1]
-    assert len(acc.Scalars("pairs/current")) == 2  # one build per round
-    shards = sorted(p.name for p in (tmp_path / "preference_replay").iterdir())
-    assert shards == ["round_0.jsonl", "round_1.jsonl"]
+    shards = [read_pairs(tmp_path / "preference_replay" / f"round_{r}.jsonl", 2) for r in range(2)]
+    # pairs/* of the last round built, at every step from round 0's end on: both rounds' counts appear
+    assert {int(e.value) for e in acc.Scalars("pairs/current")} == {len(s) for s in shards}
+    assert acc.Scalars("pairs/total")[-1].value == sum(len(s) for s in shards)
     assert acc.Scalars("iter/samples")[-1].value == 2 * 8 * (4 + 4)  # 2 rounds x 8 prompts x (K + K')
 
 

@@ -193,6 +193,8 @@ class MADPOIter(MADPO):
         self._round, self._phase, self._position, self._samples = 0, "build", 0, 0
         self._round_pairs: list[PreferencePair] = []
         self._round_open = False
+        self._last_counts: list[int] | None = None
+        """``[pairs built, pairs trained on, pairs in every shard]`` of the last round built."""
 
     def _make_comparator(self, history_dir: str | None) -> Comparator:
         s = self.sampling_config
@@ -280,9 +282,8 @@ class MADPOIter(MADPO):
         current, r = self._round_pairs, self._round
         self.replay.add_round(r, current)
         train = self.replay.select(r, current)
-        self.log(M.PAIRS_CURRENT, float(len(current)), batch_size=1)
-        self.log(M.PAIRS_TRAIN, float(len(train)), batch_size=1)
-        self.log(M.PAIRS_TOTAL, float(self.replay.counts()[1]), batch_size=1)
+        self._last_counts = [len(current), len(train), self.replay.counts()[1]]
+        self._log_counts()
         self._round_pairs, self._position, self._phase = [], 0, "train"
         self.pairs, self.pair_tokens = train, text_pair_tokens(self.team, train)
         self._order, self._epoch, self._cursor = list(range(len(train))), 0, 0
@@ -315,12 +316,20 @@ class MADPOIter(MADPO):
         if self._round >= self.rounds.num_rounds:
             self.trainer.should_stop = True
 
+    def _log_counts(self) -> None:
+        """``pairs/*`` of the last round built, at every step from its end on (so that no
+        ``log_every_n_steps`` drops a once-a-round value)."""
+        if self._last_counts is not None:
+            for name, value in zip((M.PAIRS_CURRENT, M.PAIRS_TRAIN, M.PAIRS_TOTAL), self._last_counts):
+                self.log(name, float(value), batch_size=1)
+
     def _log_round(self, batch_size: int) -> None:
         assert self.comparator is not None
         self.log(M.ROUND, float(self._round), batch_size=batch_size)
         self.log(M.SAMPLES, float(self._samples), batch_size=batch_size)
         for name, value in self.comparator.metrics().items():
             self.log(name, value, batch_size=batch_size)
+        self._log_counts()
 
     # ------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -333,6 +342,7 @@ class MADPOIter(MADPO):
             "phase": self._phase,
             "position": self._position,
             "samples": self._samples,
+            "last_counts": self._last_counts,
             "round_pairs": [p.to_json() for p in self._round_pairs],
             "pair_rng": [version, list(internal), gauss],
             "comparator": self.comparator.state_dict(),
@@ -352,7 +362,7 @@ class MADPOIter(MADPO):
             return
         assert self.comparator is not None and self.replay is not None
         self._round, self._phase, self._position = state["round"], state["phase"], state["position"]
-        self._samples = state["samples"]
+        self._samples, self._last_counts = state["samples"], state["last_counts"]
         self._round_pairs = [PreferencePair.from_json(d, "checkpoint") for d in state["round_pairs"]]
         version, internal, gauss = state["pair_rng"]
         self._pair_rng.setstate((version, tuple(internal), gauss))
