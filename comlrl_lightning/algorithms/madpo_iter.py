@@ -362,7 +362,7 @@ class MADPOIter(MADPO):
             return
         assert self.comparator is not None and self.replay is not None
         self._round, self._phase, self._position = state["round"], state["phase"], state["position"]
-        self._samples, self._last_counts = state["samples"], state["last_counts"]
+        self._samples, self._last_counts = state["samples"], state.get("last_counts")
         self._round_pairs = [PreferencePair.from_json(d, "checkpoint") for d in state["round_pairs"]]
         version, internal, gauss = state["pair_rng"]
         self._pair_rng.setstate((version, tuple(internal), gauss))
