@@ -237,9 +237,8 @@ class HeldOut(pl.Callback):
         solved = path_solved(turns)
         for ep, s in zip(batch, solved.tolist()):
             self._cur[ep.index] = 0.0 if s != s else s
-        if (
-            getattr(pl_module, "joint_actor", None) is not None
-        ):  # centralized: which joint completions had no role section
+        # centralized (MADPO's joint_actor is None when decentralized): joint completions without a role section
+        if getattr(pl_module, "joint_actor", None) is not None:
             self._failed += [float(x.failed) for x in pl_module.joint_actor.splits]
         if not self.texts:
             self.texts = [list(g.texts[:6]) for g in turns[0].generations]
@@ -247,6 +246,8 @@ class HeldOut(pl.Callback):
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         solved = [self._cur[i] for i in sorted(self._cur)]
         samples = self.batches * self.samples_per_batch + (self.offset if self.batches else 0)
+        if hasattr(pl_module, "samples_generated"):  # iterative: its build steps sample, its DPO steps do not
+            samples = 2 * pl_module.samples_generated  # answers: 2 per joint response, comparator's included
         self.history.append({"samples": samples, "solved": solved})
         if self._failed:
             self.history[-1]["parse_failure"] = sum(self._failed) / len(self._failed)
@@ -347,6 +348,11 @@ def marlhf_rl_batches(cfg: dict[str, Any] = CONFIG) -> int:
     return cfg["batches"] - marlhf_pair_samples(cfg) // per_batch
 
 
+ITERATIVE_ROUNDS = 3
+"""``madpo_iter``: rounds; each walks ``batches / ITERATIVE_ROUNDS`` batches of training problems
+with ``k/2`` current and ``k/2`` comparator (``current_copy``) samples per problem, so its samples,
+comparator's counted, equal the online rows' ``batches x batch_size x k`` (not in :data:`ALGORITHMS`:
+no 3-seed run is recorded; ``learning.py run madpo_iter`` runs it)."""
 TAG_TOKENS = 25
 """SmolLM2 tokens of the tagged format's four tags with their newlines
 (``"<agent_0>\\n\\n</agent_0>\\n<agent_1>\\n\\n</agent_1>"``, what TaggedAdapter's prompt asks for)."""
@@ -413,6 +419,19 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
             sampling=sampling,
             learning_rate=cfg["learning_rate"],
         )
+    if algorithm == "madpo_iter":  # rounds of (current vs a frozen copy) pairs, same sample budget
+        from comlrl_lightning import MADPOIter
+
+        half = max(cfg["k"] // 2, 2)
+        return MADPOIter(
+            agents=agents,
+            preference=dict(preference_num_candidates=half, preference_pairs_per_sample=half),
+            dpo=dict(num_train_epochs=1, train_batch_size=cfg["batch_size"]),
+            rounds=dict(num_rounds=ITERATIVE_ROUNDS),
+            comparator=dict(comparator_policy="current_copy", comparator_num_candidates=half),
+            sampling=sampling,
+            learning_rate=cfg["learning_rate"],
+        )
     if algorithm == "centralized_magrpo":  # one SmolLM2 writes both agents' answers in the tagged format
         return CentralizedMAGRPO(
             agents=AgentSpec(model=SMOLLM2),
@@ -456,12 +475,19 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
         if n_critics
         else module.max_steps_for(batches, module.num_agents)  # centralized: one model
     )
+    extra: dict[str, Any] = {}
+    if algorithm == "madpo_iter":  # stops itself after its rounds; each round walks batches / rounds batches
+        steps = -1
+        walk = max(cfg["batches"] // ITERATIVE_ROUNDS, 1)
+        shards = tempfile.mkdtemp(prefix="learning_madpo_iter_")  # replay shards of this run only
+        extra = dict(limit_train_batches=walk, max_epochs=10_000, default_root_dir=shards)
     trainer = _quiet_trainer(
         callbacks=[rec],
         max_steps=steps,
         val_check_interval=cfg["eval_every"],
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
+        **extra,
     )
     t0, load0 = time.time(), os.getloadavg()
     trainer.validate(module, datamodule=dm, verbose=False)

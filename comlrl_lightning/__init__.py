@@ -7,6 +7,7 @@ from comlrl_lightning.algorithms.iac import IAC
 from comlrl_lightning.algorithms.joint_reward_model import RewardModelConfig
 from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.algorithms.madpo import MADPO
+from comlrl_lightning.algorithms.madpo_iter import MADPOIter
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.algorithms.marlhf import MARLHF
 from comlrl_lightning.core.config import (
@@ -65,6 +66,7 @@ __all__ = [
     "RewardModelConfig",
     "PairSourceConfig",
     "MADPO",
+    "MADPOIter",
     "DPOConfig",
     "PreferenceConfig",
 ]

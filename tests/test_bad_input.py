@@ -408,7 +408,7 @@ def test_actor_critic_refuses_kl_as_reward_which_it_would_never_apply(monkeypatc
         ),
         (
             dict(preference=dict(pair_selection="best")),
-            r"pair_selection: got 'best', allowed: \['reward_gap', 'all', 'random'\]",
+            r"pair_selection: got 'best', allowed: \['reward_gap', 'all', 'random', 'comparator_reward'\]",
         ),
         (
             dict(preference=dict(pair_selection="all")),
@@ -461,7 +461,11 @@ def test_marlhf_checks_a_users_pair_file_before_any_model_loads(monkeypatch, tmp
         ),
         (
             {"preference": {"pair_selection": "best"}},
-            "pair_selection: got 'best', allowed: ['reward_gap', 'all', 'random']",
+            "pair_selection: got 'best', allowed: ['reward_gap', 'all', 'random', 'comparator_reward']",
+        ),
+        (
+            {"preference": {"pair_selection": "comparator_reward"}},
+            "preference.pair_selection: got 'comparator_reward', which ranks pairs against a comparator",
         ),
         (
             {"preference": {"pair_selection": "all"}},
@@ -511,6 +515,68 @@ def test_madpo_refuses_bad_values_naming_the_field_before_any_model_loads(monkey
     no_model_loads(monkeypatch)
     with pytest.raises(ValueError) as e:
         MADPO(agents=["builtin:tiny-gpt2"] * 2, **groups)
+    assert message in str(e.value)
+
+
+# ------------------------------------------------------------------ iterative MADPO
+@pytest.mark.parametrize(
+    ("groups", "message"),
+    [
+        ({"rounds": {"num_rounds": 0}}, "num_rounds: got 0, must be an integer >= 1"),
+        (
+            {"rounds": {"preference_scoring_reward": "reward_model"}},
+            "rounds.preference_scoring_reward: got 'reward_model'; MADPO has no reward model",
+        ),
+        (
+            {"dpo": {"preference_mode": "online"}},
+            "dpo.preference_mode: got 'online'; MADPOIter builds each round's pairs once",
+        ),
+        ({"comparator": {"comparator_policy": "mirror"}}, "comparator_policy: got 'mirror', allowed:"),
+        ({"comparator": {"comparator_policy": "api"}}, "comparator_api_url: got None"),
+        (
+            {
+                "comparator": {
+                    "comparator_policy": "api",
+                    "comparator_api_url": "http://127.0.0.1:9/v1",
+                    "comparator_api_key_env": "ITERWIRE_SURELY_UNSET",
+                }
+            },
+            "ITERWIRE_SURELY_UNSET",
+        ),
+        (
+            {
+                "comparator": {
+                    "comparator_generation_mode": "centralized",
+                    "comparator_centralized_agent_index": 2,
+                }
+            },
+            "comparator_centralized_agent_index: got 2, must be below num_agents (2)",
+        ),
+        ({"comparator": {"comparator_policy": "history"}}, None),  # no folder yet: fine until setup
+        ({"replay": {"preference_replay_mode": "nearest_k"}}, "preference_replay_k: got None"),
+        (
+            {"replay": {"preference_replay_mode": "current", "preference_replay_sample_size": 4}},
+            "preference_replay_sample_size: got 4, does not apply to preference_replay_mode='current'",
+        ),
+        ({"seed": "zero"}, "seed: got 'zero', must be an integer"),
+        (
+            {"collaboration_mode": "centralized"},
+            "collaboration_mode: got 'centralized'; MADPOIter trains one model",
+        ),
+        ({"preference": {"pair_selection": "best"}}, "pair_selection: got 'best', allowed:"),
+        ({"rollout": {"num_turns": 2}}, "rollout.num_turns: got 2; MADPO pairs one-turn"),
+    ],
+)
+def test_madpo_iter_refuses_bad_values_naming_the_field_before_any_model_loads(monkeypatch, groups, message):
+    from comlrl_lightning import MADPOIter
+
+    no_model_loads(monkeypatch)
+    monkeypatch.delenv("ITERWIRE_SURELY_UNSET", raising=False)
+    if message is None:
+        MADPOIter(agents=["builtin:tiny-gpt2"] * 2, **groups)
+        return
+    with pytest.raises(ValueError) as e:
+        MADPOIter(agents=["builtin:tiny-gpt2"] * 2, **groups)
     assert message in str(e.value)
 
 

@@ -27,6 +27,12 @@ DECLARED = {
     "preference_mode",
     "collaboration_mode",
     "rl_algorithm",
+    "comparator_policy",
+    "comparator_generation_mode",
+    "comparator_api_format",
+    "comparator_on_error",
+    "preference_scoring_reward",
+    "preference_replay_mode",
 }
 
 

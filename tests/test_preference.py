@@ -43,7 +43,11 @@ def test_random_draws_from_the_given_rng_and_equal_rewards_give_nothing():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(pair_selection="best"), "pair_selection: got 'best', allowed: ['reward_gap', 'all', 'random']"),
+        (
+            dict(pair_selection="best"),
+            "pair_selection: got 'best', allowed: ['reward_gap', 'all', 'random', 'comparator_reward']",
+        ),
+        (dict(pair_selection="comparator_reward"), "pair_selection: got 'comparator_reward', which ranks"),
         (dict(limit=0), "preference_pairs_per_sample: got 0, must be an integer >= 1 or null"),
     ],
 )
@@ -87,4 +91,7 @@ def test_builder_pairs_rows_of_the_rollout_with_their_rewards():
 def test_builder_refuses_one_candidate_before_generating():
     with pytest.raises(ValueError, match="preference_num_candidates: got 1, must be an integer >= 2"):
         build_preference_pairs(None, [], None, 1)  # type: ignore[arg-type]
-    assert PAIR_SELECTION.names == ("reward_gap", "all", "random")
+    # one declaration for one-shot and iterative: the comparator's value is listed but refused here
+    assert PAIR_SELECTION.names == ("reward_gap", "all", "random", "comparator_reward")
+    with pytest.raises(ValueError, match="pair_selection: got 'comparator_reward'"):
+        build_preference_pairs(None, [], None, 2, "comparator_reward")  # type: ignore[arg-type]

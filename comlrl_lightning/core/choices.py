@@ -79,7 +79,10 @@ def load_all() -> None:
     """Import every module that declares a choice (the config imports them all)."""
     import comlrl_lightning.algorithms.madpo  # noqa: F401
     import comlrl_lightning.algorithms.marlhf  # noqa: F401
+    import comlrl_lightning.comparator.config  # noqa: F401
+    import comlrl_lightning.comparator.pairing  # noqa: F401
     import comlrl_lightning.core.config  # noqa: F401
+    import comlrl_lightning.core.replay  # noqa: F401
     import comlrl_lightning.envs.reward_model  # noqa: F401
     import comlrl_lightning.team.critics  # noqa: F401
 

@@ -27,7 +27,23 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.infra.checkpoint_io import fsync_dir
+
+PAIR_SELECTION = Choice(
+    "pair_selection",
+    {
+        "reward_gap": "the `preference_pairs_per_sample` pairs with the largest reward gap first (CoMLRL's default)",
+        "all": "every non-tied pair, in candidate order (`preference_pairs_per_sample` must be null)",
+        "random": "`preference_pairs_per_sample` non-tied pairs drawn by a seeded generator (saved in checkpoints)",
+        "comparator_reward": "iterative trainers only: pairs whose comparator sample has the highest reward "
+        "first, then the largest gap (CoMLRL's iterative default)",
+    },
+)
+"""Which preference pairs an episode contributes (CoMLRL ``pair_selection``; ties never pair): the one
+declaration for one-shot MADPO / MARLHF (:mod:`comlrl_lightning.core.preference`, which refuses
+``comparator_reward``: it has no comparator) and the iterative trainers
+(:mod:`comlrl_lightning.comparator.pairing`)."""
 
 _REQUIRED = ("prompts", "chosen", "rejected")
 _OPTIONAL = ("chosen_reward", "rejected_reward", "episode")

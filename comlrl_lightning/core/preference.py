@@ -22,25 +22,14 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from comlrl_lightning.core.choices import Choice
-from comlrl_lightning.core.pairs import PreferencePair
+from comlrl_lightning.core.pairs import PAIR_SELECTION, PreferencePair
 from comlrl_lightning.core.records import Turn
 from comlrl_lightning.core.rollout import Actors, RolloutPlan, compute_returns, rollout_tree
 from comlrl_lightning.envs.base import DecPOMDP, Episode
-
-PAIR_SELECTION = Choice(
-    "pair_selection",
-    {
-        "reward_gap": "the `preference_pairs_per_sample` pairs with the largest reward gap (CoMLRL's default)",
-        "all": "every pair of candidates whose rewards differ (`preference_pairs_per_sample` must be null)",
-        "random": "`preference_pairs_per_sample` pairs drawn at random (python's `random`, saved in checkpoints)",
-    },
-)
-"""How winner/loser pairs are chosen among one prompt's scored candidates (ties never pair)."""
 
 PairSelection = PAIR_SELECTION.literal
 
@@ -50,22 +39,29 @@ class PreferenceConfig:
     """How preference pairs are built from rollouts (CoMLRL's names and defaults; MADPO, MARLHF).
 
     Raises:
-        ValueError: ``preference_num_candidates < 2``, an unknown ``pair_selection``, or a bad
+        ValueError: ``preference_num_candidates < 2``, an unknown ``pair_selection`` or
+            ``comparator_reward`` (unless :attr:`with_comparator`), or a bad
             ``preference_pairs_per_sample`` (see :func:`check_limit`), naming the field.
     """
+
+    with_comparator: ClassVar[bool] = False
+    """Whether pairs are formed against a comparator (the iterative trainers' subclass): only then is
+    ``pair_selection="comparator_reward"`` accepted. Not a field."""
 
     preference_num_candidates: int = 80
     """Joint responses sampled per prompt (K, >= 2; one batched ``generate`` per agent). CoMLRL name."""
     preference_pairs_per_sample: int | None = 16
     """At most this many pairs per prompt (>= 1); must be null with ``pair_selection="all"``. CoMLRL name."""
     pair_selection: PairSelection = "reward_gap"
-    """One of :data:`PAIR_SELECTION`. CoMLRL name."""
+    """One of :data:`PAIR_SELECTION` but ``comparator_reward`` (iterative trainers only). CoMLRL name."""
 
     def __post_init__(self) -> None:
         k = self.preference_num_candidates
         if isinstance(k, bool) or not isinstance(k, int) or k < 2:
             raise ValueError(f"preference_num_candidates: got {k!r}, must be an integer >= 2")
         PAIR_SELECTION.check(self.pair_selection)
+        if not self.with_comparator:
+            refuse_comparator_reward(self.pair_selection, "preference.pair_selection")
         check_limit(self.pair_selection, self.preference_pairs_per_sample)
 
 
@@ -88,9 +84,11 @@ def select_pair_indices(
         Pairs with ``rewards[w] > rewards[l]``; empty when every reward is equal.
 
     Raises:
-        ValueError: an unknown ``pair_selection``, ``limit < 1``, or a ``limit`` with ``all``.
+        ValueError: an unknown ``pair_selection`` or ``comparator_reward``, ``limit < 1``, or a
+            ``limit`` with ``all``.
     """
     PAIR_SELECTION.check(pair_selection)
+    refuse_comparator_reward(pair_selection)
     check_limit(pair_selection, limit)
     candidates = [
         (float(rw) - float(rl), w, r)
@@ -105,6 +103,16 @@ def select_pair_indices(
     if limit is not None:
         candidates = candidates[:limit]
     return [(w, r) for _, w, r in candidates]
+
+
+def refuse_comparator_reward(pair_selection: str, field: str = "pair_selection") -> None:
+    """Raises ValueError for ``comparator_reward``: it ranks pairs against a comparator's samples (the
+    iterative trainers' :mod:`~comlrl_lightning.comparator.pairing`), which one prompt's candidates lack."""
+    if pair_selection == "comparator_reward":
+        raise ValueError(
+            f"{field}: got 'comparator_reward', which ranks pairs against a comparator's samples; "
+            "without a comparator use 'reward_gap', 'all' or 'random' (or MADPOIter, which has one)"
+        )
 
 
 def check_limit(pair_selection: str, limit: int | None) -> None:
@@ -239,6 +247,7 @@ def build_preference_pairs(
     if isinstance(num_candidates, bool) or not isinstance(num_candidates, int) or num_candidates < 2:
         raise ValueError(f"preference_num_candidates: got {num_candidates!r}, must be an integer >= 2")
     PAIR_SELECTION.check(pair_selection)
+    refuse_comparator_reward(pair_selection)
     check_limit(pair_selection, pairs_per_sample)
     turns = rollout_tree(env, episodes, actors, RolloutPlan(num_generations=num_candidates), step=step)
     compute_returns(turns, 1.0)  # one turn: each candidate's return is its reward

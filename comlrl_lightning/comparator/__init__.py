@@ -1,0 +1,35 @@
+"""The iterative trainers' comparator: who the current policy is compared with each round
+(:mod:`~comlrl_lightning.comparator.policies`, :mod:`~comlrl_lightning.comparator.history`,
+:mod:`~comlrl_lightning.comparator.remote`), its HTTP client (:mod:`~comlrl_lightning.comparator.api`),
+the centralized joint format (:mod:`comlrl_lightning.team.centralized`, shared with the centralized actor), one build batch
+(:mod:`~comlrl_lightning.comparator.candidates`), pairing (:mod:`~comlrl_lightning.comparator.pairing`)
+and the config (:mod:`~comlrl_lightning.comparator.config`). Replay of earlier rounds' pairs is
+:mod:`comlrl_lightning.core.replay`. How they fit into a round: ``docs/iterative.md``.
+"""
+
+from comlrl_lightning.comparator.api import ApiClient, ComparatorError
+from comlrl_lightning.comparator.candidates import CandidateBatch, build_candidates
+from comlrl_lightning.comparator.config import ComparatorConfig, RoundsConfig
+from comlrl_lightning.comparator.pairing import (
+    PAIR_SELECTION,
+    comparison_order,
+    pair_with_comparator,
+    pairs_for_batch,
+)
+from comlrl_lightning.comparator.policies import Comparator, ComparatorSample, build_comparator
+
+__all__ = [
+    "PAIR_SELECTION",
+    "ApiClient",
+    "CandidateBatch",
+    "Comparator",
+    "ComparatorConfig",
+    "ComparatorError",
+    "ComparatorSample",
+    "RoundsConfig",
+    "build_candidates",
+    "build_comparator",
+    "comparison_order",
+    "pair_with_comparator",
+    "pairs_for_batch",
+]
