@@ -1020,7 +1020,18 @@ def _one_shot(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
   {o["num_train_epochs"]} passes over the pairs (`num_train_epochs`; CoMLRL's default 20 would take ~10x this CPU time:
   the count was fixed from the cost of an update before any one-shot run, not tuned on held-out results), shuffled
   each pass, one update per {o["train_batch_size"]} pairs (`train_batch_size`), the same β, loss, reference copies and
-  learning rate as online ({per_seed}). Held-out: before training and after the last update only."""
+  learning rate as online ({per_seed}). Held-out: before training and after the last update only.{_one_shot_vs_online(summ)}"""
+
+
+def _one_shot_vs_online(summ: dict[str, Any]) -> str:
+    """One sentence setting the one-shot row's gain beside the online row's (empty without the online row)."""
+    one, on = summ["madpo_one_shot"], summ.get("madpo")
+    if on is None:
+        return ""
+    overlap = one["gain_ci"][0] <= on["gain_ci"][1] and on["gain_ci"][0] <= one["gain_ci"][1]
+    return f"""
+  On the same {one["samples"]} completions, one-shot gains {100 * one["gain"]:+.1f} pts {_ci(one["gain_ci"], True)} and online
+  {100 * on["gain"]:+.1f} pts {_ci(on["gain_ci"], True)} ({len(one["seeds"])} and {len(on["seeds"])} seeds): the intervals {"overlap" if overlap else "do not overlap"}."""
 
 
 def _overlap(o: dict[str, int] | None) -> str:

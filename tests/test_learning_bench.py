@@ -266,4 +266,9 @@ def test_one_shot_madpo_spends_the_whole_budget_on_its_pair_set_before_the_first
     }
     text = L.render(res)
     assert "| MADPO_ONE_SHOT (CoMLRL's mode) | 1 | 16 |" in text
-    assert f"{o['pairs']} pairs" in text and "2 passes" in text
+    assert f"{o['pairs']} pairs" in text and "2 passes" in text and "one-shot gains" not in text
+    both = L.summarize([{**run, "algorithm": "madpo"}, run])  # the same outcomes: the same interval
+    text = L.render({**res, "summary": both})
+    gain = f"{100 * summ['gain']:+.1f} pts {L._ci(summ['gain_ci'], True)}"
+    assert f"one-shot gains {gain} and online\n  {gain} (1 and 1 seeds)" in text
+    assert "the intervals overlap" in text
