@@ -894,10 +894,13 @@ def plot(summary: dict[str, Any], path: str, title: str) -> None:
     for n, (name, s) in enumerate(summary.items()):
         x = s["curve_samples"]
         color = f"C{n}"
+        # one-shot: every sample is spent before the first update, so the untrained success holds until x = 192
+        ds = "steps-post" if "one_shot" in s else "default"
         for c in s["curves"]:
-            ax.plot(x, c, color=color, alpha=0.3, linewidth=0.8)
+            ax.plot(x, c, color=color, alpha=0.3, linewidth=0.8, drawstyle=ds)
         mean = [sum(c[i] for c in s["curves"]) / len(s["curves"]) for i in range(len(x))]
-        ax.plot(x, mean, color=color, linewidth=2, label=f"{name} (mean of {len(s['curves'])} seeds)")
+        label = f"{name} (mean of {len(s['curves'])} seeds)"
+        ax.plot(x, mean, color=color, linewidth=2, label=label, drawstyle=ds)
     ax.set_xlabel("training samples (completions, both agents)")
     ax.set_ylabel(f"held-out success (greedy, {NUM_HELD_OUT} problems)")
     ax.set_title(title)
