@@ -358,7 +358,8 @@ ONE_SHOT_CONFIG: dict[str, Any] = {  # MADPO one_shot (CoMLRL's mode) within MAG
 the :func:`one_shot_problems` (the problems the online row's seed trains on, every sample spent up front),
 then ``num_train_epochs`` shuffled passes, one update per ``train_batch_size`` pairs. The epoch count was
 fixed before any one-shot run from a CPU-time estimate (the online row: ~400 s a seed for 12 batches of
-generation and updates on up to 32 pairs; one pass here is ~70 pairs), not from held-out results."""
+generation and updates on up to 32 pairs; one pass here was estimated at ~70 pairs, measured 74-80),
+not from held-out results."""
 
 
 ONE_SHOT_EVAL = 10**6
@@ -1021,9 +1022,10 @@ def _one_shot(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
   (K={cfg["k"]} candidates each: all {one_shot_samples(cfg)} completions are spent before the first update, so every
   evaluation after training sits at x = {one_shot_samples(cfg)}), pairs by `reward_gap` as online; then
   {o["num_train_epochs"]} passes over the pairs (`num_train_epochs`; CoMLRL's default 20 would take ~10x this CPU time:
-  the count was fixed from the cost of an update before any one-shot run, not tuned on held-out results), shuffled
+  the count was fixed before any one-shot run from an estimate of its CPU time, not tuned on held-out results), shuffled
   each pass, one update per {o["train_batch_size"]} pairs (`train_batch_size`), the same β, loss, reference copies and
-  learning rate as online ({per_seed}). Held-out: before training and after the last update only.{_one_shot_vs_online(summ)}"""
+  learning rate as online ({per_seed}; the online row makes {cfg["batches"]} updates, each on a batch's fresh pairs).
+  Held-out: before training and after the last update only.{_one_shot_vs_online(summ)}"""
 
 
 def _one_shot_vs_online(summ: dict[str, Any]) -> str:
