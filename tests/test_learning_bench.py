@@ -220,11 +220,13 @@ class _ParityReward:
     """A reward the tiny model's sampled texts do not all tie on: agent 0's text length is even."""
 
     name = "parity"
+    scored: list[int] = []  # joint actions per call, every instance's (training and held-out)
 
     def __init__(self, kind, check="only"):
         pass
 
     def __call__(self, joint_actions, episodes, turn):
+        self.scored.append(len(joint_actions))
         values = [float(len(ja[0]) % 2 == 0) for ja in joint_actions]
         return L.RewardResult(values, {PASS_AT_1: values})
 
@@ -253,6 +255,9 @@ def test_one_shot_madpo_spends_the_whole_budget_on_its_pair_set_before_the_first
     L.run_missing(L.TASK, ["madpo_one_shot"], [0], L.QUICK, path)
     (run,) = L.recorded_runs(L.TASK, L.QUICK, path)
     o = run["one_shot"]
+    training = [n for n in _ParityReward.scored if n != L.NUM_HELD_OUT]  # held-out: one call of 50 each
+    assert _ParityReward.scored.count(L.NUM_HELD_OUT) == 2  # before training and after the last update
+    assert 2 * sum(training) == L.one_shot_samples(L.QUICK)  # the pair set sampled the budget, once
     assert o["pairs"] >= 1 and o["updates"] == 2 * math.ceil(o["pairs"] / o["train_batch_size"])
     assert [h["samples"] for h in run["history"]] == [0, L.one_shot_samples(L.QUICK)] == [0, 16]
     summ = L.summarize([run])["madpo_one_shot"]
