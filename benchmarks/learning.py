@@ -194,11 +194,14 @@ class ExactMatchReward:
         return RewardResult(values, {PASS_AT_1: solved})
 
 
-def datamodule(task: str, batch_size: int, seed: int) -> DecPOMDPDataModule:
-    held, train = held_out_and_train(task)
+def datamodule(
+    task: str, batch_size: int, seed: int, train: Sequence[dict[str, Any]] | None = None
+) -> DecPOMDPDataModule:
+    """The task's episodes; ``train``: these training problems instead of the task's (one-shot MADPO)."""
+    held, rows_ = held_out_and_train(task)
     spec = TASKS[task]
     return DecPOMDPDataModule(
-        dataset=train,
+        dataset=list(train) if train is not None else rows_,
         val_dataset=held,
         formatters=spec["formatters"],
         reward=ExactMatchReward(spec["kind"], spec.get("check", "only")),
@@ -325,7 +328,16 @@ CONFIG: dict[str, Any] = {  # the same task, samples and sampling for every algo
     "critic_learning_rate": 1e-4,  # IAC/MAAC critics (value heads start from scratch)
     "temperature": 0.7,
 }
-ALGORITHMS = ("magrpo", "iac", "maac", "coordinator", "centralized_magrpo", "madpo", "marlhf")
+ALGORITHMS = (
+    "magrpo",
+    "iac",
+    "maac",
+    "coordinator",
+    "centralized_magrpo",
+    "madpo",
+    "marlhf",
+    "madpo_one_shot",
+)
 MARLHF_CONFIG: dict[str, Any] = {  # MARLHF -> MAGRPO within MAGRPO's budget: pair-building samples count
     "pair_prompts": 8,  # training prompts whose candidates make pairs (phase 1)
     "pair_candidates": 4,  # joint responses per prompt: 8 x 4 x 2 agents = 64 samples = 4 batches' worth
@@ -335,6 +347,50 @@ MARLHF_CONFIG: dict[str, Any] = {  # MARLHF -> MAGRPO within MAGRPO's budget: pa
 }
 """Phase 1 of the ``marlhf`` row; its RL phase runs ``CONFIG["batches"]`` minus the batches the pairs
 cost (:func:`marlhf_rl_batches`), so its last held-out point is at MAGRPO's sample count."""
+
+
+ONE_SHOT_CONFIG: dict[str, Any] = {  # MADPO one_shot (CoMLRL's mode) within MAGRPO's budget
+    # pair set: batches x batch_size = 24 training problems rolled out once by the untrained team, K = 4
+    # candidates each (preference_num_candidates), 24 x 4 x 2 agents = 192 completions: MAGRPO's budget
+    "num_train_epochs": 2,  # passes over the pair set (CoMLRL's default 20: ~10x the CPU time of 2)
+    "train_batch_size": 2,  # pairs per update (CoMLRL's default, rollout_buffer_size = 2)
+}
+"""The ``madpo_one_shot`` row: every pair built once, at the first step, from the untrained team over
+the :func:`one_shot_problems` (the problems the online row's seed trains on, every sample spent up front),
+then ``num_train_epochs`` shuffled passes, one update per ``train_batch_size`` pairs. The epoch count was
+fixed before any one-shot run from a CPU-time estimate (the online row: ~400 s a seed for 12 batches of
+generation and updates on up to 32 pairs; one pass here was estimated at ~70 pairs, measured 74-80),
+not from held-out results."""
+
+
+ONE_SHOT_EVAL = 10**6
+"""``val_check_interval`` of the one-shot row: never reached, so held-out evaluations are before training
+and when the module stops after its last pass (Lightning validates on ``should_stop``); an intermediate
+point would sit at the same x (192: every sample is spent up front), so there is none."""
+
+
+def one_shot_samples(cfg: dict[str, Any] = CONFIG) -> int:
+    """Completions (both agents) the one-shot pair set costs, every one sampled before the first update:
+    :func:`one_shot_num_problems` x K x 2 agents (the whole budget of ``cfg``)."""
+    return one_shot_num_problems(cfg) * cfg["k"] * 2
+
+
+def one_shot_num_problems(cfg: dict[str, Any] = CONFIG) -> int:
+    """Training problems of the one-shot pair set: the ``batches x batch_size`` an online run sees."""
+    return cfg["batches"] * cfg["batch_size"]
+
+
+def one_shot_problems(task: str, cfg: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+    """The :func:`one_shot_num_problems` training problems of the one-shot pair set: the first ones the seed's
+    training loader yields (the problems the online ``madpo`` row of that seed trains on), in that order."""
+    dm = datamodule(task, cfg["batch_size"], seed)
+    dm.setup("fit")
+    out: list[dict[str, Any]] = []
+    for batch in dm.train_dataloader():
+        out += [dict(ep.data) for ep in batch]
+        if len(out) >= one_shot_num_problems(cfg):
+            return out[: one_shot_num_problems(cfg)]
+    raise ValueError(f"one_shot_problems: the {task!r} training set has fewer than {len(out) + 1} problems")
 
 
 def marlhf_pair_samples(cfg: dict[str, Any] = CONFIG) -> int:
@@ -432,6 +488,21 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
             sampling=sampling,
             learning_rate=cfg["learning_rate"],
         )
+    if algorithm == "madpo_one_shot":  # CoMLRL's mode: the pairs once from the untrained team, then passes
+        from comlrl_lightning import MADPO, DPOConfig, PreferenceConfig
+
+        o = ONE_SHOT_CONFIG
+        return MADPO(
+            agents=agents,
+            preference=PreferenceConfig(preference_num_candidates=cfg["k"], pair_selection="reward_gap"),
+            dpo=DPOConfig(
+                preference_mode="one_shot",
+                num_train_epochs=o["num_train_epochs"],
+                train_batch_size=o["train_batch_size"],
+            ),
+            sampling=sampling,
+            learning_rate=cfg["learning_rate"],
+        )
     if algorithm == "centralized_magrpo":  # one SmolLM2 writes both agents' answers in the tagged format
         return CentralizedMAGRPO(
             agents=AgentSpec(model=SMOLLM2),
@@ -465,9 +536,13 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     pl.seed_everything(seed, workers=True, verbose=False)
     scratch = tempfile.mkdtemp(prefix="learning_marlhf_") if algorithm == "marlhf" else None
     module = build_module(algorithm, task, {**cfg, "reward_model_dir": scratch})
-    dm = datamodule(task, cfg["batch_size"], seed)
+    one_shot = algorithm == "madpo_one_shot"
+    train = one_shot_problems(task, cfg, seed) if one_shot else None
+    dm = datamodule(task, cfg["batch_size"], seed, train)
     per_batch = cfg["batch_size"] * cfg["k"] * 2  # answers (centralized: 2 role answers per joint completion)
     rec = HeldOut(per_batch, marlhf_pair_samples(cfg) if scratch else 0)
+    if one_shot:  # every sample is spent at the first step: each evaluation after it is at x = 192
+        rec = HeldOut(0, one_shot_samples(cfg))
     n_critics = 1 if algorithm == "maac" else 0
     batches = marlhf_rl_batches(cfg) if scratch else cfg["batches"]
     steps = (
@@ -481,10 +556,12 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
         walk = max(cfg["batches"] // ITERATIVE_ROUNDS, 1)
         shards = tempfile.mkdtemp(prefix="learning_madpo_iter_")  # replay shards of this run only
         extra = dict(limit_train_batches=walk, max_epochs=10_000, default_root_dir=shards)
+    if one_shot:  # the module stops itself after its last pass
+        extra = dict(max_epochs=-1)
     trainer = _quiet_trainer(
         callbacks=[rec],
-        max_steps=steps,
-        val_check_interval=cfg["eval_every"],
+        max_steps=-1 if one_shot else steps,
+        val_check_interval=ONE_SHOT_EVAL if one_shot else cfg["eval_every"],
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
         **extra,
@@ -496,6 +573,8 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     if scratch:  # the reward model's folder (hundreds of MB) is not kept; its record is
         extra = {"marlhf": {**MARLHF_CONFIG, "rl_batches": batches, "reward_info": module.reward_info}}
         shutil.rmtree(scratch, ignore_errors=True)
+    if one_shot:  # the pair set and the updates made over it
+        extra = {"one_shot": {**ONE_SHOT_CONFIG, "pairs": len(module.pairs or ()), "updates": rec.batches}}
     return {
         **extra,
         "algorithm": algorithm,
@@ -681,7 +760,10 @@ RUNNERS: dict[str, Any] = {"coordinator": run_coordinator}
 """Algorithms with a runner of their own (default :func:`run_one`)."""
 TASK_OF: dict[str, str] = {"coordinator": COORD_TASK}
 """Algorithms trained on a task of their own (default :data:`TASK`)."""
-ROW_NOTE: dict[str, str] = {"coordinator": f" (own task: `{COORD_TASK}`)"}
+ROW_NOTE: dict[str, str] = {
+    "coordinator": f" (own task: `{COORD_TASK}`)",
+    "madpo_one_shot": " (CoMLRL's mode)",
+}
 """What the table says after an algorithm's name (its own task: its numbers compare with its own before)."""
 
 
@@ -820,6 +902,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         }
         if "marlhf" in rs[0]:  # phase 1 of each seed: pairs, reward-model fit
             out[algorithm]["marlhf"] = [r["marlhf"] for r in rs]
+        if "one_shot" in rs[0]:  # each seed's pair set and updates
+            out[algorithm]["one_shot"] = [r["one_shot"] for r in rs]
         if all("parse_failure" in h for r in rs for h in r["history"]):  # centralized: per eval, seed mean
             fails = [[h["parse_failure"] for h in r["history"]] for r in rs]
             out[algorithm]["parse_failure"] = [sum(c) / len(c) for c in zip(*fails)]
@@ -838,10 +922,13 @@ def plot(summary: dict[str, Any], path: str, title: str) -> None:
     for n, (name, s) in enumerate(summary.items()):
         x = s["curve_samples"]
         color = f"C{n}"
+        # one-shot: every sample is spent before the first update, so the untrained success holds until x = 192
+        ds = "steps-post" if "one_shot" in s else "default"
         for c in s["curves"]:
-            ax.plot(x, c, color=color, alpha=0.3, linewidth=0.8)
+            ax.plot(x, c, color=color, alpha=0.3, linewidth=0.8, drawstyle=ds)
         mean = [sum(c[i] for c in s["curves"]) / len(s["curves"]) for i in range(len(x))]
-        ax.plot(x, mean, color=color, linewidth=2, label=f"{name} (mean of {len(s['curves'])} seeds)")
+        label = f"{name} (mean of {len(s['curves'])} seeds)"
+        ax.plot(x, mean, color=color, linewidth=2, label=label, drawstyle=ds)
     ax.set_xlabel("training samples (completions, both agents)")
     ax.set_ylabel(f"held-out success (greedy, {NUM_HELD_OUT} problems)")
     ax.set_title(title)
@@ -944,6 +1031,39 @@ def _marlhf(summ: dict[str, Any]) -> str:
   a scalar head, Bradley-Terry, {m["reward_epochs"]} epochs at {m["reward_learning_rate"]:g}, every pair trained on); phase 2 is MAGRPO for
   the {m["rl_batches"]} batches left in MAGRPO's budget, rewarded by that model alone ({fits}).
 """
+
+
+def _one_shot(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
+    """The end of the MADPO bullet: CoMLRL's one-shot mode, or that it was not run."""
+    s = summ.get("madpo_one_shot")
+    if s is None or "one_shot" not in s:
+        return "; CoMLRL's one-shot mode was not run on this budget."
+    o = s["one_shot"][0]
+    per_seed = "; ".join(
+        f"seed {seed}: {r['pairs']} pairs, {r['updates']} updates"
+        for seed, r in zip(s["seeds"], s["one_shot"])
+    )
+    return f""".
+- **MADPO one-shot** (`preference_mode: one_shot`, CoMLRL's MADPO): the pair set is built once, at the first step,
+  by the untrained team over the {one_shot_num_problems(cfg)} training problems the online row's seed trains on
+  (K={cfg["k"]} candidates each: all {one_shot_samples(cfg)} completions are spent before the first update, so every
+  evaluation after training sits at x = {one_shot_samples(cfg)}), pairs by `reward_gap` as online; then
+  {o["num_train_epochs"]} passes over the pairs (`num_train_epochs`; CoMLRL's default 20 would take ~10x this CPU time:
+  the count was fixed before any one-shot run from an estimate of its CPU time, not tuned on held-out results), shuffled
+  each pass, one update per {o["train_batch_size"]} pairs (`train_batch_size`), the same β, loss, reference copies and
+  learning rate as online ({per_seed}; the online row makes {cfg["batches"]} updates, each on a batch's fresh pairs).
+  Held-out: before training and after the last update only.{_one_shot_vs_online(summ)}"""
+
+
+def _one_shot_vs_online(summ: dict[str, Any]) -> str:
+    """One sentence setting the one-shot row's gain beside the online row's (empty without the online row)."""
+    one, on = summ["madpo_one_shot"], summ.get("madpo")
+    if on is None:
+        return ""
+    overlap = one["gain_ci"][0] <= on["gain_ci"][1] and on["gain_ci"][0] <= one["gain_ci"][1]
+    return f"""
+  On the same {one["samples"]} completions, one-shot gains {100 * one["gain"]:+.1f} pts {_ci(one["gain_ci"], True)} and online
+  {100 * on["gain"]:+.1f} pts {_ci(on["gain_ci"], True)} ({len(one["seeds"])} and {len(on["seeds"])} seeds): the intervals {"overlap" if overlap else "do not overlap"}."""
 
 
 def _overlap(o: dict[str, int] | None) -> str:
@@ -1077,8 +1197,7 @@ def render(res: dict[str, Any]) -> str:
   (held-out split, exact-match reward, bootstrap, table).
 - **MADPO** (`preference_mode: online`): each batch's K={cfg["k"]} samples per agent per problem are the candidates
   (the same sampled completions per batch as MAGRPO's), pairs by `reward_gap` (at most 16 per problem: with K={cfg["k"]}
-  every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch; CoMLRL's
-  one-shot mode was not run on this budget.
+  every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch{_one_shot(summ, cfg)}
 {_coordinator_notes(res)}{_central(summ, res.get("central_probe"))}{_marlhf(summ)}- Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
 """

@@ -75,7 +75,8 @@ def test_summary_and_render_report_the_gain_and_whether_its_interval_excludes_ze
     text = L.render(res)
     assert "| MAGRPO | 3 | 96 | 40.0%" in text and "+30.0 pts" in text and "**excludes 0**" in text
     assert (
-        "Not run in the recorded budget: IAC, MAAC, COORDINATOR, CENTRALIZED_MAGRPO, MADPO, MARLHF." in text
+        "Not run in the recorded budget: IAC, MAAC, COORDINATOR, CENTRALIZED_MAGRPO, MADPO, MARLHF, MADPO_ONE_SHOT."
+        in text
     )
 
 
@@ -213,3 +214,66 @@ def test_the_section_says_held_out_pairs_reuse_training_questions():
     )
     text = L._overlap(o)
     assert f"{o['both_seen']} of {o['problems']} held-out problems" in text and L._overlap(None) == ""
+
+
+class _ParityReward:
+    """A reward the tiny model's sampled texts do not all tie on: agent 0's text length is even."""
+
+    name = "parity"
+    scored: list[int] = []  # joint actions per call, every instance's (training and held-out)
+
+    def __init__(self, kind, check="only"):
+        pass
+
+    def __call__(self, joint_actions, episodes, turn):
+        self.scored.append(len(joint_actions))
+        values = [float(len(ja[0]) % 2 == 0) for ja in joint_actions]
+        return L.RewardResult(values, {PASS_AT_1: values})
+
+
+def test_one_shot_madpo_spends_the_whole_budget_on_its_pair_set_before_the_first_update(
+    tmp_path, monkeypatch
+):
+    per_batch = L.CONFIG["batch_size"] * L.CONFIG["k"] * 2
+    assert L.one_shot_num_problems() == 24 and L.one_shot_samples() == 24 * 4 * 2 == 192
+    assert L.one_shot_samples() == L.CONFIG["batches"] * per_batch  # MAGRPO's budget, all of it up front
+    dm = L.datamodule(L.TASK, 2, 1)
+    dm.setup("fit")
+    seen = [dict(ep.data) for b in list(dm.train_dataloader())[:12] for ep in b]
+    assert L.one_shot_problems(L.TASK, L.CONFIG, 1) == seen  # the online row's problems of that seed
+    assert L.one_shot_problems(L.TASK, L.CONFIG, 0) != seen
+    module = L.build_module("madpo_one_shot", L.TASK, L.CONFIG)  # built, not loaded
+    assert module.dpo.preference_mode == "one_shot" and module.preference.pair_selection == "reward_gap"
+    assert module.preference.preference_num_candidates == 4
+    assert module.dpo.num_train_epochs == L.ONE_SHOT_CONFIG["num_train_epochs"]
+
+    # the quick path on the tiny model: 2 x 2 problems x K=2 x 2 agents = 16 completions, then the passes
+    monkeypatch.setattr(L, "SMOLLM2", "builtin:tiny-gpt2")
+    monkeypatch.setattr(L, "ExactMatchReward", _ParityReward)  # the tiny model is never right: no pair
+    monkeypatch.setitem(L.ONE_SHOT_CONFIG, "num_train_epochs", 2)
+    path = str(tmp_path / "runs.jsonl")
+    L.run_missing(L.TASK, ["madpo_one_shot"], [0], L.QUICK, path)
+    (run,) = L.recorded_runs(L.TASK, L.QUICK, path)
+    o = run["one_shot"]
+    training = [n for n in _ParityReward.scored if n != L.NUM_HELD_OUT]  # held-out: one call of 50 each
+    assert _ParityReward.scored.count(L.NUM_HELD_OUT) == 2  # before training and after the last update
+    assert 2 * sum(training) == L.one_shot_samples(L.QUICK)  # the pair set sampled the budget, once
+    assert o["pairs"] >= 1 and o["updates"] == 2 * math.ceil(o["pairs"] / o["train_batch_size"])
+    assert [h["samples"] for h in run["history"]] == [0, L.one_shot_samples(L.QUICK)] == [0, 16]
+    summ = L.summarize([run])["madpo_one_shot"]
+    res = {
+        "task": L.TASK,
+        "rule": L.TASK_RULE,
+        "calibration": L._load_calibration(),
+        "config": L.QUICK,
+        "summary": {"madpo_one_shot": summ},
+        "png": "x.png",
+    }
+    text = L.render(res)
+    assert "| MADPO_ONE_SHOT (CoMLRL's mode) | 1 | 16 |" in text
+    assert f"{o['pairs']} pairs" in text and "2 passes" in text and "one-shot gains" not in text
+    both = L.summarize([{**run, "algorithm": "madpo"}, run])  # the same outcomes: the same interval
+    text = L.render({**res, "summary": both})
+    gain = f"{100 * summ['gain']:+.1f} pts {L._ci(summ['gain_ci'], True)}"
+    assert f"one-shot gains {gain} and online\n  {gain} (1 and 1 seeds)" in text
+    assert "the intervals overlap" in text
