@@ -159,7 +159,9 @@ def test_every_shipped_experiment_parses_with_print_config(config, capsys):
     init = yaml.safe_load(capsys.readouterr().out)["model"]["init_args"]
     assert init["rollout"]["num_generations"] >= 1 and init["sampling"]["max_new_tokens"] >= 1
     if "dpo" in init:  # MADPO: preference and DPO groups instead of the policy-gradient ones
-        assert init["dpo"]["loss_type"] == "sigmoid" and init["preference"]["pair_selection"] == "reward_gap"
+        iterative = "rounds" in init  # MADPOIter: pairs against its comparator (CoMLRL's iterative default)
+        selection = "comparator_reward" if iterative else "reward_gap"
+        assert init["dpo"]["loss_type"] == "sigmoid" and init["preference"]["pair_selection"] == selection
         assert "loss" not in init and "advantage" not in init
         return
     assert init["loss"]["loss_type"] in ("sequence_sum", "grpo")  # every group listed
