@@ -49,7 +49,7 @@ from comlrl_lightning.team.centralized import (
     CentralizedAdapter,
     JointActor,
     RoleSplit,
-    TaggedAdapter,
+    joint_actor_adapter,
 )
 
 
@@ -95,14 +95,7 @@ class CentralizedMAGRPO(MAGRPO):
                 f"agents: got {len(agents)} agents; CentralizedMAGRPO trains exactly one joint actor "
                 "(the env's formatters are its roles: set num_roles)"
             )
-        if not isinstance(num_roles, int) or isinstance(num_roles, bool) or num_roles < 1:
-            raise ValueError(
-                f"num_roles: got {num_roles!r}, must be an integer >= 1 (the env's formatter count)"
-            )
-        adapter = TaggedAdapter() if adapter is None else adapter
-        for name in ("build_prompt", "parse_completion"):
-            if not callable(getattr(adapter, name, None)):
-                raise TypeError(f"adapter: {type(adapter).__name__}.{name} must be callable")
+        adapter = joint_actor_adapter(num_roles, adapter)
         one = agents[0] if isinstance(agents, (list, tuple)) else agents
         super().__init__(
             [one],

@@ -42,7 +42,7 @@ from comlrl_lightning.core.preference import PreferenceConfig, build_preference_
 from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.team.agents import AgentSpec, normalize_agents
-from comlrl_lightning.team.centralized import CentralizedAdapter, JointActor, TaggedAdapter
+from comlrl_lightning.team.centralized import CentralizedAdapter, JointActor, joint_actor_adapter
 
 COLLABORATION_MODE = Choice(
     "collaboration_mode",
@@ -362,13 +362,7 @@ def _check_joint_actor(agents: Any, num_agents: int | None, num_roles: int, adap
             f"agents: got {n} agents with collaboration_mode='centralized'; it trains exactly one joint "
             "actor (the env's formatters are its roles: set num_roles)"
         )
-    if not isinstance(num_roles, int) or isinstance(num_roles, bool) or num_roles < 1:
-        raise ValueError(f"num_roles: got {num_roles!r}, must be an integer >= 1 (the env's formatter count)")
-    adapter = TaggedAdapter() if adapter is None else adapter
-    for name in ("build_prompt", "parse_completion"):
-        if not callable(getattr(adapter, name, None)):
-            raise TypeError(f"adapter: {type(adapter).__name__}.{name} must be callable")
-    return adapter
+    return joint_actor_adapter(num_roles, adapter)
 
 
 def _candidate_rollout(rollout: RolloutConfig, preference: PreferenceConfig) -> RolloutConfig:

@@ -202,3 +202,20 @@ class JointActor:
         ]
         completions = [[s.roles[i] for s in self.splits] for i in range(self.num_roles)]
         return TeamAction([rendered], [gen], completions)
+
+
+def joint_actor_adapter(num_roles: Any, adapter: Any) -> Any:
+    """The adapter a joint actor of ``num_roles`` roles uses (default :class:`TaggedAdapter`), checked
+    (CentralizedMAGRPO and MADPO's ``collaboration_mode: centralized``), before any model loads.
+
+    Raises:
+        ValueError: ``num_roles`` not an integer >= 1.
+        TypeError: an adapter without callable ``build_prompt`` and ``parse_completion``.
+    """
+    if not isinstance(num_roles, int) or isinstance(num_roles, bool) or num_roles < 1:
+        raise ValueError(f"num_roles: got {num_roles!r}, must be an integer >= 1 (the env's formatter count)")
+    adapter = TaggedAdapter() if adapter is None else adapter
+    for name in ("build_prompt", "parse_completion"):
+        if not callable(getattr(adapter, name, None)):
+            raise TypeError(f"adapter: {type(adapter).__name__}.{name} must be callable")
+    return adapter
