@@ -161,18 +161,6 @@ class MADPO(CoMLRLModule):
                 "pair set is built from the whole training set in one process: use 'online' under DDP"
             )
 
-    def on_fit_start(self) -> None:
-        """The base class's, then the frozen reference copies flagged as training until
-        :meth:`on_train_start`: Lightning warns about every module in eval mode between the two hooks
-        (``Found N module(s) in eval mode``), and these are in eval mode by design (no dropout while
-        they score); a module a user leaves in eval mode is still reported."""
-        super().on_fit_start()
-        self.reference_models.train()
-
-    def on_train_start(self) -> None:
-        self.reference_models.eval()
-        super().on_train_start()
-
     # ------------------------------------------------------------------ the step
     def training_step(self, batch: list[Episode], batch_idx: int) -> StepOutput | None:
         t0 = time.perf_counter()
