@@ -211,6 +211,7 @@ def straight(tmp_path_factory):
 # training steps done at the checkpoint -> (round, phase, position) it holds
 CRASHES = {
     1: (0, "build", BATCH),  # inside round 0's build
+    BUILD: (0, "reward", 0),  # the build done, the reward model not yet re-initialised
     BUILD + 1: (0, "reward", 1),  # after the reward model's first epoch
     BUILD + RM_EPOCHS + 1: (0, "rl", 1),  # inside the RL phase
     ROUND: (1, "build", 0),  # the round boundary
@@ -227,7 +228,9 @@ def test_resume_in_every_phase_is_bit_exact(trainer_factory, tmp_path, straight,
     saved = torch.load(tmp_path / "ckpt" / ckpt, weights_only=False)
     state = saved["iterative"]
     assert (state["round"], state["phase"], state["position"]) == CRASHES[crash_at]
-    keeps_rm = state["phase"] in ("reward", "rl") or state["round"] == 1  # reward_model scoring
+    # the weights while trained and needed: after a reward epoch, in RL, in a reward_model-scored build
+    trained = (state["phase"] == "reward" and state["position"] > 0) or state["phase"] == "rl"
+    keeps_rm = trained or state["round"] == 1
     assert any(k.startswith("reward_models.") for k in saved["state_dict"]) == keeps_rm
     assert (saved["marlhf_iter"]["reward_fit"] is not None) == (state["phase"] == "reward")
     resumed = _run(trainer_factory, tmp_path, ckpt_path=str(tmp_path / "ckpt" / ckpt))
