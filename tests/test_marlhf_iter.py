@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from local_http import chat_reply, serving
 
 from comlrl_lightning import IAC, MAGRPO, MARLHFIter
 from comlrl_lightning.algorithms.joint_reward_model import load_reward_backbone, pair_texts
@@ -21,6 +22,7 @@ from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.envs.reward_model import sequence_logits
 
 TINY = "builtin:tiny-gpt2"
+server_factory = pytest.fixture(serving)
 K, BATCH, TRAIN, RM_EPOCHS = 2, 2, 4, 2
 BUILD, RL = TRAIN // BATCH, TRAIN // BATCH  # training steps of a round's build and RL phase
 ROUND = BUILD + RM_EPOCHS + RL
@@ -171,6 +173,38 @@ def test_rl_phase_is_the_chosen_actor_critic_module(trainer_factory, tmp_path):
     # IAC's own step ran in the RL phase: every critic moved (CoMLRL's actor-critic against the model)
     for b, critic in zip(before, model.critics):
         assert any(not torch.equal(x, p) for x, p in zip(b, critic.parameters()))
+
+
+@pytest.mark.parametrize(
+    "comparator",
+    [
+        dict(comparator_policy="current"),
+        dict(comparator_policy="model", comparator_model_name=TINY, comparator_num_candidates=3),
+        dict(comparator_policy="current_copy", comparator_generation_mode="centralized"),
+        "api",
+    ],
+    ids=["current", "model", "current_copy-centralized", "api"],
+)
+def test_every_comparator_runs_a_round_in_a_fit(trainer_factory, tmp_path, server_factory, comparator):
+    if comparator == "api":
+        srv = server_factory(handler=lambda r: chat_reply([f"x{j}" * (j + 1) for j in range(r["body"]["n"])]))
+        comparator = dict(
+            comparator_policy="api",
+            comparator_api_url=srv.url,
+            comparator_api_format="openai_chat",
+            comparator_api_model="tiny",
+            comparator_api_timeout=10.0,
+        )
+    pl.seed_everything(0)
+    model, rec = _module(comparator=comparator, rounds=dict(num_rounds=1)), Record()
+    trainer = trainer_factory(max_steps=-1, max_epochs=100, callbacks=[rec], default_root_dir=tmp_path)
+    trainer.fit(model, _data())
+    assert model.round == 1 and model.samples_generated == TRAIN * (
+        K + comparator.get("comparator_num_candidates", K)
+    )
+    pairs = read_pairs(tmp_path / "preference_replay" / "round_0.jsonl", 2)
+    assert 0 < len(pairs) <= TRAIN * 2 and all(p.chosen_reward > p.rejected_reward for p in pairs)
+    assert [p for (_, p, _), _ in rec.steps] == ["build"] * BUILD + ["reward"] * RM_EPOCHS + ["rl"] * RL
 
 
 class Preempted(Exception):
