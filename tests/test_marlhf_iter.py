@@ -344,3 +344,14 @@ def test_the_humaneval_config_trains_two_rounds_on_the_tiny_team(tmp_path):
     shards = sorted(p.name for p in (tmp_path / "preference_replay").iterdir())
     assert shards == ["round_0.jsonl", "round_1.jsonl"]
     assert sorted(p.name for p in (tmp_path / "policy_checkpoints").iterdir()) == ["round_1"]
+
+
+def test_rl_steps_per_round_are_passes_times_an_epochs_batches(monkeypatch):
+    model = _module(rl_phase=dict(num_train_epochs=3))
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    model.trainer = trainer
+    monkeypatch.setattr(pl.Trainer, "num_training_batches", 5, raising=False)
+    assert model.rl_steps_per_round == 15
+    monkeypatch.setattr(pl.Trainer, "num_training_batches", float("inf"), raising=False)
+    with pytest.raises(ValueError, match=r"rl_phase.num_train_epochs: the training dataloader has no length"):
+        _ = model.rl_steps_per_round

@@ -38,6 +38,7 @@ several processes (refused in ``setup``, before any model loads).
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from dataclasses import asdict, dataclass, fields, replace
@@ -222,8 +223,19 @@ class MARLHFIter(RoundLoop, MARLHF):
 
     @property
     def rl_steps_per_round(self) -> int:
-        """``rl_phase.num_train_epochs × trainer.num_training_batches`` (RL steps of a round)."""
-        return self.rl_phase.num_train_epochs * max(int(self.trainer.num_training_batches), 1)
+        """``rl_phase.num_train_epochs × trainer.num_training_batches`` (RL steps of a round).
+
+        Raises:
+            ValueError: the training dataloader has no length (an iterable dataset) and
+                ``limit_train_batches`` is not an integer: a pass has no size.
+        """
+        batches = self.trainer.num_training_batches
+        if not math.isfinite(batches):
+            raise ValueError(
+                "rl_phase.num_train_epochs: the training dataloader has no length, so a pass has no "
+                "size; set trainer.limit_train_batches to an integer (the batches of one pass)"
+            )
+        return self.rl_phase.num_train_epochs * max(int(batches), 1)
 
     # ------------------------------------------------------------------ the phases
     def _scoring_env(self) -> DecPOMDP:
