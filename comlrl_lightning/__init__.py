@@ -10,6 +10,7 @@ from comlrl_lightning.algorithms.madpo import MADPO
 from comlrl_lightning.algorithms.madpo_iter import MADPOIter
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
 from comlrl_lightning.algorithms.marlhf import MARLHF
+from comlrl_lightning.algorithms.marlhf_iter import MARLHFIter, RLPhaseConfig
 from comlrl_lightning.core.config import (
     AdvantageConfig,
     LossConfig,
@@ -67,6 +68,8 @@ __all__ = [
     "PairSourceConfig",
     "MADPO",
     "MADPOIter",
+    "MARLHFIter",
+    "RLPhaseConfig",
     "DPOConfig",
     "PreferenceConfig",
 ]

@@ -580,6 +580,60 @@ def test_madpo_iter_refuses_bad_values_naming_the_field_before_any_model_loads(m
     assert message in str(e.value)
 
 
+# ------------------------------------------------------------------ iterative MARLHF
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(rounds=dict(num_rounds=0)), r"num_rounds: got 0, must be an integer >= 1"),
+        (
+            dict(rounds=dict(preference_scoring_reward="judge")),
+            r"preference_scoring_reward: got 'judge', allowed: \['task', 'reward_model'\]",
+        ),
+        (dict(rl_phase=dict(num_train_epochs=0)), r"num_train_epochs: got 0, must be an integer >= 1"),
+        (dict(rl_phase=dict(num_train_epochs=True)), r"num_train_epochs: got True, must be an integer >= 1"),
+        (dict(rl_algorithm="ppo"), r"rl_algorithm: got 'ppo', allowed: \['magrpo', 'mareinforce'.*'maac'\]"),
+        (
+            dict(reward_model=dict(reward_val_fraction=1.0)),
+            r"reward_val_fraction: got 1.0, must be in \[0, 1\)",
+        ),
+        (dict(preference=dict(pair_selection="best")), r"pair_selection: got 'best', allowed:"),
+        (dict(comparator=dict(comparator_policy="mirror")), r"comparator_policy: got 'mirror', allowed:"),
+        (
+            dict(comparator=dict(comparator_history_k=2)),
+            r"comparator_history_k: got 2, only applies to comparator_policy='history'",
+        ),
+        (
+            dict(replay=dict(preference_replay_mode="current", preference_replay_sample_size=4)),
+            r"preference_replay_sample_size: got 4, does not apply to preference_replay_mode='current'",
+        ),
+        (dict(seed=1.5), r"seed: got 1.5, must be an integer"),
+        (dict(rollout=dict(num_turns=2)), r"rollout.num_turns: got 2; .*num_turns=1 only"),
+        (
+            dict(rl_algorithm="iac", advantage=dict(advantage_mode="mean")),
+            r"advantage: rl_algorithm='iac' \(IAC\) has no 'advantage'",
+        ),
+        (dict(pair_source=dict(preference_num_prompts=4)), r"unexpected keyword argument 'pair_source'"),
+    ],
+)
+def test_marlhf_iter_refuses_bad_values_naming_the_field_before_any_model_loads(monkeypatch, kwargs, match):
+    from comlrl_lightning import MARLHFIter
+
+    no_model_loads(monkeypatch)
+    with pytest.raises((ValueError, TypeError), match=match):
+        MARLHFIter(agents=["builtin:tiny-gpt2"] * 2, **kwargs)
+
+
+def test_marlhf_iter_bad_values_from_the_cli_fail_before_any_model_loads(monkeypatch, capsys):
+    no_model_loads(monkeypatch)
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        main(
+            ["fit", *experiment("toy_marlhf_iterative.yaml"), "--model.init_args.rl_phase.num_train_epochs=0"]
+        )
+    assert info.value.code == 1
+    assert "num_train_epochs: got 0, must be an integer >= 1" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ centralized MAGRPO
 @pytest.mark.parametrize(
     "kwargs,error,match",

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import hashlib, json, os, sys
@@ -81,3 +83,29 @@ def test_two_process_ddp_shards_episodes_and_keeps_ranks_identical(tmp_path):
     # sync_dist: the logged reward is the mean of the two ranks' local rewards, the same on both
     for a, b, s0, s1 in zip(r0["local"], r1["local"], r0["synced"], r1["synced"]):
         assert abs(s0 - s1) < 1e-6 and abs(s0 - (a + b) / 2) < 1e-5
+
+
+@pytest.mark.parametrize("module", ["MADPOIter", "MARLHFIter"])
+def test_the_iterative_trainers_refuse_several_processes_before_any_model_loads(
+    module, monkeypatch, tmp_path
+):
+    """A round's pairs, replay shards and history folders are written by one process: a fit whose
+    trainer has 2 processes stops in ``setup``, before ``configure_model`` loads an agent (here any load
+    raises), naming the process count."""
+    import lightning.pytorch as pl
+
+    import comlrl_lightning
+    from comlrl_lightning.datamodules import LengthRatioDataModule
+    from comlrl_lightning.team import team as team_mod
+
+    monkeypatch.setattr(
+        team_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded"))
+    )
+    monkeypatch.setattr(pl.Trainer, "world_size", property(lambda self: 2))  # as under DDP, one process
+    model = getattr(comlrl_lightning, module)(agents=["builtin:tiny-gpt2"] * 2)
+    trainer = pl.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, default_root_dir=tmp_path
+    )
+    with pytest.raises(ValueError, match=rf"^{module}\w*: 2 processes; a round's pairs, replay shards"):
+        trainer.fit(model, LengthRatioDataModule(num_train=4, batch_size=2))
+    assert len(model.agents) == 0

@@ -34,22 +34,20 @@ mid-training, continues bit-exact. The API key is in none of them.
 
 from __future__ import annotations
 
-import copy
-import math
-import os
-import random
 import time
-from dataclasses import asdict, dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.algorithms.madpo import COLLABORATION_MODE, MADPO
-from comlrl_lightning.comparator.candidates import build_candidates
+from comlrl_lightning.algorithms.round_loop import (
+    IterativePreferenceConfig,
+    RoundLoop,
+    iterative_preference,
+    round_groups,
+)
 from comlrl_lightning.comparator.config import ComparatorConfig, RoundsConfig
-from comlrl_lightning.comparator.policies import Comparator, build_comparator
-from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import DEFAULTS, PlacementConfig, RolloutConfig, SamplingConfig
 from comlrl_lightning.core.dpo import DPOConfig
 from comlrl_lightning.core.generation import (
@@ -61,28 +59,19 @@ from comlrl_lightning.core.generation import (
 )
 from comlrl_lightning.core.pair_batch import PairTokens, pair_step_output
 from comlrl_lightning.core.pairs import PreferencePair
-from comlrl_lightning.core.preference import PreferenceConfig
 from comlrl_lightning.core.records import StepOutput
-from comlrl_lightning.core.replay import PreferenceReplay, ReplayConfig
+from comlrl_lightning.core.replay import ReplayConfig
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.team.agents import AgentSpec
 
-
-@dataclass
-class IterativePreferenceConfig(PreferenceConfig):
-    """:class:`~comlrl_lightning.core.preference.PreferenceConfig`'s fields, with
-    ``pair_selection="comparator_reward"`` accepted (current ``i`` against comparator ``i``)."""
-
-    with_comparator: ClassVar[bool] = True
-
+__all__ = ["IterativePreferenceConfig", "MADPOIter", "text_pair_tokens"]
 
 _ITER_PREFERENCE = IterativePreferenceConfig(pair_selection="comparator_reward")
 _ITER_DPO = DPOConfig(num_train_epochs=1)
 _ROUNDS, _COMPARATOR, _REPLAY = RoundsConfig(), ComparatorConfig(), ReplayConfig()
-_GROUPS: dict[str, type] = {"rounds": RoundsConfig, "comparator": ComparatorConfig, "replay": ReplayConfig}
 
 
-class MADPOIter(MADPO):
+class MADPOIter(RoundLoop, MADPO):
     """Iterative MADPO (CoMLRL's ``MADPOIterTrainer``): ``num_rounds`` rounds of (sample current and
     comparator, pair, replay, ``num_train_epochs`` of joint DPO). See the module docstring.
 
@@ -134,10 +123,7 @@ class MADPOIter(MADPO):
         seed: int = 0,
         env: DecPOMDP | None = None,
     ) -> None:
-        given = dict(rounds=rounds, comparator=comparator, replay=replay)
-        groups = {k: _GROUPS[k](**c) if isinstance(c, dict) else replace(c) for k, c in given.items()}
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"seed: got {seed!r}, must be an integer")
+        groups = round_groups(rounds, comparator, replay, seed)
         dpo_mode = dpo.get("preference_mode", "one_shot") if isinstance(dpo, dict) else dpo.preference_mode
         if dpo_mode != "one_shot":
             raise ValueError(
@@ -155,14 +141,10 @@ class MADPOIter(MADPO):
                 f"collaboration_mode: got {collaboration_mode!r}; MADPOIter trains one model per agent "
                 "(a centralized comparator is comparator.comparator_generation_mode): allowed 'decentralized'"
             )
-        if isinstance(preference, dict):
-            preference = IterativePreferenceConfig(**preference)
-        elif not isinstance(preference, IterativePreferenceConfig):
-            preference = IterativePreferenceConfig(**asdict(preference))
         super().__init__(
             agents,
             num_agents,
-            preference=preference,
+            preference=iterative_preference(preference),
             dpo=dpo,
             rollout=rollout,
             sampling=sampling,
@@ -173,59 +155,11 @@ class MADPOIter(MADPO):
             val_sampling=val_sampling,
             env=env,
         )
-        self.rounds: RoundsConfig = groups["rounds"]
-        self.comparator_config: ComparatorConfig = groups["comparator"]
-        self.replay_config: ReplayConfig = groups["replay"]
-        self.seed = seed
-        for name, cfg in groups.items():
-            self.hparams[name] = asdict(cfg)
-        self._hparams_initial = copy.deepcopy(self._hparams)
-        self.comparator: Comparator | None = None
-        if (
-            self.comparator_config.comparator_policy != "history"
-            or self.comparator_config.policy_checkpoint_dir
-        ):
-            self.comparator = self._make_comparator(None)  # loads nothing; checks the key's variable
-        else:
-            self.comparator_config.check(self.num_agents)
-        self.replay: PreferenceReplay | None = None
-        self._pair_rng = random.Random(seed)
-        self._round, self._phase, self._position, self._samples = 0, "build", 0, 0
-        self._round_pairs: list[PreferencePair] = []
-        self._round_open = False
-        self._last_counts: list[int] | None = None
-        """``[pairs built, pairs trained on, pairs in every shard]`` of the last round built."""
-
-    def _make_comparator(self, history_dir: str | None) -> Comparator:
-        s = self.sampling_config
-        sampling = dict(
-            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k
-        )
-        return build_comparator(self.comparator_config, self.team, self.seed, sampling, history_dir)
-
-    @property
-    def samples_generated(self) -> int:
-        """Joint responses generated for pairs so far, current plus comparator (the sample budget)."""
-        return self._samples
-
-    @property
-    def round(self) -> int:
-        """The round in progress (0-based; ``num_rounds`` once every round is done)."""
-        return self._round
+        self.init_round_loop(groups, seed)  # the comparator loads nothing; checks the key's variable
 
     def setup(self, stage: str) -> None:
-        if self.trainer.world_size > 1:
-            raise ValueError(
-                f"MADPOIter: {self.trainer.world_size} processes; a round's pairs, replay shards and "
-                "history folders are written by one process: run it on one device (docs/iterative.md)"
-            )
+        self.setup_round_loop()  # refuses several processes before any model loads
         super().setup(stage)
-        root = self.trainer.default_root_dir
-        if self.comparator is None:
-            self.comparator = self._make_comparator(os.path.join(root, "policy_checkpoints"))
-        if self.replay is None:
-            directory = self.replay_config.preference_replay_dir or os.path.join(root, "preference_replay")
-            self.replay = PreferenceReplay(self.replay_config, directory, self.seed, self.num_agents)
 
     # ------------------------------------------------------------------ the round's steps
     def training_step(self, batch: list[Episode], batch_idx: int) -> StepOutput | None:
@@ -233,58 +167,15 @@ class MADPOIter(MADPO):
             self.trainer.should_stop = True
             return None
         if self._phase == "build":
-            self._build_step()
+            if self.build_step(self.env, self.preference):
+                self._finish_build()
             return None
         return self._train_step()
 
-    def _build_step(self) -> None:
-        """One dataloader batch of the round's walk over the training set (the batch Lightning passes
-        only paces the walk: the walk is in dataset order, as CoMLRL's)."""
-        assert self.comparator is not None
-        if not self._round_open:  # also after a resume inside a build (current_copy copies again)
-            self.comparator.begin_round(self._round)
-            self._round_open = True
-        loader = self.trainer.train_dataloader
-        dataset, size = loader.dataset, max(int(getattr(loader, "batch_size", 1) or 1), 1)
-        walk = len(dataset)
-        if math.isfinite(self.trainer.num_training_batches):  # limit_train_batches caps the walk
-            walk = min(walk, int(self.trainer.num_training_batches) * size)
-        end = min(self._position + size, walk)
-        episodes = [dataset[i] for i in range(self._position, end)]
-        p, c = self.preference, self.comparator_config
-        built = build_candidates(
-            self.team,
-            self.env,
-            self.comparator,
-            episodes,
-            p.preference_num_candidates,
-            c.comparator_num_candidates or p.preference_num_candidates,
-            p.pair_selection,
-            p.preference_pairs_per_sample,
-            self._pair_rng,
-            step=self.global_step,
-        )
-        self._round_pairs += built.pairs
-        self._samples += built.samples
-        self._position = end
-        opts, _ = self.agent_optimizers()
-        for opt in opts:  # a build step moves no weight; it counts as the batch's N steps
-            self._count_skipped_step(opt)
-        n = len(episodes)
-        self.log(M.REWARD, built.current_rewards.mean().to(self.device), prog_bar=True, batch_size=n)
-        self._log_round(n)
-        if self._position >= walk:
-            self._finish_build()
-
     def _finish_build(self) -> None:
         """The round's shard, the replay's pick, and the switch to training (or the next round)."""
-        assert self.replay is not None
-        current, r = self._round_pairs, self._round
-        self.replay.add_round(r, current)
-        train = self.replay.select(r, current)
-        self._last_counts = [len(current), len(train), self.replay.counts()[1]]
-        self._log_counts()
-        self._round_pairs, self._position, self._phase = [], 0, "train"
+        train = self.finish_build()
+        self._phase = "train"
         self.pairs, self.pair_tokens = train, text_pair_tokens(self.team, train)
         self._order, self._epoch, self._cursor = list(range(len(train))), 0, 0
         if not train:
@@ -302,52 +193,20 @@ class MADPOIter(MADPO):
         out = pair_step_output(pairs, tokens, stats)
         out.step_time_s = time.perf_counter() - t0
         self.log_step(out, logged, len(pairs))
-        self._log_round(len(pairs))
+        self.log_round(len(pairs))
         if self._epoch >= self.dpo.num_train_epochs:
             self._end_round()
         return out
 
     def _end_round(self) -> None:
-        assert self.comparator is not None
-        self.comparator.end_round(self._round)
-        self._round_open = False
-        self._round, self._phase, self._position = self._round + 1, "build", 0
+        self.close_round()
         self.pairs, self.pair_tokens, self._order = None, [], []
-        if self._round >= self.rounds.num_rounds:
-            self.trainer.should_stop = True
-
-    def _log_counts(self) -> None:
-        """``pairs/*`` of the last round built, at every step from its end on (so that no
-        ``log_every_n_steps`` drops a once-a-round value)."""
-        if self._last_counts is not None:
-            for name, value in zip((M.PAIRS_CURRENT, M.PAIRS_TRAIN, M.PAIRS_TOTAL), self._last_counts):
-                self.log(name, float(value), batch_size=1)
-
-    def _log_round(self, batch_size: int) -> None:
-        assert self.comparator is not None
-        self.log(M.ROUND, float(self._round), batch_size=batch_size)
-        self.log(M.SAMPLES, float(self._samples), batch_size=batch_size)
-        for name, value in self.comparator.metrics().items():
-            self.log(name, value, batch_size=batch_size)
-        self._log_counts()
 
     # ------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """MADPO's (RNG, finite weights, the round's training pairs), plus the round loop's state."""
         super().on_save_checkpoint(checkpoint)
-        assert self.comparator is not None and self.replay is not None
-        version, internal, gauss = self._pair_rng.getstate()
-        checkpoint["iterative"] = {
-            "round": self._round,
-            "phase": self._phase,
-            "position": self._position,
-            "samples": self._samples,
-            "last_counts": self._last_counts,
-            "round_pairs": [p.to_json() for p in self._round_pairs],
-            "pair_rng": [version, list(internal), gauss],
-            "comparator": self.comparator.state_dict(),
-            "replay": self.replay.state_dict(),
-        }
+        checkpoint["iterative"] = self.round_loop_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
@@ -358,18 +217,9 @@ class MADPOIter(MADPO):
         the replay exist only after :meth:`setup`, which runs before the checkpoint is read)."""
         super().on_fit_start()
         state = getattr(self, "_resume_iterative", None)
-        if state is None:
-            return
-        assert self.comparator is not None and self.replay is not None
-        self._round, self._phase, self._position = state["round"], state["phase"], state["position"]
-        self._samples, self._last_counts = state["samples"], state.get("last_counts")
-        self._round_pairs = [PreferencePair.from_json(d, "checkpoint") for d in state["round_pairs"]]
-        version, internal, gauss = state["pair_rng"]
-        self._pair_rng.setstate((version, tuple(internal), gauss))
-        self.comparator.load_state_dict(state["comparator"])
-        self.replay.load_state_dict(state["replay"])
-        self._round_open = False
-        self._resume_iterative = None
+        if state is not None:
+            self.load_round_loop_state(state)
+            self._resume_iterative = None
 
 
 def text_pair_tokens(team: Any, pairs: list[PreferencePair]) -> list[list[PairTokens]]:

@@ -97,10 +97,10 @@ class _ByAlgorithm(type(CoMLRLModule)):
     jsonargparse then still reads ``MARLHF.__init__``'s typed signature for the CLI)."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls is MARLHF:
+        if cls.rl_base is CoMLRLModule:  # MARLHF, MARLHFIter: no RL module chosen yet
             algorithm = kwargs.get("rl_algorithm", args[2] if len(args) > 2 else "magrpo")
             RL_ALGORITHM.check(algorithm)
-            cls = VARIANTS[algorithm]
+            cls = cls.variants[algorithm]
         return super().__call__(*args, **kwargs)
 
 
@@ -127,6 +127,8 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
 
     rl_base: type[CoMLRLModule] = CoMLRLModule
     """The RL module this variant is (set by each ``MARLHF<algorithm>`` class)."""
+    variants: dict[str, type[MARLHF]]
+    """``rl_algorithm`` -> the class built (:data:`VARIANTS`; iterative MARLHF's own)."""
 
     def __init__(
         self,
@@ -150,7 +152,7 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         env: DecPOMDP | None = None,
     ) -> None:
         RL_ALGORITHM.check(rl_algorithm)
-        if VARIANTS[rl_algorithm] is not type(self):
+        if self.variants[rl_algorithm] is not type(self):
             raise ValueError(
                 f"rl_algorithm: got {rl_algorithm!r} for {type(self).__name__}; build it as MARLHF(rl_algorithm=...)"
             )
@@ -391,3 +393,4 @@ VARIANTS: dict[str, type[MARLHF]] = {
     "maac": MARLHFMAAC,
 }
 """``rl_algorithm`` -> the class ``MARLHF(...)`` returns an instance of."""
+MARLHF.variants = VARIANTS
