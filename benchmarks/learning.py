@@ -337,6 +337,7 @@ ALGORITHMS = (
     "madpo",
     "marlhf",
     "madpo_one_shot",
+    "madpo_iter",
 )
 MARLHF_CONFIG: dict[str, Any] = {  # MARLHF -> MAGRPO within MAGRPO's budget: pair-building samples count
     "pair_prompts": 8,  # training prompts whose candidates make pairs (phase 1)
@@ -405,10 +406,52 @@ def marlhf_rl_batches(cfg: dict[str, Any] = CONFIG) -> int:
 
 
 ITERATIVE_ROUNDS = 3
-"""``madpo_iter``: rounds; each walks ``batches / ITERATIVE_ROUNDS`` batches of training problems
-with ``k/2`` current and ``k/2`` comparator (``current_copy``) samples per problem, so its samples,
-comparator's counted, equal the online rows' ``batches x batch_size x k`` (not in :data:`ALGORITHMS`:
-no 3-seed run is recorded; ``learning.py run madpo_iter`` runs it)."""
+"""``madpo_iter`` (CoMLRL's ``MADPOIterTrainer``): rounds. Each round walks :func:`iterative_walk`
+batches (:func:`iterative_problems`: the seed's first ``walk x batch_size`` online problems, the same
+ones every round, as CoMLRL walks its dataset every iteration) with :func:`iterative_candidates`
+current and as many comparator (``current_copy``: a frozen copy taken at the round's start) joint
+responses per problem. Budget in the recorded :data:`CONFIG`, comparator samples counted: 3 rounds x
+8 problems x (2 current + 2 comparator) x 2 agents = 192 completions = :func:`one_shot_samples`
+(:func:`iterative_samples`)."""
+ITERATIVE_CONFIG: dict[str, Any] = {  # fixed before any madpo_iter run, not tuned on held-out results
+    "num_rounds": ITERATIVE_ROUNDS,  # 3 rounds of 4 batches: a round per 64 completions
+    "comparator_policy": "current_copy",  # the issue's default comparison: the round's start policy
+    "pair_selection": "comparator_reward",  # CoMLRL's iterative default: current i vs comparator i
+    "preference_replay_mode": "current",  # CoMLRL's default: a round trains on its own pairs
+    "num_train_epochs": ONE_SHOT_CONFIG["num_train_epochs"],  # passes per round's pairs = one-shot's
+    "train_batch_size": ONE_SHOT_CONFIG["train_batch_size"],  # pairs per update = one-shot's
+}
+"""The ``madpo_iter`` row's settings: the same passes, pairs per update, beta, loss, reference copies and
+learning rate as the one-shot row, so the rows differ in where the pairs come from (rebuilt each round
+from the current team against a frozen copy, vs once from the untrained team). Held-out: before
+training and after the last round only (:data:`ONE_SHOT_EVAL`: a round's length in steps depends on its
+pair count, so a fixed ``val_check_interval`` would fall at different rounds in different seeds)."""
+
+
+def iterative_walk(cfg: dict[str, Any] = CONFIG) -> int:
+    """Batches of training problems each ``madpo_iter`` round walks (``limit_train_batches``)."""
+    return max(cfg["batches"] // ITERATIVE_ROUNDS, 1)
+
+
+def iterative_candidates(cfg: dict[str, Any] = CONFIG) -> int:
+    """Current joint responses per problem in a ``madpo_iter`` round, and comparator ones: ``k / 2``
+    each (at least 2, ``preference_num_candidates``' minimum)."""
+    return max(cfg["k"] // 2, 2)
+
+
+def iterative_samples(cfg: dict[str, Any] = CONFIG) -> int:
+    """Completions (both agents) a ``madpo_iter`` run samples for its pairs, comparator's counted:
+    rounds x walked problems x (current + comparator candidates) x 2 agents."""
+    problems = iterative_walk(cfg) * cfg["batch_size"]
+    return ITERATIVE_ROUNDS * problems * 2 * iterative_candidates(cfg) * 2
+
+
+def iterative_problems(task: str, cfg: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+    """The training problems a ``madpo_iter`` round walks: the first :func:`iterative_walk` x ``batch_size``
+    of :func:`one_shot_problems` (so a subset of the one-shot and online rows' problems of that seed)."""
+    return one_shot_problems(task, cfg, seed)[: iterative_walk(cfg) * cfg["batch_size"]]
+
+
 TAG_TOKENS = 25
 """SmolLM2 tokens of the tagged format's four tags with their newlines
 (``"<agent_0>\\n\\n</agent_0>\\n<agent_1>\\n\\n</agent_1>"``, what TaggedAdapter's prompt asks for)."""
@@ -478,13 +521,18 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
     if algorithm == "madpo_iter":  # rounds of (current vs a frozen copy) pairs, same sample budget
         from comlrl_lightning import MADPOIter
 
-        half = max(cfg["k"] // 2, 2)
+        c, it = iterative_candidates(cfg), ITERATIVE_CONFIG
         return MADPOIter(
             agents=agents,
-            preference=dict(preference_num_candidates=half, preference_pairs_per_sample=half),
-            dpo=dict(num_train_epochs=1, train_batch_size=cfg["batch_size"]),
-            rounds=dict(num_rounds=ITERATIVE_ROUNDS),
-            comparator=dict(comparator_policy="current_copy", comparator_num_candidates=half),
+            preference=dict(
+                preference_num_candidates=c,
+                preference_pairs_per_sample=c,
+                pair_selection=it["pair_selection"],
+            ),
+            dpo=dict(num_train_epochs=it["num_train_epochs"], train_batch_size=it["train_batch_size"]),
+            rounds=dict(num_rounds=it["num_rounds"]),
+            comparator=dict(comparator_policy=it["comparator_policy"], comparator_num_candidates=c),
+            replay=dict(preference_replay_mode=it["preference_replay_mode"]),
             sampling=sampling,
             learning_rate=cfg["learning_rate"],
         )
@@ -536,13 +584,17 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     pl.seed_everything(seed, workers=True, verbose=False)
     scratch = tempfile.mkdtemp(prefix="learning_marlhf_") if algorithm == "marlhf" else None
     module = build_module(algorithm, task, {**cfg, "reward_model_dir": scratch})
-    one_shot = algorithm == "madpo_one_shot"
+    one_shot, iterative = algorithm == "madpo_one_shot", algorithm == "madpo_iter"
     train = one_shot_problems(task, cfg, seed) if one_shot else None
+    if iterative:  # the seed's first online problems, walked every round
+        train = iterative_problems(task, cfg, seed)
     dm = datamodule(task, cfg["batch_size"], seed, train)
     per_batch = cfg["batch_size"] * cfg["k"] * 2  # answers (centralized: 2 role answers per joint completion)
     rec = HeldOut(per_batch, marlhf_pair_samples(cfg) if scratch else 0)
     if one_shot:  # every sample is spent at the first step: each evaluation after it is at x = 192
         rec = HeldOut(0, one_shot_samples(cfg))
+    if iterative:  # x = 2 x the module's samples_generated (current and comparator joint responses)
+        rec = HeldOut(0)
     n_critics = 1 if algorithm == "maac" else 0
     batches = marlhf_rl_batches(cfg) if scratch else cfg["batches"]
     steps = (
@@ -553,7 +605,7 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     extra: dict[str, Any] = {}
     if algorithm == "madpo_iter":  # stops itself after its rounds; each round walks batches / rounds batches
         steps = -1
-        walk = max(cfg["batches"] // ITERATIVE_ROUNDS, 1)
+        walk = iterative_walk(cfg)
         shards = tempfile.mkdtemp(prefix="learning_madpo_iter_")  # replay shards of this run only
         extra = dict(limit_train_batches=walk, max_epochs=10_000, default_root_dir=shards)
     if one_shot:  # the module stops itself after its last pass
@@ -561,7 +613,7 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     trainer = _quiet_trainer(
         callbacks=[rec],
         max_steps=-1 if one_shot else steps,
-        val_check_interval=ONE_SHOT_EVAL if one_shot else cfg["eval_every"],
+        val_check_interval=ONE_SHOT_EVAL if one_shot or iterative else cfg["eval_every"],
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
         **extra,
@@ -575,6 +627,11 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
         shutil.rmtree(scratch, ignore_errors=True)
     if one_shot:  # the pair set and the updates made over it
         extra = {"one_shot": {**ONE_SHOT_CONFIG, "pairs": len(module.pairs or ()), "updates": rec.batches}}
+    if iterative:  # pairs built per round (its replay shards, then deleted) and the DPO updates
+        pairs = [module.replay.shards.get(r, 0) for r in range(ITERATIVE_ROUNDS)]
+        updates = rec.batches - ITERATIVE_ROUNDS * iterative_walk(cfg)  # the rest are build steps
+        extra = {"iterative": {**ITERATIVE_CONFIG, "pairs_per_round": pairs, "updates": updates}}
+        shutil.rmtree(trainer.default_root_dir, ignore_errors=True)
     return {
         **extra,
         "algorithm": algorithm,
@@ -763,6 +820,7 @@ TASK_OF: dict[str, str] = {"coordinator": COORD_TASK}
 ROW_NOTE: dict[str, str] = {
     "coordinator": f" (own task: `{COORD_TASK}`)",
     "madpo_one_shot": " (CoMLRL's mode)",
+    "madpo_iter": " (iterative, CoMLRL's)",
 }
 """What the table says after an algorithm's name (its own task: its numbers compare with its own before)."""
 
