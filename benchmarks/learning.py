@@ -927,16 +927,56 @@ def hierarchical_bootstrap(
     return float(q[0]), float(q[1])
 
 
+def difference_means(
+    a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], reps: int = 10000, seed: int = 0
+) -> torch.Tensor:
+    """``[reps]`` two-level bootstrap replicates of ``mean(a) - mean(b)`` (``a``: ``[S_a][E]`` per-seed,
+    per-problem values of one row, ``b``: ``[S_b][E]`` another's, the same ``E`` held-out problems in
+    the same order).
+
+    Each replicate draws the problems with replacement once, shared by both rows and all their seeds
+    (both rows score the *same* problems: a hard problem is hard for both, as in :func:`bootstrap_means`),
+    and each row's seeds with replacement independently of the other's (the rows' runs are not paired:
+    seed ``s`` of one and of the other share a seed number, not their samples, pairs or updates).
+
+    Raises:
+        ValueError: ``a`` and ``b`` score different numbers of problems."""
+    da = torch.as_tensor(a, dtype=torch.float64)  # [S_a, E]
+    db = torch.as_tensor(b, dtype=torch.float64)  # [S_b, E]
+    if da.shape[1] != db.shape[1]:
+        raise ValueError(
+            f"difference_means: the rows score {da.shape[1]} and {db.shape[1]} problems; they must score the same ones"
+        )
+    e, gen = da.shape[1], torch.Generator().manual_seed(seed)
+    probs = torch.randint(0, e, (reps, 1, e), generator=gen)
+    means = []
+    for d in (da, db):
+        seeds = torch.randint(0, d.shape[0], (reps, d.shape[0], 1), generator=gen)
+        shape = (reps, d.shape[0], e)
+        means.append(d[seeds.expand(shape), probs.expand(shape)].mean(dim=(1, 2)))
+    return means[0] - means[1]
+
+
+def gain_difference(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Row ``a``'s mean gain minus row ``b``'s (per-seed, per-problem gains, ``[S][E]`` each), its 95%
+    percentile interval and standard error over :func:`difference_means`' replicates."""
+    reps = difference_means(a, b)
+    q = torch.quantile(reps, torch.tensor([0.025, 0.975], dtype=torch.float64))
+    mean = lambda xs: sum(map(sum, xs)) / sum(map(len, xs))  # noqa: E731
+    return {"difference": mean(a) - mean(b), "ci": (float(q[0]), float(q[1])), "se": float(reps.std())}
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per algorithm: held-out success before and after (mean, 95% interval), the gain and its
     interval, the smallest gain detectable at 80% power (2.8 x the bootstrap SE), the curve."""
     out: dict[str, Any] = {}
+    gains: dict[str, list[list[float]]] = {}
     for algorithm in dict.fromkeys(r["algorithm"] for r in runs):
         rs = sorted((r for r in runs if r["algorithm"] == algorithm), key=lambda r: r["seed"])
         before = [r["history"][0]["solved"] for r in rs]
         after = [r["history"][-1]["solved"] for r in rs]
         gain = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
-        se = float(bootstrap_means(gain).std())
+        se, gains[algorithm] = float(bootstrap_means(gain).std()), gain
         curve = [[sum(h["solved"]) / len(h["solved"]) for h in r["history"]] for r in rs]
         mean = lambda xs: sum(map(sum, xs)) / sum(map(len, xs))  # noqa: E731
         out[algorithm] = {
@@ -962,10 +1002,14 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             out[algorithm]["marlhf"] = [r["marlhf"] for r in rs]
         if "one_shot" in rs[0]:  # each seed's pair set and updates
             out[algorithm]["one_shot"] = [r["one_shot"] for r in rs]
+        if "iterative" in rs[0]:  # each seed's pairs per round and updates
+            out[algorithm]["iterative"] = [r["iterative"] for r in rs]
         if all("parse_failure" in h for r in rs for h in r["history"]):  # centralized: per eval, seed mean
             fails = [[h["parse_failure"] for h in r["history"]] for r in rs]
             out[algorithm]["parse_failure"] = [sum(c) / len(c) for c in zip(*fails)]
             out[algorithm]["max_new_tokens"] = rs[0].get("max_new_tokens")
+    if "madpo_iter" in gains and "madpo_one_shot" in gains:  # the same budget: iterative minus one-shot
+        out["madpo_iter"]["minus_one_shot"] = gain_difference(gains["madpo_iter"], gains["madpo_one_shot"])
     return out
 
 
@@ -982,11 +1026,12 @@ def plot(summary: dict[str, Any], path: str, title: str) -> None:
         color = f"C{n}"
         # one-shot: every sample is spent before the first update, so the untrained success holds until x = 192
         ds = "steps-post" if "one_shot" in s else "default"
+        marker = "o" if "iterative" in s else None  # iterative: held-out before and after only
         for c in s["curves"]:
             ax.plot(x, c, color=color, alpha=0.3, linewidth=0.8, drawstyle=ds)
         mean = [sum(c[i] for c in s["curves"]) / len(s["curves"]) for i in range(len(x))]
         label = f"{name} (mean of {len(s['curves'])} seeds)"
-        ax.plot(x, mean, color=color, linewidth=2, label=label, drawstyle=ds)
+        ax.plot(x, mean, color=color, linewidth=2, label=label, drawstyle=ds, marker=marker)
     ax.set_xlabel("training samples (completions, both agents)")
     ax.set_ylabel(f"held-out success (greedy, {NUM_HELD_OUT} problems)")
     ax.set_title(title)
@@ -1124,6 +1169,38 @@ def _one_shot_vs_online(summ: dict[str, Any]) -> str:
   {100 * on["gain"]:+.1f} pts {_ci(on["gain_ci"], True)} ({len(one["seeds"])} and {len(on["seeds"])} seeds): the intervals {"overlap" if overlap else "do not overlap"}."""
 
 
+def _iterative(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
+    """The iterative MADPO bullet and its line "iterative minus one-shot" (empty without its row)."""
+    s = summ.get("madpo_iter")
+    if s is None or "iterative" not in s:
+        return ""
+    it, c = s["iterative"][0], iterative_candidates(cfg)
+    n = iterative_walk(cfg) * cfg["batch_size"]
+    per_seed = "; ".join(
+        f"seed {seed}: {'+'.join(map(str, r['pairs_per_round']))} pairs, {r['updates']} updates"
+        for seed, r in zip(s["seeds"], s["iterative"])
+    )
+    diff = s.get("minus_one_shot")
+    line = ""
+    if diff is not None:
+        one = summ["madpo_one_shot"]
+        line = f"""
+  **Iterative minus one-shot**: {100 * diff["difference"]:+.1f} pts {_ci(diff["ci"], True)} (the gains' difference,
+  {100 * s["gain"]:+.1f} - ({100 * one["gain"]:+.1f}), on the same {s["samples"]} completions; {len(s["seeds"])} and {len(one["seeds"])} seeds; 95% percentile
+  interval of a two-level bootstrap, 10,000 resamples: the {s["n_problems"]} held-out problems drawn once per resample for both
+  rows, since both score the same problems, and each row's seeds drawn independently, since the runs are not paired)."""
+    return f"""
+- **MADPO iterative** (`MADPOIter`, CoMLRL's `MADPOIterTrainer`): {it["num_rounds"]} rounds; each walks the seed's first
+  {n} online training problems (the same ones every round, as CoMLRL walks its dataset every iteration): the team samples
+  {c} joint responses per problem and a frozen copy of it taken at the round's start (`comparator_policy:
+  {it["comparator_policy"]}`) {c} more; current i is paired with comparator i, ordered by the task reward, ties dropped
+  (`pair_selection: {it["pair_selection"]}`), and the round trains on its own pairs (`preference_replay_mode:
+  {it["preference_replay_mode"]}`): {it["num_train_epochs"]} passes, {it["train_batch_size"]} pairs per update, the one-shot row's β, loss, reference copies and
+  learning rate. Samples, the comparator's counted: {it["num_rounds"]} rounds x {n} problems x ({c} + {c}) x 2 agents =
+  {iterative_samples(cfg)} completions, the one-shot row's budget. The settings were fixed before any iterative run, not tuned
+  on held-out results ({per_seed}). Held-out: before training and after the last round only.{line}"""
+
+
 def _overlap(o: dict[str, int] | None) -> str:
     """The bullet saying what "held out" means for the pair task (:func:`question_overlap`)."""
     if not o:
@@ -1255,7 +1332,7 @@ def render(res: dict[str, Any]) -> str:
   (held-out split, exact-match reward, bootstrap, table).
 - **MADPO** (`preference_mode: online`): each batch's K={cfg["k"]} samples per agent per problem are the candidates
   (the same sampled completions per batch as MAGRPO's), pairs by `reward_gap` (at most 16 per problem: with K={cfg["k"]}
-  every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch{_one_shot(summ, cfg)}
+  every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch{_one_shot(summ, cfg)}{_iterative(summ, cfg)}
 {_coordinator_notes(res)}{_central(summ, res.get("central_probe"))}{_marlhf(summ)}- Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
 """
