@@ -287,6 +287,9 @@ def test_iterative_minus_one_shot_draws_the_problems_once_for_both_rows():
     d = L.gain_difference(it, one)
     assert d["difference"] == pytest.approx(0.5)
     assert d["ci"] == pytest.approx((0.5, 0.5)) and d["se"] == pytest.approx(0.0, abs=1e-12)
+    # as if scored on different problems: two independent means of 40 values of variance 39/64 each
+    lo, hi = d["ci_independent"]
+    assert hi - lo == pytest.approx(2 * 1.96 * math.sqrt(2 * (39 / 64) / 40), rel=0.1)
     with pytest.raises(ValueError, match="score 40 and 39 problems"):
         L.difference_means(it, [row[:-1] for row in one])
 
@@ -356,5 +359,6 @@ def test_the_iterative_row_spends_the_one_shot_budget_and_reports_its_difference
     text = L.render(res)
     assert "| MADPO_ITER (iterative, CoMLRL's) | 3 | 192 | 40.0%" in text
     assert f"**Iterative minus one-shot**: +30.0 pts {L._ci(d['ci'], True)}" in text
+    assert f"as if the rows had scored different problems:\n  {L._ci(d['ci_independent'], True)})." in text
     assert "3 rounds x 8 problems x (2 + 2) x 2 agents =\n  192 completions" in text
     assert "seed 2: 8+6+7 pairs, 22 updates" in text
