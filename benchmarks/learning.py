@@ -337,6 +337,7 @@ ALGORITHMS = (
     "madpo",
     "marlhf",
     "madpo_one_shot",
+    "madpo_iter",
 )
 MARLHF_CONFIG: dict[str, Any] = {  # MARLHF -> MAGRPO within MAGRPO's budget: pair-building samples count
     "pair_prompts": 8,  # training prompts whose candidates make pairs (phase 1)
@@ -405,10 +406,52 @@ def marlhf_rl_batches(cfg: dict[str, Any] = CONFIG) -> int:
 
 
 ITERATIVE_ROUNDS = 3
-"""``madpo_iter``: rounds; each walks ``batches / ITERATIVE_ROUNDS`` batches of training problems
-with ``k/2`` current and ``k/2`` comparator (``current_copy``) samples per problem, so its samples,
-comparator's counted, equal the online rows' ``batches x batch_size x k`` (not in :data:`ALGORITHMS`:
-no 3-seed run is recorded; ``learning.py run madpo_iter`` runs it)."""
+"""``madpo_iter`` (CoMLRL's ``MADPOIterTrainer``): rounds. Each round walks :func:`iterative_walk`
+batches (:func:`iterative_problems`: the seed's first ``walk x batch_size`` online problems, the same
+ones every round, as CoMLRL walks its dataset every iteration) with :func:`iterative_candidates`
+current and as many comparator (``current_copy``: a frozen copy taken at the round's start) joint
+responses per problem. Budget in the recorded :data:`CONFIG`, comparator samples counted: 3 rounds x
+8 problems x (2 current + 2 comparator) x 2 agents = 192 completions = :func:`one_shot_samples`
+(:func:`iterative_samples`)."""
+ITERATIVE_CONFIG: dict[str, Any] = {  # fixed before any madpo_iter run, not tuned on held-out results
+    "num_rounds": ITERATIVE_ROUNDS,  # 3 rounds of 4 batches: a round per 64 completions
+    "comparator_policy": "current_copy",  # the issue's default comparison: the round's start policy
+    "pair_selection": "comparator_reward",  # CoMLRL's iterative default: current i vs comparator i
+    "preference_replay_mode": "current",  # CoMLRL's default: a round trains on its own pairs
+    "num_train_epochs": ONE_SHOT_CONFIG["num_train_epochs"],  # passes per round's pairs = one-shot's
+    "train_batch_size": ONE_SHOT_CONFIG["train_batch_size"],  # pairs per update = one-shot's
+}
+"""The ``madpo_iter`` row's settings: the same passes, pairs per update, beta, loss, reference copies and
+learning rate as the one-shot row, so the rows differ in where the pairs come from (rebuilt each round
+from the current team against a frozen copy, vs once from the untrained team). Held-out: before
+training and after the last round only (:data:`ONE_SHOT_EVAL`: a round's length in steps depends on its
+pair count, so a fixed ``val_check_interval`` would fall at different rounds in different seeds)."""
+
+
+def iterative_walk(cfg: dict[str, Any] = CONFIG) -> int:
+    """Batches of training problems each ``madpo_iter`` round walks (``limit_train_batches``)."""
+    return max(cfg["batches"] // ITERATIVE_ROUNDS, 1)
+
+
+def iterative_candidates(cfg: dict[str, Any] = CONFIG) -> int:
+    """Current joint responses per problem in a ``madpo_iter`` round, and comparator ones: ``k / 2``
+    each (at least 2, ``preference_num_candidates``' minimum)."""
+    return max(cfg["k"] // 2, 2)
+
+
+def iterative_samples(cfg: dict[str, Any] = CONFIG) -> int:
+    """Completions (both agents) a ``madpo_iter`` run samples for its pairs, comparator's counted:
+    rounds x walked problems x (current + comparator candidates) x 2 agents."""
+    problems = iterative_walk(cfg) * cfg["batch_size"]
+    return ITERATIVE_ROUNDS * problems * 2 * iterative_candidates(cfg) * 2
+
+
+def iterative_problems(task: str, cfg: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+    """The training problems a ``madpo_iter`` round walks: the first :func:`iterative_walk` x ``batch_size``
+    of :func:`one_shot_problems` (so a subset of the one-shot and online rows' problems of that seed)."""
+    return one_shot_problems(task, cfg, seed)[: iterative_walk(cfg) * cfg["batch_size"]]
+
+
 TAG_TOKENS = 25
 """SmolLM2 tokens of the tagged format's four tags with their newlines
 (``"<agent_0>\\n\\n</agent_0>\\n<agent_1>\\n\\n</agent_1>"``, what TaggedAdapter's prompt asks for)."""
@@ -478,13 +521,18 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
     if algorithm == "madpo_iter":  # rounds of (current vs a frozen copy) pairs, same sample budget
         from comlrl_lightning import MADPOIter
 
-        half = max(cfg["k"] // 2, 2)
+        c, it = iterative_candidates(cfg), ITERATIVE_CONFIG
         return MADPOIter(
             agents=agents,
-            preference=dict(preference_num_candidates=half, preference_pairs_per_sample=half),
-            dpo=dict(num_train_epochs=1, train_batch_size=cfg["batch_size"]),
-            rounds=dict(num_rounds=ITERATIVE_ROUNDS),
-            comparator=dict(comparator_policy="current_copy", comparator_num_candidates=half),
+            preference=dict(
+                preference_num_candidates=c,
+                preference_pairs_per_sample=c,
+                pair_selection=it["pair_selection"],
+            ),
+            dpo=dict(num_train_epochs=it["num_train_epochs"], train_batch_size=it["train_batch_size"]),
+            rounds=dict(num_rounds=it["num_rounds"]),
+            comparator=dict(comparator_policy=it["comparator_policy"], comparator_num_candidates=c),
+            replay=dict(preference_replay_mode=it["preference_replay_mode"]),
             sampling=sampling,
             learning_rate=cfg["learning_rate"],
         )
@@ -536,13 +584,17 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     pl.seed_everything(seed, workers=True, verbose=False)
     scratch = tempfile.mkdtemp(prefix="learning_marlhf_") if algorithm == "marlhf" else None
     module = build_module(algorithm, task, {**cfg, "reward_model_dir": scratch})
-    one_shot = algorithm == "madpo_one_shot"
+    one_shot, iterative = algorithm == "madpo_one_shot", algorithm == "madpo_iter"
     train = one_shot_problems(task, cfg, seed) if one_shot else None
+    if iterative:  # the seed's first online problems, walked every round
+        train = iterative_problems(task, cfg, seed)
     dm = datamodule(task, cfg["batch_size"], seed, train)
     per_batch = cfg["batch_size"] * cfg["k"] * 2  # answers (centralized: 2 role answers per joint completion)
     rec = HeldOut(per_batch, marlhf_pair_samples(cfg) if scratch else 0)
     if one_shot:  # every sample is spent at the first step: each evaluation after it is at x = 192
         rec = HeldOut(0, one_shot_samples(cfg))
+    if iterative:  # x = 2 x the module's samples_generated (current and comparator joint responses)
+        rec = HeldOut(0)
     n_critics = 1 if algorithm == "maac" else 0
     batches = marlhf_rl_batches(cfg) if scratch else cfg["batches"]
     steps = (
@@ -553,7 +605,7 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     extra: dict[str, Any] = {}
     if algorithm == "madpo_iter":  # stops itself after its rounds; each round walks batches / rounds batches
         steps = -1
-        walk = max(cfg["batches"] // ITERATIVE_ROUNDS, 1)
+        walk = iterative_walk(cfg)
         shards = tempfile.mkdtemp(prefix="learning_madpo_iter_")  # replay shards of this run only
         extra = dict(limit_train_batches=walk, max_epochs=10_000, default_root_dir=shards)
     if one_shot:  # the module stops itself after its last pass
@@ -561,7 +613,7 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     trainer = _quiet_trainer(
         callbacks=[rec],
         max_steps=-1 if one_shot else steps,
-        val_check_interval=ONE_SHOT_EVAL if one_shot else cfg["eval_every"],
+        val_check_interval=ONE_SHOT_EVAL if one_shot or iterative else cfg["eval_every"],
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
         **extra,
@@ -575,6 +627,11 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
         shutil.rmtree(scratch, ignore_errors=True)
     if one_shot:  # the pair set and the updates made over it
         extra = {"one_shot": {**ONE_SHOT_CONFIG, "pairs": len(module.pairs or ()), "updates": rec.batches}}
+    if iterative:  # pairs built per round (its replay shards, then deleted) and the DPO updates
+        pairs = [module.replay.shards.get(r, 0) for r in range(ITERATIVE_ROUNDS)]
+        updates = rec.batches - ITERATIVE_ROUNDS * iterative_walk(cfg)  # the rest are build steps
+        extra = {"iterative": {**ITERATIVE_CONFIG, "pairs_per_round": pairs, "updates": updates}}
+        shutil.rmtree(trainer.default_root_dir, ignore_errors=True)
     return {
         **extra,
         "algorithm": algorithm,
@@ -763,6 +820,7 @@ TASK_OF: dict[str, str] = {"coordinator": COORD_TASK}
 ROW_NOTE: dict[str, str] = {
     "coordinator": f" (own task: `{COORD_TASK}`)",
     "madpo_one_shot": " (CoMLRL's mode)",
+    "madpo_iter": " (iterative, CoMLRL's)",
 }
 """What the table says after an algorithm's name (its own task: its numbers compare with its own before)."""
 
@@ -869,16 +927,65 @@ def hierarchical_bootstrap(
     return float(q[0]), float(q[1])
 
 
+def difference_means(
+    a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], reps: int = 10000, seed: int = 0
+) -> torch.Tensor:
+    """``[reps]`` two-level bootstrap replicates of ``mean(a) - mean(b)`` (``a``: ``[S_a][E]`` per-seed,
+    per-problem values of one row, ``b``: ``[S_b][E]`` another's, the same ``E`` held-out problems in
+    the same order).
+
+    Each replicate draws the problems with replacement once, shared by both rows and all their seeds
+    (both rows score the *same* problems: a hard problem is hard for both, as in :func:`bootstrap_means`),
+    and each row's seeds with replacement independently of the other's (the rows' runs are not paired:
+    seed ``s`` of one and of the other share a seed number, not their samples, pairs or updates).
+
+    Raises:
+        ValueError: ``a`` and ``b`` score different numbers of problems."""
+    da = torch.as_tensor(a, dtype=torch.float64)  # [S_a, E]
+    db = torch.as_tensor(b, dtype=torch.float64)  # [S_b, E]
+    if da.shape[1] != db.shape[1]:
+        raise ValueError(
+            f"difference_means: the rows score {da.shape[1]} and {db.shape[1]} problems; they must score the same ones"
+        )
+    e, gen = da.shape[1], torch.Generator().manual_seed(seed)
+    probs = torch.randint(0, e, (reps, 1, e), generator=gen)
+    means = []
+    for d in (da, db):
+        seeds = torch.randint(0, d.shape[0], (reps, d.shape[0], 1), generator=gen)
+        shape = (reps, d.shape[0], e)
+        means.append(d[seeds.expand(shape), probs.expand(shape)].mean(dim=(1, 2)))
+    return means[0] - means[1]
+
+
+def gain_difference(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Row ``a``'s mean gain minus row ``b``'s (per-seed, per-problem gains, ``[S][E]`` each), its 95%
+    percentile interval and standard error over :func:`difference_means`' replicates; ``ci_independent``:
+    the interval were the problems drawn independently per row (each row's own :func:`bootstrap_means`),
+    as if the rows had scored different problems (a reader's check of how much the shared draw narrows it)."""
+    levels = torch.tensor([0.025, 0.975], dtype=torch.float64)
+    reps = difference_means(a, b)
+    q = torch.quantile(reps, levels)
+    qi = torch.quantile(bootstrap_means(a, seed=1) - bootstrap_means(b, seed=2), levels)
+    mean = lambda xs: sum(map(sum, xs)) / sum(map(len, xs))  # noqa: E731
+    return {
+        "difference": mean(a) - mean(b),
+        "ci": (float(q[0]), float(q[1])),
+        "se": float(reps.std()),
+        "ci_independent": (float(qi[0]), float(qi[1])),
+    }
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per algorithm: held-out success before and after (mean, 95% interval), the gain and its
     interval, the smallest gain detectable at 80% power (2.8 x the bootstrap SE), the curve."""
     out: dict[str, Any] = {}
+    gains: dict[str, list[list[float]]] = {}
     for algorithm in dict.fromkeys(r["algorithm"] for r in runs):
         rs = sorted((r for r in runs if r["algorithm"] == algorithm), key=lambda r: r["seed"])
         before = [r["history"][0]["solved"] for r in rs]
         after = [r["history"][-1]["solved"] for r in rs]
         gain = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
-        se = float(bootstrap_means(gain).std())
+        se, gains[algorithm] = float(bootstrap_means(gain).std()), gain
         curve = [[sum(h["solved"]) / len(h["solved"]) for h in r["history"]] for r in rs]
         mean = lambda xs: sum(map(sum, xs)) / sum(map(len, xs))  # noqa: E731
         out[algorithm] = {
@@ -904,10 +1011,14 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             out[algorithm]["marlhf"] = [r["marlhf"] for r in rs]
         if "one_shot" in rs[0]:  # each seed's pair set and updates
             out[algorithm]["one_shot"] = [r["one_shot"] for r in rs]
+        if "iterative" in rs[0]:  # each seed's pairs per round and updates
+            out[algorithm]["iterative"] = [r["iterative"] for r in rs]
         if all("parse_failure" in h for r in rs for h in r["history"]):  # centralized: per eval, seed mean
             fails = [[h["parse_failure"] for h in r["history"]] for r in rs]
             out[algorithm]["parse_failure"] = [sum(c) / len(c) for c in zip(*fails)]
             out[algorithm]["max_new_tokens"] = rs[0].get("max_new_tokens")
+    if "madpo_iter" in gains and "madpo_one_shot" in gains:  # the same budget: iterative minus one-shot
+        out["madpo_iter"]["minus_one_shot"] = gain_difference(gains["madpo_iter"], gains["madpo_one_shot"])
     return out
 
 
@@ -924,11 +1035,12 @@ def plot(summary: dict[str, Any], path: str, title: str) -> None:
         color = f"C{n}"
         # one-shot: every sample is spent before the first update, so the untrained success holds until x = 192
         ds = "steps-post" if "one_shot" in s else "default"
+        marker = "o" if "iterative" in s else None  # iterative: held-out before and after only
         for c in s["curves"]:
             ax.plot(x, c, color=color, alpha=0.3, linewidth=0.8, drawstyle=ds)
         mean = [sum(c[i] for c in s["curves"]) / len(s["curves"]) for i in range(len(x))]
         label = f"{name} (mean of {len(s['curves'])} seeds)"
-        ax.plot(x, mean, color=color, linewidth=2, label=label, drawstyle=ds)
+        ax.plot(x, mean, color=color, linewidth=2, label=label, drawstyle=ds, marker=marker)
     ax.set_xlabel("training samples (completions, both agents)")
     ax.set_ylabel(f"held-out success (greedy, {NUM_HELD_OUT} problems)")
     ax.set_title(title)
@@ -1066,6 +1178,40 @@ def _one_shot_vs_online(summ: dict[str, Any]) -> str:
   {100 * on["gain"]:+.1f} pts {_ci(on["gain_ci"], True)} ({len(one["seeds"])} and {len(on["seeds"])} seeds): the intervals {"overlap" if overlap else "do not overlap"}."""
 
 
+def _iterative(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
+    """The iterative MADPO bullet and its line "iterative minus one-shot" (empty without its row)."""
+    s = summ.get("madpo_iter")
+    if s is None or "iterative" not in s:
+        return ""
+    it, c = s["iterative"][0], iterative_candidates(cfg)
+    n = iterative_walk(cfg) * cfg["batch_size"]
+    per_seed = "; ".join(
+        f"seed {seed}: {'+'.join(map(str, r['pairs_per_round']))} pairs, {r['updates']} updates"
+        for seed, r in zip(s["seeds"], s["iterative"])
+    )
+    diff = s.get("minus_one_shot")
+    line = ""
+    if diff is not None:
+        one = summ["madpo_one_shot"]
+        line = f"""
+  **Iterative minus one-shot**: {100 * diff["difference"]:+.1f} pts {_ci(diff["ci"], True)} (the gains' difference,
+  {100 * s["gain"]:+.1f} - ({100 * one["gain"]:+.1f}), on the same {s["samples"]} completions; {len(s["seeds"])} and {len(one["seeds"])} seeds; 95% percentile
+  interval of a two-level bootstrap, 10,000 resamples: the {s["n_problems"]} held-out problems drawn once per resample for both
+  rows, since both score the same problems, and each row's seeds drawn independently, since the runs are not paired;
+  with the problems drawn independently per row too, as if the rows had scored different problems:
+  {_ci(diff["ci_independent"], True)})."""
+    return f"""
+- **MADPO iterative** (`MADPOIter`, CoMLRL's `MADPOIterTrainer`): {it["num_rounds"]} rounds; each walks the seed's first
+  {n} online training problems (the same ones every round, as CoMLRL walks its dataset every iteration): the team samples
+  {c} joint responses per problem and a frozen copy of it taken at the round's start (`comparator_policy:
+  {it["comparator_policy"]}`) {c} more; current i is paired with comparator i, ordered by the task reward, ties dropped
+  (`pair_selection: {it["pair_selection"]}`), and the round trains on its own pairs (`preference_replay_mode:
+  {it["preference_replay_mode"]}`): {it["num_train_epochs"]} passes, {it["train_batch_size"]} pairs per update, the one-shot row's β, loss, reference copies and
+  learning rate. Samples, the comparator's counted: {it["num_rounds"]} rounds x {n} problems x ({c} + {c}) x 2 agents =
+  {iterative_samples(cfg)} completions, the one-shot row's budget. The settings were fixed before any iterative run, not tuned
+  on held-out results ({per_seed}). Held-out: before training and after the last round only.{line}"""
+
+
 def _overlap(o: dict[str, int] | None) -> str:
     """The bullet saying what "held out" means for the pair task (:func:`question_overlap`)."""
     if not o:
@@ -1197,7 +1343,7 @@ def render(res: dict[str, Any]) -> str:
   (held-out split, exact-match reward, bootstrap, table).
 - **MADPO** (`preference_mode: online`): each batch's K={cfg["k"]} samples per agent per problem are the candidates
   (the same sampled completions per batch as MAGRPO's), pairs by `reward_gap` (at most 16 per problem: with K={cfg["k"]}
-  every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch{_one_shot(summ, cfg)}
+  every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch{_one_shot(summ, cfg)}{_iterative(summ, cfg)}
 {_coordinator_notes(res)}{_central(summ, res.get("central_probe"))}{_marlhf(summ)}- Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
 """

@@ -75,7 +75,7 @@ def test_summary_and_render_report_the_gain_and_whether_its_interval_excludes_ze
     text = L.render(res)
     assert "| MAGRPO | 3 | 96 | 40.0%" in text and "+30.0 pts" in text and "**excludes 0**" in text
     assert (
-        "Not run in the recorded budget: IAC, MAAC, COORDINATOR, CENTRALIZED_MAGRPO, MADPO, MARLHF, MADPO_ONE_SHOT."
+        "Not run in the recorded budget: IAC, MAAC, COORDINATOR, CENTRALIZED_MAGRPO, MADPO, MARLHF, MADPO_ONE_SHOT, MADPO_ITER."
         in text
     )
 
@@ -277,3 +277,88 @@ def test_one_shot_madpo_spends_the_whole_budget_on_its_pair_set_before_the_first
     gain = f"{100 * summ['gain']:+.1f} pts {L._ci(summ['gain_ci'], True)}"
     assert f"one-shot gains {gain} and online\n  {gain} (1 and 1 seeds)" in text
     assert "the intervals overlap" in text
+
+
+def test_iterative_minus_one_shot_draws_the_problems_once_for_both_rows():
+    # both rows score the same problems: a gain that differs by exactly 0.5 on every problem, in every seed,
+    # has a difference interval of width 0 (problems drawn independently per row would give it ~0.6)
+    one = [[0.0, -1.0, 1.0, 0.0, 1.0, -1.0, 0.0, 1.0] * 5] * 3
+    it = [[g + 0.5 for g in row] for row in one]
+    d = L.gain_difference(it, one)
+    assert d["difference"] == pytest.approx(0.5)
+    assert d["ci"] == pytest.approx((0.5, 0.5)) and d["se"] == pytest.approx(0.0, abs=1e-12)
+    # as if scored on different problems: two independent means of 40 values of variance 39/64 each
+    lo, hi = d["ci_independent"]
+    assert hi - lo == pytest.approx(2 * 1.96 * math.sqrt(2 * (39 / 64) / 40), rel=0.1)
+    with pytest.raises(ValueError, match="score 40 and 39 problems"):
+        L.difference_means(it, [row[:-1] for row in one])
+
+
+def test_iterative_minus_one_shot_draws_each_rows_seeds_independently():
+    # seeds gaining 0 and 1 everywhere in both rows: paired by seed (or seeds not resampled) the difference
+    # would always be 0; drawn independently, each row's mean is 0, 0.5 or 1 (1/4, 1/2, 1/4), so the
+    # difference is -1 and +1 with probability 1/16 each (> 2.5%): the interval is exactly [-1, +1]
+    rows = [[0.0] * 30, [1.0] * 30]
+    d = L.gain_difference(rows, rows)
+    assert d["difference"] == 0.0 and d["ci"] == (-1.0, 1.0)
+    reps = L.difference_means(rows, rows, reps=20000)
+    assert float((reps == -1.0).double().mean()) == pytest.approx(1 / 16, abs=0.006)
+    assert float((reps == 0.0).double().mean()) == pytest.approx(6 / 16, abs=0.01)
+
+
+def test_the_iterative_row_spends_the_one_shot_budget_and_reports_its_difference():
+    cfg = L.CONFIG
+    module = L.build_module("madpo_iter", L.TASK, cfg)  # built, not loaded
+    k_cur = module.preference.preference_num_candidates
+    k_cmp = module.comparator_config.comparator_num_candidates
+    walked = L.iterative_walk(cfg) * cfg["batch_size"]
+    assert module.rounds.num_rounds * walked * (k_cur + k_cmp) * 2 == L.iterative_samples() == 192
+    assert L.iterative_samples() == L.one_shot_samples()  # comparator samples counted
+    assert module.dpo.num_train_epochs == L.ONE_SHOT_CONFIG["num_train_epochs"]
+    assert module.dpo.train_batch_size == L.ONE_SHOT_CONFIG["train_batch_size"]
+    walked_1 = L.iterative_problems(L.TASK, cfg, 1)
+    assert walked_1 == L.one_shot_problems(L.TASK, cfg, 1)[:8]  # the seed's first online problems
+    assert walked_1 != L.iterative_problems(L.TASK, cfg, 0)
+
+    def run(algorithm, seed, after):
+        before = [1.0] * 20 + [0.0] * 30
+        key = {"madpo_iter": "iterative", "madpo_one_shot": "one_shot"}[algorithm]
+        info = {**L.ONE_SHOT_CONFIG, "pairs": 70, "updates": 70}
+        if key == "iterative":
+            info = {**L.ITERATIVE_CONFIG, "pairs_per_round": [8, 6, 7], "updates": 22}
+        return {
+            "algorithm": algorithm,
+            key: info,
+            "seed": seed,
+            "wall_s": 60.0,
+            "loadavg_start": [3.0],
+            "loadavg_end": [4.0],
+            "final_texts": [],
+            "history": [{"samples": 0, "solved": before}, {"samples": 192, "solved": after}],
+        }
+
+    runs = [run("madpo_one_shot", s, [1.0] * 15 + [0.0] * 35) for s in range(3)]
+    runs += [run("madpo_iter", s, [1.0] * 30 + [0.0] * 20) for s in range(3)]
+    summ = L.summarize(runs)
+    d = summ["madpo_iter"]["minus_one_shot"]
+    assert summ["madpo_iter"]["gain"] == pytest.approx(0.2)
+    assert summ["madpo_one_shot"]["gain"] == pytest.approx(-0.1)
+    # identical seeds: the difference is 1 on 15 of the 50 problems, 0 elsewhere, so its interval is
+    # the 50 problems' binomial noise around 0.3 (2 x 1.96 x sqrt(0.3 x 0.7 / 50) wide)
+    assert d["difference"] == pytest.approx(0.3) and d["ci"][0] < 0.3 < d["ci"][1]
+    assert d["ci"][1] - d["ci"][0] == pytest.approx(2 * 1.96 * math.sqrt(0.3 * 0.7 / 50), rel=0.15)
+    assert "minus_one_shot" not in L.summarize(runs[3:])["madpo_iter"]  # no one-shot row: no difference
+    res = {
+        "task": L.TASK,
+        "rule": L.TASK_RULE,
+        "calibration": {2: {L.TASK: 0.42}},
+        "config": cfg,
+        "summary": summ,
+        "png": "x.png",
+    }
+    text = L.render(res)
+    assert "| MADPO_ITER (iterative, CoMLRL's) | 3 | 192 | 40.0%" in text
+    assert f"**Iterative minus one-shot**: +30.0 pts {L._ci(d['ci'], True)}" in text
+    assert f"as if the rows had scored different problems:\n  {L._ci(d['ci_independent'], True)})." in text
+    assert "3 rounds x 8 problems x (2 + 2) x 2 agents =\n  192 completions" in text
+    assert "seed 2: 8+6+7 pairs, 22 updates" in text
