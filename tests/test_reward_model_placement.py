@@ -1,6 +1,8 @@
 """One rule for reward models in every algorithm: listed in ``reward_models`` (placed by the strategy),
 never written into a Lightning checkpoint, reloaded from their source on resume."""
 
+import warnings
+
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -78,8 +80,14 @@ def test_checkpoints_leave_out_the_frozen_reward_models_and_resume_with_them(
     # resume (strict loading): the reward models come back from their source, unchanged
     resumed, rm2 = build(cls, classifier_dir)
     trainer = trainer_factory(max_steps=2 * m.steps_per_batch)
-    trainer.fit(resumed, LengthRatioDataModule(batch_size=2, num_train=8), ckpt_path=tmp_path / "last.ckpt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(
+            resumed, LengthRatioDataModule(batch_size=2, num_train=8), ckpt_path=tmp_path / "last.ckpt"
+        )
     assert trainer.global_step == 2 * m.steps_per_batch
+    # the reloaded frozen reward models are in eval mode by design: Lightning's warning is not raised for them
+    assert not [w for w in caught if "in eval mode" in str(w.message)]
     assert list(resumed.reward_models) == [rm2.model]
     source = dict(rm.model.state_dict())
     assert all(torch.equal(v, source[k]) for k, v in rm2.model.state_dict().items())

@@ -220,13 +220,14 @@ class CoMLRLModule(AgentOptimization):
             optimizer_state_to_param_devices(opt)
 
     def on_fit_start(self) -> None:
-        """Check ``max_steps``, place the team, then flag the frozen reference copies as training until
-        :meth:`on_train_start`: Lightning warns about every module in eval mode between the two hooks
-        (``Found N module(s) in eval mode``), and these are in eval mode by design (no dropout while
-        they score); a module a user leaves in eval mode is still reported."""
+        """Check ``max_steps``, place the team, then flag the frozen reference copies and reward models
+        as training until :meth:`on_train_start`: Lightning warns about every module in eval mode
+        between the two hooks (``Found N module(s) in eval mode``), and these are in eval mode by
+        design (no dropout while they score); a module a user leaves in eval mode is still reported."""
         self._check_max_steps()
         self._place_team()
         self.reference_models.train()
+        self.reward_models.train()
 
     def on_train_epoch_start(self) -> None:
         self._place_team()
@@ -359,11 +360,12 @@ class CoMLRLModule(AgentOptimization):
         return {"agents": self.skipped_steps}
 
     def on_train_start(self) -> None:
-        """Put the reference copies back in eval mode (see :meth:`on_fit_start`), re-place the team and
-        its optimizer state (Lightning loads optimizer state onto the root device after
-        :meth:`on_fit_start`, and skips ``on_train_epoch_start`` on a resumed epoch), then
-        apply RNG states stashed by :meth:`on_load_checkpoint` (once), right before training resumes."""
+        """Put the reference copies and reward models back in eval mode (see :meth:`on_fit_start`),
+        re-place the team and its optimizer state (Lightning loads optimizer state onto the root device
+        after :meth:`on_fit_start`, and skips ``on_train_epoch_start`` on a resumed epoch), then apply
+        RNG states stashed by :meth:`on_load_checkpoint` (once), right before training resumes."""
         self.reference_models.eval()
+        self.reward_models.eval()
         self._place_team()
         states = getattr(self, "_resume_rng_states", None)
         if states is not None:
