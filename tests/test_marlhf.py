@@ -330,6 +330,7 @@ def test_toy_marlhf_config_trains_the_reward_model_then_the_agents_from_the_cli(
         "val/reward_model/accuracy",
     } <= tags
     assert {"reward", "rewards/joint_reward_model/mean", "agent_0/loss", "val/reward"} <= tags
+    assert "marlhf/task_reward" in tags  # the config's log_task_reward: the gold reward in TensorBoard
 
 
 def test_humaneval_marlhf_config_runs_on_the_tiny_model_from_a_users_pair_file(tmp_path, capsys):
