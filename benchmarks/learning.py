@@ -1013,10 +1013,9 @@ def plot(summary: dict[str, Any], path: str, title: str) -> None:
         # one-shot: every sample is spent before the first update, so the untrained success holds until x = 192
         ds = "steps-post" if "one_shot" in s else "default"
         label = f"{name} (mean of {len(s['curves'])} seeds)"
-        if (
-            "labelled" in s and len(x) > 1 and x[1] > s["labelled"]
-        ):  # MARLHF: phase 1 leaves the agents as they
-            x.insert(1, s["labelled"])  # were, so held-out success is the untrained one until its labels end
+        if "labelled" in s and len(x) > 1 and x[1] > s["labelled"]:
+            # MARLHF: phase 1 leaves the agents untouched, so the untrained success holds until its labels end
+            x.insert(1, s["labelled"])
             curves = [c[:1] + c for c in curves]
             label = f"{name} ({s['labelled']} labelled of {x[-1]}; mean of {len(curves)} seeds)"
             if name == "marlhf":
@@ -1028,7 +1027,7 @@ def plot(summary: dict[str, Any], path: str, title: str) -> None:
     ax.set_xlabel("completions sampled (both agents); MARLHF: labels end at the dotted line")
     ax.set_ylabel(f"held-out success (greedy, {NUM_HELD_OUT} problems)")
     ax.set_title(title)
-    ax.legend()
+    ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -1429,9 +1428,7 @@ if __name__ == "__main__":
         probe = central_parse_probe()  # measured before the file is opened: a failure leaves no empty file
         with open(PROBE_FILE, "w") as fh:
             json.dump(probe, fh, indent=1)
-    elif sys.argv[1:2] == [
-        "pilot_marlhf"
-    ]:  # seed 100, no held-out evaluation: the beta of the recorded seeds
+    elif sys.argv[1:2] == ["pilot_marlhf"]:  # seed 100, no held-out evaluation: picks the beta
         r = run_one("marlhf", TASK, PILOT_SEED, held_out=False)
         m = r["marlhf"]
         r["pilot"] = {"beta_tried": m["beta"], "beta_chosen": pilot_beta(m["train_task_reward"], m["beta"])}
