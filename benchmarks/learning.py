@@ -1006,7 +1006,7 @@ def plot(summary: dict[str, Any], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     for n, (name, s) in enumerate(summary.items()):
         x, curves = list(s["curve_samples"]), [list(c) for c in s["curves"]]
         color = f"C{n}"
@@ -1027,7 +1027,7 @@ def plot(summary: dict[str, Any], path: str, title: str) -> None:
     ax.set_xlabel("completions sampled (both agents); MARLHF: labels end at the dotted line")
     ax.set_ylabel(f"held-out success (greedy, {NUM_HELD_OUT} problems)")
     ax.set_title(title)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: curves reach x = 384
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -1154,7 +1154,7 @@ def _marlhf(summ: dict[str, Any], cfg: dict[str, Any], pilot: dict[str, Any] | N
   frozen copies of the initial agents (`beta` {m["beta"]:g}, `kl_mode: loss`): {m["rl_batches"] * per_batch} more completions no task reward trains
   on. The curve is drawn against every completion sampled; the agents are untouched until x = {m["labelled_samples"]}, where its
   labels end (dotted line). Gold diagnostic (`marlhf/task_reward`: the task reward of phase 2's training joint actions,
-  logged beside the learned `reward`, never trained on), first 4 -> last 4 batches' mean: {golds}.
+  logged beside the learned `reward`, never trained on), first 4 -> last 4 batches' mean: {golds}.{_marlhf_vs_magrpo(summ)}
 """
     if pilot is not None:
         out += f"""- **MARLHF pilot** (seed {pilot["seed"]}, not a recorded seed; no held-out problem evaluated), read only for the
@@ -1162,6 +1162,17 @@ def _marlhf(summ: dict[str, Any], cfg: dict[str, Any], pilot: dict[str, Any] | N
   {_fit(pilot)}; gold {_gold(pilot)} -> `beta` {pilot["beta_chosen"]:g} ({PILOT_OUTCOME}).
 """
     return out
+
+
+def _marlhf_vs_magrpo(summ: dict[str, Any]) -> str:
+    """One sentence setting MARLHF's gain beside MAGRPO's on the same labels (empty without MAGRPO's row)."""
+    hf, rl = summ["marlhf"], summ.get("magrpo")
+    if rl is None:
+        return ""
+    overlap = hf["gain_ci"][0] <= rl["gain_ci"][1] and rl["gain_ci"][0] <= hf["gain_ci"][1]
+    return f"""
+  On the same {hf["labelled"]} labels, MARLHF gains {100 * hf["gain"]:+.1f} pts {_ci(hf["gain_ci"], True)} and MAGRPO
+  {100 * rl["gain"]:+.1f} pts {_ci(rl["gain_ci"], True)} ({len(hf["seeds"])} and {len(rl["seeds"])} seeds): the intervals {"overlap" if overlap else "do not overlap"}."""
 
 
 def _marlhf_v1(summ: dict[str, Any]) -> str:
