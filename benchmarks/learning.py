@@ -1167,12 +1167,17 @@ def _marlhf(summ: dict[str, Any], cfg: dict[str, Any], pilot: dict[str, Any] | N
 def _marlhf_vs_magrpo(summ: dict[str, Any]) -> str:
     """One sentence setting MARLHF's gain beside MAGRPO's on the same labels (empty without MAGRPO's row)."""
     hf, rl = summ["marlhf"], summ.get("magrpo")
-    if rl is None:
-        return ""
-    overlap = hf["gain_ci"][0] <= rl["gain_ci"][1] and rl["gain_ci"][0] <= hf["gain_ci"][1]
+    return "" if rl is None else _side_by_side(f"{hf['labelled']} labels", ("MARLHF", hf), ("MAGRPO", rl))
+
+
+def _side_by_side(what: str, a: tuple[str, dict[str, Any]], b: tuple[str, dict[str, Any]]) -> str:
+    """One sentence setting two rows' gains (``(name, summary)``) side by side on ``what``, and whether
+    their intervals overlap."""
+    (na, sa), (nb, sb) = a, b
+    overlap = sa["gain_ci"][0] <= sb["gain_ci"][1] and sb["gain_ci"][0] <= sa["gain_ci"][1]
     return f"""
-  On the same {hf["labelled"]} labels, MARLHF gains {100 * hf["gain"]:+.1f} pts {_ci(hf["gain_ci"], True)} and MAGRPO
-  {100 * rl["gain"]:+.1f} pts {_ci(rl["gain_ci"], True)} ({len(hf["seeds"])} and {len(rl["seeds"])} seeds): the intervals {"overlap" if overlap else "do not overlap"}."""
+  On the same {what}, {na} gains {100 * sa["gain"]:+.1f} pts {_ci(sa["gain_ci"], True)} and {nb}
+  {100 * sb["gain"]:+.1f} pts {_ci(sb["gain_ci"], True)} ({len(sa["seeds"])} and {len(sb["seeds"])} seeds): the intervals {"overlap" if overlap else "do not overlap"}."""
 
 
 def _marlhf_v1(summ: dict[str, Any]) -> str:
@@ -1219,12 +1224,11 @@ def _one_shot(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
 def _one_shot_vs_online(summ: dict[str, Any]) -> str:
     """One sentence setting the one-shot row's gain beside the online row's (empty without the online row)."""
     one, on = summ["madpo_one_shot"], summ.get("madpo")
-    if on is None:
-        return ""
-    overlap = one["gain_ci"][0] <= on["gain_ci"][1] and on["gain_ci"][0] <= one["gain_ci"][1]
-    return f"""
-  On the same {one["samples"]} completions, one-shot gains {100 * one["gain"]:+.1f} pts {_ci(one["gain_ci"], True)} and online
-  {100 * on["gain"]:+.1f} pts {_ci(on["gain_ci"], True)} ({len(one["seeds"])} and {len(on["seeds"])} seeds): the intervals {"overlap" if overlap else "do not overlap"}."""
+    return (
+        ""
+        if on is None
+        else _side_by_side(f"{one['samples']} completions", ("one-shot", one), ("online", on))
+    )
 
 
 def _overlap(o: dict[str, int] | None) -> str:
