@@ -195,9 +195,14 @@ class ExactMatchReward:
 
 
 def datamodule(
-    task: str, batch_size: int, seed: int, train: Sequence[dict[str, Any]] | None = None
+    task: str,
+    batch_size: int,
+    seed: int,
+    train: Sequence[dict[str, Any]] | None = None,
+    shuffle: bool = True,
 ) -> DecPOMDPDataModule:
-    """The task's episodes; ``train``: these training problems instead of the task's (one-shot MADPO)."""
+    """The task's episodes; ``train``: these training problems instead of the task's (one-shot MADPO,
+    MARLHF); ``shuffle=False``: in their order (MARLHF: the online rows' batches, in order)."""
     held, rows_ = held_out_and_train(task)
     spec = TASKS[task]
     return DecPOMDPDataModule(
@@ -207,7 +212,7 @@ def datamodule(
         reward=ExactMatchReward(spec["kind"], spec.get("check", "only")),
         batch_size=batch_size,
         val_batch_size=NUM_HELD_OUT,
-        shuffle=True,
+        shuffle=shuffle,
         seed=seed,
     )
 
@@ -339,15 +344,71 @@ ALGORITHMS = (
     "madpo_one_shot",
     "madpo_iter",
 )
-MARLHF_CONFIG: dict[str, Any] = {  # MARLHF -> MAGRPO within MAGRPO's budget: pair-building samples count
-    "pair_prompts": 8,  # training prompts whose candidates make pairs (phase 1)
-    "pair_candidates": 4,  # joint responses per prompt: 8 x 4 x 2 agents = 64 samples = 4 batches' worth
-    "pairs_per_prompt": 4,  # reward_gap pairs kept per prompt (4 is every pair of 2 right vs 2 wrong)
-    "reward_epochs": 2,
+MARLHF_CONFIG: dict[str, Any] = {  # design 2, fixed by the lead before any held-out number of it was seen
+    "pair_candidates": 4,  # K joint responses per one_shot_problems problem: 24 x 4 x 2 agents = 192 labels
+    "pairs_per_prompt": 16,  # reward_gap pairs kept per problem at most (PreferenceConfig's default: all non-tied)
+    "reward_epochs": 2,  # Bradley-Terry passes over the training pairs
     "reward_learning_rate": 1e-5,
+    "reward_val_fraction": 0.2,  # floor(0.2 x pairs) held out: the reward model's held-out pair accuracy / loss
+    "beta": 0.04,  # k3 KL to the initial policy in phase 2 (TRL/DeepSeekMath GRPO's classic value)
+    "rl_batches": 12,  # phase 2: CONFIG["batches"] MAGRPO batches, 192 completions the task reward never trains on
 }
-"""Phase 1 of the ``marlhf`` row; its RL phase runs ``CONFIG["batches"]`` minus the batches the pairs
-cost (:func:`marlhf_rl_batches`), so its last held-out point is at MAGRPO's sample count."""
+"""The ``marlhf`` row (MARLHF -> MAGRPO), design 2, fixed by the lead *before* any held-out number of it
+was seen. The stated budget is the completions the task reward scores (labels): 192, MAGRPO's. Phase 1
+spends all of it: the :func:`one_shot_problems` (the 24 training problems the seed's online rows train
+on, as the ``madpo_one_shot`` row) x K=4 candidates x 2 agents, ``reward_gap`` pairs, ``floor(0.2 P)`` of
+them held out to measure the reward model (its held-out pair accuracy and loss are recorded). Phase 2 is
+MAGRPO for ``CONFIG["batches"]`` batches on the same 24 problems in the online rows' order, rewarded by
+the learned model alone, with a k3 KL penalty (``beta``) to the initial policy: 192 more completions,
+384 sampled in all; the task reward scores them only for the ``marlhf/task_reward`` diagnostic, which
+no update sees. The previous design (8 problems' ~20 pairs, all trained on, no KL, 8 RL batches) is
+recorded as ``marlhf_v1``.
+
+Pilot (seed 100, not a recorded seed; ``learning.py pilot_marlhf``, :data:`PILOT_FILE`), reading only the
+reward model's held-out-pair accuracy and phase 2's gold training reward, never the held-out problems.
+Its pre-declared fallback, the only one (:func:`pilot_beta`): if the gold training reward falls over
+phase 2 (the last 4 batches' mean below the first 4's), ``beta`` = 0.1 instead of 0.04. Which was used
+and why: see :data:`PILOT_OUTCOME`."""
+PILOT_SEED = 100
+PILOT_FILE = os.path.join(HERE, "learning_marlhf_pilot.json")
+"""What the MARLHF pilot measured (no held-out number), read by the section."""
+PILOT_OUTCOME = "the gold training reward rose, so the fallback was not taken and beta stayed 0.04"
+"""The pilot's outcome and the beta it chose, written once the pilot ran (2026-12-01, 1087 s at load
+2.8-3.0, one torch thread) and before any recorded seed: 71 pairs (14 held out), the reward model's
+held-out pair accuracy 100% (loss 0.126); phase 2's gold training reward per batch 0.25, 0.25, 0.375,
+0.4375 ... 0.625, 0.8125, 0.625, 0.6875 (first 4 batches' mean 0.328, last 4's 0.688): it rose, so
+``beta`` stayed 0.04 for seeds 0, 1, 2. No held-out problem was evaluated in the pilot."""
+
+
+def pilot_beta(gold: Sequence[float], beta: float = 0.04, fallback: float = 0.1) -> float:
+    """The pre-declared fallback: ``fallback`` if the gold (task) training reward of phase 2's batches
+    (``gold``: one mean per batch, in order) fell, the last 4 batches' mean below the first 4's; else
+    ``beta``.
+
+    Raises:
+        ValueError: fewer than 8 batches (the two windows would overlap).
+    """
+    if len(gold) < 8:
+        raise ValueError(f"pilot_beta: got {len(gold)} batches, need >= 8 (first 4 and last 4)")
+    first, last = sum(gold[:4]) / 4, sum(gold[-4:]) / 4
+    return fallback if last < first else beta
+
+
+class TrainRewards(pl.Callback):
+    """MARLHF's phase 2, per training batch: ``learned`` (the logged ``reward``: the reward model's
+    mean, what the update used) and ``gold`` (the logged ``marlhf/task_reward``: the task reward of
+    the same joint actions), read from the trainer's logged metrics."""
+
+    def __init__(self) -> None:
+        self.learned: list[float] = []
+        self.gold: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        from comlrl_lightning.core import metrics as M
+
+        logged = trainer.callback_metrics
+        self.learned.append(float(logged[M.REWARD]))
+        self.gold.append(float(logged[M.MARLHF_TASK_REWARD]))
 
 
 ONE_SHOT_CONFIG: dict[str, Any] = {  # MADPO one_shot (CoMLRL's mode) within MAGRPO's budget
@@ -395,14 +456,14 @@ def one_shot_problems(task: str, cfg: dict[str, Any], seed: int) -> list[dict[st
 
 
 def marlhf_pair_samples(cfg: dict[str, Any] = CONFIG) -> int:
-    """Completions (both agents) phase 1 samples to build its pairs."""
-    return MARLHF_CONFIG["pair_prompts"] * MARLHF_CONFIG["pair_candidates"] * 2
+    """Completions (both agents) phase 1 samples to build its pairs: every one scored by the task
+    reward (MARLHF's labels), :func:`one_shot_num_problems` x K x 2 agents."""
+    return one_shot_num_problems(cfg) * MARLHF_CONFIG["pair_candidates"] * 2
 
 
 def marlhf_rl_batches(cfg: dict[str, Any] = CONFIG) -> int:
-    """RL batches left to MARLHF once its pairs are paid for (the same total samples as MAGRPO)."""
-    per_batch = cfg["batch_size"] * cfg["k"] * 2
-    return cfg["batches"] - marlhf_pair_samples(cfg) // per_batch
+    """Phase 2's MAGRPO batches (``MARLHF_CONFIG["rl_batches"]``, MAGRPO's ``cfg["batches"]``)."""
+    return min(MARLHF_CONFIG["rl_batches"], cfg["batches"])
 
 
 ITERATIVE_ROUNDS = 3
@@ -487,25 +548,30 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
         max_new_tokens=TASKS[task].get("max_new_tokens", MAX_NEW_TOKENS), temperature=cfg["temperature"]
     )
     if algorithm == "marlhf":
-        from comlrl_lightning import MARLHF
+        from comlrl_lightning import MARLHF, LossConfig
 
+        m = MARLHF_CONFIG
         return MARLHF(
             agents=agents,
             rl_algorithm="magrpo",
             rollout=RolloutConfig(num_generations=cfg["k"]),
+            loss=LossConfig(beta=m["beta"]),  # k3 KL to frozen copies of the initial agents
             sampling=sampling,
             learning_rate=cfg["learning_rate"],
             reward_model=dict(
-                reward_num_train_epochs=MARLHF_CONFIG["reward_epochs"],
-                reward_learning_rate=MARLHF_CONFIG["reward_learning_rate"],
+                reward_num_train_epochs=m["reward_epochs"],
+                reward_learning_rate=m["reward_learning_rate"],
+                reward_val_fraction=m["reward_val_fraction"],
                 reward_model_dir=cfg["reward_model_dir"],
+                log_task_reward=True,  # the gold diagnostic: marlhf/task_reward, never trained on
             ),
             preference=dict(
-                preference_num_candidates=MARLHF_CONFIG["pair_candidates"],
-                preference_pairs_per_sample=MARLHF_CONFIG["pairs_per_prompt"],
+                preference_num_candidates=m["pair_candidates"],
+                preference_pairs_per_sample=m["pairs_per_prompt"],
+                pair_selection="reward_gap",
             ),
-            pair_source=dict(
-                preference_num_prompts=MARLHF_CONFIG["pair_prompts"], preference_batch_size=cfg["batch_size"]
+            pair_source=dict(  # the datamodule's training rows are the one_shot_problems (run_one)
+                preference_num_prompts=one_shot_num_problems(cfg), preference_batch_size=cfg["batch_size"]
             ),
         )
     if algorithm == "madpo":  # online: each batch's K candidates per problem -> pairs (MAGRPO's samples)
@@ -578,17 +644,20 @@ def build_module(algorithm: str, task: str, cfg: dict[str, Any]) -> Any:
     )
 
 
-def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) -> dict[str, Any]:
+def run_one(
+    algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG, held_out: bool = True
+) -> dict[str, Any]:
     """Train ``algorithm`` from the untrained team for ``cfg["batches"]`` batches with ``seed``;
-    held-out success (greedy, every problem) before training and every ``eval_every`` batches."""
+    held-out success (greedy, every problem) before training and every ``eval_every`` batches;
+    ``held_out=False``: no held-out evaluation at all (the MARLHF pilot)."""
     pl.seed_everything(seed, workers=True, verbose=False)
     scratch = tempfile.mkdtemp(prefix="learning_marlhf_") if algorithm == "marlhf" else None
     module = build_module(algorithm, task, {**cfg, "reward_model_dir": scratch})
     one_shot, iterative = algorithm == "madpo_one_shot", algorithm == "madpo_iter"
-    train = one_shot_problems(task, cfg, seed) if one_shot else None
+    train = one_shot_problems(task, cfg, seed) if one_shot or scratch else None
     if iterative:  # the seed's first online problems, walked every round
         train = iterative_problems(task, cfg, seed)
-    dm = datamodule(task, cfg["batch_size"], seed, train)
+    dm = datamodule(task, cfg["batch_size"], seed, train, shuffle=not scratch)  # MARLHF: the online order
     per_batch = cfg["batch_size"] * cfg["k"] * 2  # answers (centralized: 2 role answers per joint completion)
     rec = HeldOut(per_batch, marlhf_pair_samples(cfg) if scratch else 0)
     if one_shot:  # every sample is spent at the first step: each evaluation after it is at x = 192
@@ -597,6 +666,7 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
         rec = HeldOut(0)
     n_critics = 1 if algorithm == "maac" else 0
     batches = marlhf_rl_batches(cfg) if scratch else cfg["batches"]
+    gold = TrainRewards()  # MARLHF's phase 2: the learned and the gold reward of every training batch
     steps = (
         module.max_steps_for(batches, 2, 1, n_critics)
         if n_critics
@@ -611,19 +681,32 @@ def run_one(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) 
     if one_shot:  # the module stops itself after its last pass
         extra = dict(max_epochs=-1)
     trainer = _quiet_trainer(
-        callbacks=[rec],
+        callbacks=[rec, gold] if scratch else [rec],
         max_steps=-1 if one_shot else steps,
         val_check_interval=ONE_SHOT_EVAL if one_shot or iterative else cfg["eval_every"],
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
+        limit_val_batches=None if held_out else 0,
         **extra,
     )
     t0, load0 = time.time(), os.getloadavg()
-    trainer.validate(module, datamodule=dm, verbose=False)
+    if held_out:
+        trainer.validate(module, datamodule=dm, verbose=False)
     trainer.fit(module, datamodule=dm)
     extra = {}
     if scratch:  # the reward model's folder (hundreds of MB) is not kept; its record is
-        extra = {"marlhf": {**MARLHF_CONFIG, "rl_batches": batches, "reward_info": module.reward_info}}
+        info = module.reward_info
+        extra = {
+            "marlhf": {
+                **MARLHF_CONFIG,
+                "rl_batches": batches,
+                "labelled_samples": marlhf_pair_samples(cfg),
+                "held_out_pairs": int(info["num_pairs"] * MARLHF_CONFIG["reward_val_fraction"]),
+                "reward_info": info,
+                "train_learned_reward": gold.learned,
+                "train_task_reward": gold.gold,
+            }
+        }
         shutil.rmtree(scratch, ignore_errors=True)
     if one_shot:  # the pair set and the updates made over it
         extra = {"one_shot": {**ONE_SHOT_CONFIG, "pairs": len(module.pairs or ()), "updates": rec.batches}}
@@ -821,6 +904,7 @@ ROW_NOTE: dict[str, str] = {
     "coordinator": f" (own task: `{COORD_TASK}`)",
     "madpo_one_shot": " (CoMLRL's mode)",
     "madpo_iter": " (iterative, CoMLRL's)",
+    "marlhf_v1": " (first design, replaced)",
 }
 """What the table says after an algorithm's name (its own task: its numbers compare with its own before)."""
 
@@ -1007,8 +1091,12 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "loadavg": [min(r["loadavg_start"][0] for r in rs), max(r["loadavg_end"][0] for r in rs)],
             "final_texts": rs[-1]["final_texts"],
         }
-        if "marlhf" in rs[0]:  # phase 1 of each seed: pairs, reward-model fit
+        if "marlhf" in rs[0]:  # phase 1 of each seed: pairs, reward-model fit; the labels (task-reward calls)
             out[algorithm]["marlhf"] = [r["marlhf"] for r in rs]
+            m = rs[0]["marlhf"]  # the first design recorded no count: its pair prompts x K x 2 agents
+            out[algorithm]["labelled"] = (
+                m.get("labelled_samples") or m["pair_prompts"] * m["pair_candidates"] * 2
+            )
         if "one_shot" in rs[0]:  # each seed's pair set and updates
             out[algorithm]["one_shot"] = [r["one_shot"] for r in rs]
         if "iterative" in rs[0]:  # each seed's pairs per round and updates
@@ -1029,22 +1117,29 @@ def plot(summary: dict[str, Any], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
     for n, (name, s) in enumerate(summary.items()):
-        x = s["curve_samples"]
+        x, curves = list(s["curve_samples"]), [list(c) for c in s["curves"]]
         color = f"C{n}"
         # one-shot: every sample is spent before the first update, so the untrained success holds until x = 192
         ds = "steps-post" if "one_shot" in s else "default"
         marker = "o" if "iterative" in s else None  # iterative: held-out before and after only
-        for c in s["curves"]:
-            ax.plot(x, c, color=color, alpha=0.3, linewidth=0.8, drawstyle=ds)
-        mean = [sum(c[i] for c in s["curves"]) / len(s["curves"]) for i in range(len(x))]
         label = f"{name} (mean of {len(s['curves'])} seeds)"
+        if "labelled" in s and len(x) > 1 and x[1] > s["labelled"]:
+            # MARLHF: phase 1 leaves the agents untouched, so the untrained success holds until its labels end
+            x.insert(1, s["labelled"])
+            curves = [c[:1] + c for c in curves]
+            label = f"{name} ({s['labelled']} labelled of {x[-1]}; mean of {len(curves)} seeds)"
+            if name == "marlhf":
+                ax.axvline(s["labelled"], color=color, linestyle=":", linewidth=1)
+        for c in curves:
+            ax.plot(x, c, color=color, alpha=0.3, linewidth=0.8, drawstyle=ds)
+        mean = [sum(c[i] for c in curves) / len(curves) for i in range(len(x))]
         ax.plot(x, mean, color=color, linewidth=2, label=label, drawstyle=ds, marker=marker)
-    ax.set_xlabel("training samples (completions, both agents)")
+    ax.set_xlabel("completions sampled (both agents); MARLHF: labels end at the dotted line")
     ax.set_ylabel(f"held-out success (greedy, {NUM_HELD_OUT} problems)")
     ax.set_title(title)
-    ax.legend()
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: curves reach x = 384
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -1103,6 +1198,10 @@ def section(
     if not quick and os.path.exists(PROBE_FILE):
         with open(PROBE_FILE) as fh:
             out["central_probe"] = json.load(fh)
+    if not quick and os.path.exists(PILOT_FILE):
+        with open(PILOT_FILE) as fh:
+            pilot = json.load(fh)
+        out["marlhf_pilot"] = {"seed": pilot["seed"], **pilot["pilot"], **pilot["marlhf"]}
     return out
 
 
@@ -1126,9 +1225,76 @@ def _ci(ci: Sequence[float], pts: bool = False) -> str:
     return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
 
 
-def _marlhf(summ: dict[str, Any]) -> str:
-    """The MARLHF bullet (empty when it has no row)."""
+def _labelled(s: dict[str, Any]) -> str:
+    """The table's note after a MARLHF row's samples: how many of them the task reward scored."""
+    return f" ({s['labelled']} labelled)" if "labelled" in s else ""
+
+
+def _gold(m: dict[str, Any]) -> str:
+    """Phase 2's gold (task) training reward of one run, first 4 batches' mean -> last 4's, and the learned."""
+    g, r = m["train_task_reward"], m["train_learned_reward"]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    return f"task {mean(g[:4]):.3f} -> {mean(g[-4:]):.3f} (learned {mean(r[:4]):+.3f} -> {mean(r[-4:]):+.3f})"
+
+
+def _fit(m: dict[str, Any]) -> str:
+    """One run's reward-model fit: pairs, held-out pairs, training and held-out pair accuracy."""
+    last = m["reward_info"]["history"][-1]
+    return (
+        f"{m['reward_info']['num_pairs']} pairs ({m['held_out_pairs']} held out), training accuracy "
+        f"{100 * last['reward_model/accuracy']:.0f}%, held-out pair accuracy {100 * last['val/reward_model/accuracy']:.0f}% "
+        f"(loss {last['val/reward_model/loss']:.3f})"
+    )
+
+
+def _marlhf(summ: dict[str, Any], cfg: dict[str, Any], pilot: dict[str, Any] | None = None) -> str:
+    """The MARLHF bullets (design 2: :data:`MARLHF_CONFIG`) and its pilot's (empty without either)."""
     s = summ.get("marlhf")
+    out = ""
+    if s is not None and "marlhf" in s and "labelled_samples" in s["marlhf"][0]:
+        m = s["marlhf"][0]
+        per_batch = cfg["batch_size"] * cfg["k"] * 2
+        fits = "; ".join(f"seed {seed}: {_fit(r)}" for seed, r in zip(s["seeds"], s["marlhf"]))
+        golds = "; ".join(f"seed {seed}: {_gold(r)}" for seed, r in zip(s["seeds"], s["marlhf"]))
+        out += f"""- **MARLHF -> MAGRPO** (design 2, fixed before any of its held-out numbers was seen): **MARLHF samples twice
+  MAGRPO's completions ({s["samples"]} vs {cfg["batches"] * per_batch}); only the labels are matched** (completions the task reward scores:
+  {m["labelled_samples"]}, MAGRPO's whole budget). Phase 1 spends every label: K={m["pair_candidates"]} joint responses for each of the
+  {one_shot_num_problems(cfg)} training problems the seed's online rows train on (the one-shot MADPO problems), `reward_gap` pairs,
+  {100 * m["reward_val_fraction"]:.0f}% of them held out (`reward_val_fraction`), a joint reward model (a third SmolLM2-135M with a scalar
+  head, Bradley-Terry, {m["reward_epochs"]} epochs at {m["reward_learning_rate"]:g}) trained on the rest ({fits}). Phase 2: MAGRPO for
+  {m["rl_batches"]} batches on the same problems in the online rows' order, rewarded by that model alone, with a k3 KL penalty to
+  frozen copies of the initial agents (`beta` {m["beta"]:g}, `kl_mode: loss`): {m["rl_batches"] * per_batch} more completions no task reward trains
+  on. The curve is drawn against every completion sampled; the agents are untouched until x = {m["labelled_samples"]}, where its
+  labels end (dotted line). Gold diagnostic (`marlhf/task_reward`: the task reward of phase 2's training joint actions,
+  logged beside the learned `reward`, never trained on), first 4 -> last 4 batches' mean: {golds}.{_marlhf_vs_magrpo(summ)}
+"""
+    if pilot is not None:
+        out += f"""- **MARLHF pilot** (seed {pilot["seed"]}, not a recorded seed; no held-out problem evaluated), read only for the
+  pre-declared fallback (`beta` 0.1 if phase 2's gold training reward fell, last 4 batches' mean below the first 4's):
+  {_fit(pilot)}; gold {_gold(pilot)} -> `beta` {pilot["beta_chosen"]:g} ({PILOT_OUTCOME}).
+"""
+    return out
+
+
+def _marlhf_vs_magrpo(summ: dict[str, Any]) -> str:
+    """One sentence setting MARLHF's gain beside MAGRPO's on the same labels (empty without MAGRPO's row)."""
+    hf, rl = summ["marlhf"], summ.get("magrpo")
+    return "" if rl is None else _side_by_side(f"{hf['labelled']} labels", ("MARLHF", hf), ("MAGRPO", rl))
+
+
+def _side_by_side(what: str, a: tuple[str, dict[str, Any]], b: tuple[str, dict[str, Any]]) -> str:
+    """One sentence setting two rows' gains (``(name, summary)``) side by side on ``what``, and whether
+    their intervals overlap."""
+    (na, sa), (nb, sb) = a, b
+    overlap = sa["gain_ci"][0] <= sb["gain_ci"][1] and sb["gain_ci"][0] <= sa["gain_ci"][1]
+    return f"""
+  On the same {what}, {na} gains {100 * sa["gain"]:+.1f} pts {_ci(sa["gain_ci"], True)} and {nb}
+  {100 * sb["gain"]:+.1f} pts {_ci(sb["gain_ci"], True)} ({len(sa["seeds"])} and {len(sb["seeds"])} seeds): the intervals {"overlap" if overlap else "do not overlap"}."""
+
+
+def _marlhf_v1(summ: dict[str, Any]) -> str:
+    """The bullet of MARLHF's first design (``marlhf_v1``, empty when it has no row)."""
+    s = summ.get("marlhf_v1")
     if s is None or "marlhf" not in s:
         return ""
     m = s["marlhf"][0]
@@ -1137,11 +1303,11 @@ def _marlhf(summ: dict[str, Any]) -> str:
         f"{100 * r['reward_info']['history'][-1]['reward_model/accuracy']:.0f}% after {len(r['reward_info']['history'])} epochs"
         for seed, r in zip(s["seeds"], s["marlhf"])
     )
-    return f"""- **MARLHF -> MAGRPO**: phase 1 samples K={m["pair_candidates"]} joint responses for each of the first {m["pair_prompts"]}
-  training problems ({m["pair_prompts"] * m["pair_candidates"] * 2} completions, counted in "Training samples", so its curve starts after
-  them), keeps up to {m["pairs_per_prompt"]} `reward_gap` pairs per problem and trains a joint reward model (a third SmolLM2-135M with
-  a scalar head, Bradley-Terry, {m["reward_epochs"]} epochs at {m["reward_learning_rate"]:g}, every pair trained on); phase 2 is MAGRPO for
-  the {m["rl_batches"]} batches left in MAGRPO's budget, rewarded by that model alone ({fits}).
+    return f"""- **MARLHF_V1** (MARLHF's first design, replaced by the one above, kept for comparison): phase 1 samples
+  K={m["pair_candidates"]} joint responses for each of the first {m["pair_prompts"]} training problems ({s["labelled"]} completions: its only labels), keeps up
+  to {m["pairs_per_prompt"]} `reward_gap` pairs per problem and trains a joint reward model (a third SmolLM2-135M with a scalar head,
+  Bradley-Terry, {m["reward_epochs"]} epochs at {m["reward_learning_rate"]:g}, every pair trained on, none held out); phase 2 is MAGRPO
+  without a KL penalty for the {m["rl_batches"]} batches left of {s["samples"]} completions in all, rewarded by that model alone ({fits}).
 """
 
 
@@ -1170,12 +1336,11 @@ def _one_shot(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
 def _one_shot_vs_online(summ: dict[str, Any]) -> str:
     """One sentence setting the one-shot row's gain beside the online row's (empty without the online row)."""
     one, on = summ["madpo_one_shot"], summ.get("madpo")
-    if on is None:
-        return ""
-    overlap = one["gain_ci"][0] <= on["gain_ci"][1] and on["gain_ci"][0] <= one["gain_ci"][1]
-    return f"""
-  On the same {one["samples"]} completions, one-shot gains {100 * one["gain"]:+.1f} pts {_ci(one["gain_ci"], True)} and online
-  {100 * on["gain"]:+.1f} pts {_ci(on["gain_ci"], True)} ({len(one["seeds"])} and {len(on["seeds"])} seeds): the intervals {"overlap" if overlap else "do not overlap"}."""
+    return (
+        ""
+        if on is None
+        else _side_by_side(f"{one['samples']} completions", ("one-shot", one), ("online", on))
+    )
 
 
 def _iterative(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
@@ -1276,7 +1441,7 @@ def render(res: dict[str, Any]) -> str:
     for name, s in summ.items():
         excl = " **excludes 0**" if s["gain_ci"][0] > 0 or s["gain_ci"][1] < 0 else ""
         lines.append(
-            f"| {name.upper()}{ROW_NOTE.get(name, '')} | {len(s['seeds'])} | {s['samples']} | {_pct(s['before'])} {_ci(s['before_ci'])} | "
+            f"| {name.upper()}{ROW_NOTE.get(name, '')} | {len(s['seeds'])} | {s['samples']}{_labelled(s)} | {_pct(s['before'])} {_ci(s['before_ci'])} | "
             f"{_pct(s['after'])} {_ci(s['after_ci'])} | {100 * s['gain']:+.1f} pts {_ci(s['gain_ci'], True)}{excl} | "
             f"{100 * s['min_detectable_gain']:.1f} pts | {s['wall_s'] / 60:.1f} min | "
             f"{s['loadavg'][0]:.1f}-{s['loadavg'][1]:.1f} |"
@@ -1344,7 +1509,7 @@ def render(res: dict[str, Any]) -> str:
 - **MADPO** (`preference_mode: online`): each batch's K={cfg["k"]} samples per agent per problem are the candidates
   (the same sampled completions per batch as MAGRPO's), pairs by `reward_gap` (at most 16 per problem: with K={cfg["k"]}
   every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch{_one_shot(summ, cfg)}{_iterative(summ, cfg)}
-{_coordinator_notes(res)}{_central(summ, res.get("central_probe"))}{_marlhf(summ)}- Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
+{_coordinator_notes(res)}{_central(summ, res.get("central_probe"))}{_marlhf(summ, cfg, res.get("marlhf_pilot"))}{_marlhf_v1(summ)}- Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
 """
 
@@ -1424,6 +1589,13 @@ if __name__ == "__main__":
         probe = central_parse_probe()  # measured before the file is opened: a failure leaves no empty file
         with open(PROBE_FILE, "w") as fh:
             json.dump(probe, fh, indent=1)
+    elif sys.argv[1:2] == ["pilot_marlhf"]:  # seed 100, no held-out evaluation: picks the beta
+        r = run_one("marlhf", TASK, PILOT_SEED, held_out=False)
+        m = r["marlhf"]
+        r["pilot"] = {"beta_tried": m["beta"], "beta_chosen": pilot_beta(m["train_task_reward"], m["beta"])}
+        with open(PILOT_FILE, "w") as fh:
+            json.dump(r, fh, indent=1)
+        print("pilot:", json.dumps({**r["pilot"], "gold": m["train_task_reward"]}), flush=True)
     elif sys.argv[1:2] == ["run"]:  # learning.py run magrpo,iac 0,1,2
         algos = sys.argv[2].split(",") if len(sys.argv) > 2 else list(ALGORITHMS)
         seeds = [int(x) for x in sys.argv[3].split(",")] if len(sys.argv) > 3 else [0, 1, 2]

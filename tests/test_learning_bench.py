@@ -188,20 +188,82 @@ def test_the_centralized_row_gets_the_agents_token_budget_plus_the_tags_and_repo
     assert "95 of 96 held no tagged section" in L._central(summ, probe)
 
 
-def test_marlhf_row_spends_magrpos_sample_budget_counting_its_pairs():
+def test_marlhf_row_spends_magrpos_labels_on_its_pairs_then_runs_magrpos_batches_with_a_kl_penalty():
     per_batch = L.CONFIG["batch_size"] * L.CONFIG["k"] * 2
-    pairs = L.marlhf_pair_samples()
+    budget = L.CONFIG["batches"] * per_batch  # MAGRPO's completions, every one scored by the task reward
+    assert L.marlhf_pair_samples() == L.one_shot_num_problems() * 4 * 2 == budget == 192
+    assert L.marlhf_rl_batches() == L.CONFIG["batches"] == 12  # 192 more, scored by the reward model only
+    m = L.build_module("marlhf", L.TASK, {**L.CONFIG, "reward_model_dir": None})  # built, not loaded
+    assert m.loss.beta == L.MARLHF_CONFIG["beta"] > 0 and m.uses_reference_model
+    assert m.reward_config.reward_val_fraction == 0.2 and m.reward_config.log_task_reward
     assert (
-        pairs == L.MARLHF_CONFIG["pair_prompts"] * L.MARLHF_CONFIG["pair_candidates"] * 2
-        and pairs % per_batch == 0
+        m.preference_config.pair_selection == "reward_gap"
+        and m.preference_config.preference_num_candidates == 4
     )
-    assert pairs + L.marlhf_rl_batches() * per_batch == L.CONFIG["batches"] * per_batch
-    rec = L.HeldOut(per_batch, pairs)  # the curve's x: nothing before training, pairs counted after
+    assert m.pair_source.preference_num_prompts == L.one_shot_num_problems() == 24
+    rec = L.HeldOut(per_batch, L.marlhf_pair_samples())  # the curve's x: every completion sampled
     rec._cur = {0: 1.0}
     rec.on_validation_epoch_end(None, None)
     rec.batches = L.marlhf_rl_batches()
     rec.on_validation_epoch_end(None, None)
-    assert [h["samples"] for h in rec.history] == [0, L.CONFIG["batches"] * per_batch]
+    assert [h["samples"] for h in rec.history] == [0, 2 * budget] == [0, 384]
+
+
+def test_the_pilots_fallback_takes_beta_0_1_only_when_the_gold_training_reward_fell():
+    assert L.pilot_beta([0.5] * 4 + [0.9] * 4 + [0.49] * 4) == 0.1  # last 4 below the first 4
+    assert L.pilot_beta([0.5] * 4 + [0.1] * 4 + [0.5] * 4) == 0.04  # equal windows: no fall
+    assert L.pilot_beta([0.2, 0.3, 0.4, 0.5, 0.0, 0.0, 0.7, 0.8]) == 0.04  # window means, not endpoints
+    assert L.pilot_beta([0.2, 0.3, 0.4, 0.5, 0.0, 0.0, 0.6, 0.6]) == 0.1
+    with pytest.raises(ValueError, match="got 7 batches"):
+        L.pilot_beta([0.5] * 7)
+
+
+def test_the_marlhf_quick_path_builds_pairs_on_the_online_rows_problems_and_records_the_gold_reward(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(L, "SMOLLM2", "builtin:tiny-gpt2")
+    monkeypatch.setattr(L, "ExactMatchReward", _ParityReward)
+    monkeypatch.setattr(_ParityReward, "scored", [])  # its own count; the class list is restored after
+    seen = []
+
+    class Batches(L.pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.extend(dict(ep.data) for ep in batch)
+
+    real = L._quiet_trainer
+    monkeypatch.setattr(
+        L, "_quiet_trainer", lambda **kw: real(**{**kw, "callbacks": kw["callbacks"] + [Batches()]})
+    )
+    path = str(tmp_path / "runs.jsonl")
+    L.run_missing(L.TASK, ["marlhf"], [0], L.QUICK, path)
+    (run,) = L.recorded_runs(L.TASK, L.QUICK, path)
+    m, problems = run["marlhf"], L.one_shot_problems(L.TASK, L.QUICK, 0)
+    assert seen == problems  # phase 2: the online rows' problems of the seed, in their order
+    k = L.QUICK["k"]
+    # task-reward calls: held-out (50 each), the pair set (2 prompts x 4 candidates per call), and the gold
+    # diagnostic of every phase-2 batch (2 problems x K joint actions)
+    assert _ParityReward.scored.count(L.NUM_HELD_OUT) == 3  # before, after batch 1, after batch 2
+    assert _ParityReward.scored.count(2 * 4) == len(problems) // 2 and m["labelled_samples"] == 4 * 4 * 2
+    assert _ParityReward.scored.count(2 * k) == L.marlhf_rl_batches(L.QUICK) == 2
+    assert len(m["train_task_reward"]) == len(m["train_learned_reward"]) == 2
+    assert all((4 * g).is_integer() for g in m["train_task_reward"])  # parity means over 4 joint actions
+    assert m["train_task_reward"] != m["train_learned_reward"]
+    assert m["held_out_pairs"] == int(m["reward_info"]["num_pairs"] * 0.2)
+    assert "val/reward_model/accuracy" in m["reward_info"]["history"][-1]
+    assert [h["samples"] for h in run["history"]] == [0, 32 + 8, 32 + 16]
+    summ = L.summarize([run])
+    res = {"task": L.TASK, "rule": L.TASK_RULE, "calibration": L._load_calibration(), "config": L.QUICK}
+    text = L.render({**res, "summary": summ, "png": "x.png"})
+    assert "| MARLHF | 1 | 48 (32 labelled) |" in text
+    assert "**MARLHF samples twice\n  MAGRPO's completions (48 vs 16); only the labels are matched**" in text
+    assert (
+        f"held-out pair accuracy {100 * m['reward_info']['history'][-1]['val/reward_model/accuracy']:.0f}%"
+        in text
+    )
+    pilot = L.run_one(
+        "marlhf", L.TASK, L.PILOT_SEED, L.QUICK, held_out=False
+    )  # the pilot: no held-out at all
+    assert pilot["history"] == [] and _ParityReward.scored.count(L.NUM_HELD_OUT) == 3
 
 
 def test_the_section_says_held_out_pairs_reuse_training_questions():

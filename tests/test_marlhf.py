@@ -330,6 +330,7 @@ def test_toy_marlhf_config_trains_the_reward_model_then_the_agents_from_the_cli(
         "val/reward_model/accuracy",
     } <= tags
     assert {"reward", "rewards/joint_reward_model/mean", "agent_0/loss", "val/reward"} <= tags
+    assert "marlhf/task_reward" in tags  # the config's log_task_reward: the gold reward in TensorBoard
 
 
 def test_humaneval_marlhf_config_runs_on_the_tiny_model_from_a_users_pair_file(tmp_path, capsys):
@@ -386,3 +387,64 @@ def test_reward_freeze_backbone_trains_only_the_scalar_head():
     fit_reward_model(model, tok, rm, RewardFitState([p.to_json() for p in separable_pairs(8)]), cfg)
     assert_same(params(model.base_model), base0, "frozen backbone")
     assert not torch.equal(model.score.weight, head0)
+
+
+# ------------------------------------------------------------------ the gold-reward diagnostic
+def test_gold_reward_probe_keeps_the_learned_values_and_reports_the_task_reward_beside_them():
+    from comlrl_lightning.envs.reward_model import GOLD_KEY, GoldRewardProbe
+    from comlrl_lightning.envs.rewards import RewardResult, as_weighted_reward
+
+    def learned(ja, eps, turn):
+        return RewardResult([10.0 * len(j[0]) for j in ja], {"seen": [1.0] * len(ja)})
+
+    def per_agent(ja, eps, turn):  # [J, N]: the probe reports the mean over agents
+        return [[float(len(t)) for t in j] for j in ja]
+
+    probe = GoldRewardProbe(learned, as_weighted_reward(per_agent))
+    out = probe([["ab", "c"], ["abcd", "ef"]], [Episode(0, {})] * 2, 0)
+    assert out.values == [20.0, 40.0] and out.metrics["seen"] == [1.0, 1.0]
+    assert out.metrics[GOLD_KEY] == [1.5, 3.0] and probe.name == "learned"
+    with pytest.raises(ValueError, match="log_task_reward: got 'yes'"):
+        RewardModelConfig(log_task_reward="yes").check()
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_rl_phase_logs_the_task_reward_of_its_joint_actions_beside_the_learned_one(
+    trainer_factory, tmp_path, on
+):
+    from comlrl_lightning.core import metrics as M
+
+    class Logged(pl.Callback):
+        def __init__(self):
+            self.rows = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.rows.append((outputs, list(batch), dict(trainer.callback_metrics)))
+
+    pl.seed_everything(0)
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, separable_pairs(8))
+    m = marlhf(tmp_path, pairs_path=str(path))
+    m.reward_config.log_task_reward = on
+    logged = Logged()
+    fit(trainer_factory, m, 2, callbacks=[logged])
+    assert len(logged.rows) == 2
+    for out, batch, metrics in logged.rows:
+        if not on:
+            assert M.MARLHF_TASK_REWARD not in metrics
+            continue
+        k = out.num_generations
+        joint = [
+            [out.completions[i][e * k + j] for i in range(2)] for e in range(len(batch)) for j in range(k)
+        ]
+        episodes = [batch[e] for e in range(len(batch)) for _ in range(k)]
+        task = m.env.reward(joint, episodes, 0).total.mean().item()  # LengthRatioReward, the env's own
+        assert float(metrics[M.MARLHF_TASK_REWARD]) == pytest.approx(task, abs=1e-6)
+        assert float(metrics[M.REWARD]) == pytest.approx(out.rewards.mean().item(), abs=1e-6)
+        assert abs(task - out.rewards.mean().item()) > 1e-3  # the learned reward is another number
+        rm = m.joint_reward_model  # the update still trains on the learned reward alone
+        texts = [
+            rm.render(ja, Episode(0, {}), 0, [out.user_prompts[i][n // k] for i in range(2)])
+            for n, ja in enumerate(joint)
+        ]
+        assert out.turn0_rewards.flatten().tolist() == pytest.approx(rm.score_texts(texts).tolist(), abs=1e-5)

@@ -40,6 +40,7 @@ from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.pairs import PreferencePair, write_pairs
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.reward_model import JOINT_RESPONSE_TEMPLATE, RewardModelReward, sequence_logits
+from comlrl_lightning.envs.reward_model import position_limit as position_limit  # moved there; kept here
 from comlrl_lightning.infra.checkpoint_io import atomic_torch_save
 from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
 
@@ -78,6 +79,12 @@ class RewardModelConfig:
     """Seed of the held-out split and the order of the pairs in each epoch (its own generator)."""
     reward_batch_size: int = 8
     """Joint texts per forward when the trained model scores joint actions in RL (> 0)."""
+    log_task_reward: bool = False
+    """RL phase: also score every training joint action with the env's task reward (the "gold"
+    reward; :class:`~comlrl_lightning.envs.reward_model.GoldRewardProbe`) and log its mean as
+    ``marlhf/task_reward`` beside ``reward`` (the learned reward the update uses, which it alone
+    sees). Off by default: a task reward can cost what the learned one saves (HumanEval: a sandboxed
+    test run per joint action) or mean nothing (a pair file of human preferences)."""
 
     def check(self) -> None:
         """Raises ValueError naming the field, the value and what is allowed."""
@@ -92,6 +99,8 @@ class RewardModelConfig:
         m = self.reward_max_length
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise ValueError(f"reward_max_length: got {m!r}, must be an integer >= 1 or null")
+        if not isinstance(self.log_task_reward, bool):
+            raise ValueError(f"log_task_reward: got {self.log_task_reward!r}, must be true or false")
         f = self.reward_val_fraction
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f < 1.0:
             raise ValueError(f"reward_val_fraction: got {f!r}, must be in [0, 1)")
@@ -123,15 +132,6 @@ def pair_texts(reward: RewardModelReward, pairs: Sequence[PreferencePair]) -> tu
         chosen.append(reward.render(p.chosen, episode, 0, p.prompts))
         rejected.append(reward.render(p.rejected, episode, 0, p.prompts))
     return chosen, rejected
-
-
-def position_limit(model: nn.Module, max_length: int | None) -> int | None:
-    """``max_length`` capped at the model's position limit (``max_position_embeddings`` or
-    ``n_positions``; None when it has neither): longer texts would index past its position table."""
-    limit = getattr(model.config, "max_position_embeddings", None) or getattr(
-        model.config, "n_positions", None
-    )
-    return limit if max_length is None else max_length if limit is None else min(max_length, limit)
 
 
 def load_reward_backbone(source: str) -> tuple[nn.Module, Any]:

@@ -51,11 +51,11 @@ from comlrl_lightning.algorithms.iac import IAC
 from comlrl_lightning.algorithms.joint_reward_model import (
     RewardModelConfig,
     load_reward_backbone,
-    position_limit,
     reward_phase,
 )
 from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
+from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.core.config import (
     AdvantageConfig,
@@ -66,9 +66,9 @@ from comlrl_lightning.core.config import (
 )
 from comlrl_lightning.core.pairs import PreferencePair, read_pairs
 from comlrl_lightning.core.preference import PreferenceConfig
-from comlrl_lightning.core.preference_config import PairSourceConfig, collect_pairs
+from comlrl_lightning.core.preference_config import PairSourceConfig, collect_pairs, config_group
 from comlrl_lightning.envs.base import DecPOMDP, Episode
-from comlrl_lightning.envs.reward_model import RewardModelReward
+from comlrl_lightning.envs.reward_model import GOLD_KEY, GoldRewardProbe, RewardModelReward, position_limit
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.critics import ActorCriticRolloutConfig, CriticConfig, CriticSpec
 
@@ -156,9 +156,9 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
             raise ValueError(
                 f"rl_algorithm: got {rl_algorithm!r} for {type(self).__name__}; build it as MARLHF(rl_algorithm=...)"
             )
-        rcfg = _group(RewardModelConfig, reward_model, "reward_model")
-        pcfg = _group(PreferenceConfig, preference, "preference")
-        scfg = _group(PairSourceConfig, pair_source, "pair_source")
+        rcfg = config_group(RewardModelConfig, reward_model, "reward_model")
+        pcfg = config_group(PreferenceConfig, preference, "preference")
+        scfg = config_group(PairSourceConfig, pair_source, "pair_source")
         given = dict(rollout=rollout, advantage=advantage, loss=loss, sampling=sampling, placement=placement)
         given.update(critics=critics, critic=critic)
         taken = inspect.signature(self.rl_base.__init__).parameters
@@ -244,8 +244,23 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         if not self._reward_ready:
             raise RuntimeError("MARLHF: a training rollout before the reward model was trained")
         if self._rl_env is None or self._rl_env.formatters is not env.formatters:
-            self._rl_env = DecPOMDP(env.formatters, self.joint_reward_model, env.transition_fn)
+            reward: Any = self.joint_reward_model
+            if self.reward_config.log_task_reward:  # the task reward beside it, logged, never trained on
+                reward = GoldRewardProbe(reward, env.reward_fn)
+            self._rl_env = DecPOMDP(env.formatters, reward, env.transition_fn)
         return self._rl_env
+
+    def training_step(self, batch: list[Episode], batch_idx: int) -> Any:
+        """The RL module's step; with ``reward_model.log_task_reward`` also logs
+        :data:`~comlrl_lightning.core.metrics.MARLHF_TASK_REWARD` (the task reward of its joint actions)."""
+        out = super().training_step(batch, batch_idx)
+        gold = (
+            None if out is None else out.reward_components.get(f"{self.joint_reward_model.name}/{GOLD_KEY}")
+        )
+        if gold is not None:
+            mean = gold.float().nanmean().to(self.device)
+            self.log(M.MARLHF_TASK_REWARD, mean, batch_size=out.num_episodes, sync_dist=True)
+        return out
 
     @property
     def reward_model_dir(self) -> str:
@@ -331,21 +346,6 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         self._reward_ready = bool(info.get("reward_phase_done"))
         self._reward_dir = self.reward_config.reward_model_dir or info.get("reward_model_dir")
         self.reward_info = info.get("reward_info") or {}
-
-
-def _group(cls: type, value: Any, name: str) -> Any:
-    """``value`` (None, a mapping or a ``cls``) as a checked copy of ``cls`` (Raises ValueError)."""
-    if isinstance(value, dict):
-        try:
-            value = cls(**value)
-        except TypeError as err:
-            raise ValueError(f"{name}: {err}") from None
-    if not isinstance(value, cls | None):
-        raise ValueError(f"{name}: got a {type(value).__name__}, give a {cls.__name__} or a mapping")
-    value = cls() if value is None else copy.copy(value)
-    if hasattr(value, "check"):  # PreferenceConfig checks itself when built
-        value.check()
-    return value
 
 
 class MARLHFMAGRPO(MARLHF, MAGRPO):

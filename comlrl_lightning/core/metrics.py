@@ -72,6 +72,10 @@ DPO_LOGPS_CHOSEN = "logps/chosen"
 """MADPO: mean over pairs of the chosen joint action's log-prob ``Σ_i log π_i`` (Σ over agents)."""
 DPO_LOGPS_REJECTED = "logps/rejected"
 """MADPO: the same for the rejected joint action."""
+MARLHF_TASK_REWARD = "marlhf/task_reward"
+"""MARLHF's RL phase (``reward_model.log_task_reward``): mean task ("gold") reward of the step's
+joint actions, scored by the env's reward beside ``reward`` (there the learned reward the update
+used); the two diverging is over-optimisation of the learned model."""
 NUM_PAIRS = "preference/num_pairs"
 """MADPO: preference pairs the step trained on (0: every candidate tied)."""
 PARSE_FAILURE = "centralized/parse_failure"

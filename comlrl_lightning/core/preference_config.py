@@ -9,6 +9,7 @@ prompts, or read from a user's ``jsonl`` file (``pairs_path``,
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,3 +82,23 @@ def collect_pairs(
         )
         pairs.extend(built.pairs)
     return pairs
+
+
+def config_group(cls: type, value: Any, name: str) -> Any:
+    """``value`` (None, a mapping or a ``cls``) as a checked copy of ``cls``: a config group of
+    MARLHF (``reward_model``, ``preference``, ``pair_source``) given from Python, YAML or hparams.
+
+    Raises:
+        ValueError: an unknown field or a bad value (naming ``name``), or a value of another type.
+    """
+    if isinstance(value, dict):
+        try:
+            value = cls(**value)
+        except TypeError as err:
+            raise ValueError(f"{name}: {err}") from None
+    if not isinstance(value, cls | None):
+        raise ValueError(f"{name}: got a {type(value).__name__}, give a {cls.__name__} or a mapping")
+    value = cls() if value is None else copy.copy(value)
+    if hasattr(value, "check"):  # PreferenceConfig checks itself when built
+        value.check()
+    return value

@@ -33,6 +33,7 @@ from torch import nn
 
 from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.envs.base import Episode
+from comlrl_lightning.envs.rewards import RewardResult, reward_name
 
 REWARD_MODEL_KIND = Choice(
     "RewardModelReward.kind",
@@ -263,6 +264,51 @@ def sequence_logits(
         return_tensors="pt",
     )
     return model(**{k: v.to(device) for k, v in enc.items()}).logits.float()
+
+
+def position_limit(model: nn.Module, max_length: int | None) -> int | None:
+    """``max_length`` capped at the model's position limit (``max_position_embeddings`` or
+    ``n_positions``; None when it has neither): longer texts would index past its position table."""
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(
+        model.config, "n_positions", None
+    )
+    return limit if max_length is None else max_length if limit is None else min(max_length, limit)
+
+
+class GoldRewardProbe:
+    """A reward function that scores with ``reward`` and reports, beside it, the ``gold`` reward of the
+    same joint actions (Gao et al. 2023's "gold" reward of a learned proxy): MARLHF's RL phase scores
+    with its learned model and logs the task reward (``reward_model.log_task_reward``), so
+    over-optimisation of the proxy shows as the two diverging.
+
+    Called as a :class:`~comlrl_lightning.envs.rewards.RewardFunction`: returns a
+    :class:`~comlrl_lightning.envs.rewards.RewardResult` whose ``values`` are ``reward``'s, unchanged,
+    and whose metric :data:`GOLD_KEY` is ``gold``'s total per joint action (``[J]`` floats; the mean
+    over agents of a per-agent ``[J, N]`` total); ``reward``'s own metrics are kept. The gold values
+    never reach the update. Its ``name`` is ``reward``'s, so ``rewards/<name>/mean`` is unchanged.
+
+    Args:
+        reward: the reward the update uses (a reward function, e.g. a :class:`RewardModelReward`).
+        gold: the task's reward (a :class:`~comlrl_lightning.envs.rewards.WeightedReward`, e.g. the
+            env's ``reward_fn``), called as ``gold(joint_actions, episodes, turn)``; it raises as it
+            raises (a failing task reward is not hidden).
+    """
+
+    def __init__(self, reward: Any, gold: Any) -> None:
+        self.reward, self.gold, self.name = reward, gold, reward_name(reward)
+
+    def __call__(
+        self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
+    ) -> RewardResult:
+        out = self.reward(joint_actions, episodes, turn)
+        values, metrics = (out.values, dict(out.metrics)) if isinstance(out, RewardResult) else (out, {})
+        total = self.gold(joint_actions, episodes, turn).total
+        metrics[GOLD_KEY] = (total.mean(-1) if total.dim() == 2 else total).tolist()
+        return RewardResult(values, metrics)
+
+
+GOLD_KEY = "task_reward"
+"""The metric key of :class:`GoldRewardProbe`'s gold values (a reward component ``<name>/task_reward``)."""
 
 
 def reward_models_of(reward: Any) -> list[RewardModelReward]:
