@@ -2,6 +2,7 @@
 MARLHF as the chosen RL module, phase 2 scored by the learned model, bit-exact resume of both phases."""
 
 import os
+import signal
 
 import lightning.pytorch as pl
 import pytest
@@ -448,3 +449,35 @@ def test_rl_phase_logs_the_task_reward_of_its_joint_actions_beside_the_learned_o
             for n, ja in enumerate(joint)
         ]
         assert out.turn0_rewards.flatten().tolist() == pytest.approx(rm.score_texts(texts).tolist(), abs=1e-5)
+
+
+def test_sigterm_in_the_reward_phase_stops_after_that_epoch_and_resumes_bit_exact(trainer_factory, tmp_path):
+    # before the fix a SIGTERM during phase 1 was acted on only at the first RL batch: every remaining
+    # reward-model epoch ran first (a preemption grace period can be shorter than that)
+    from comlrl_lightning.callbacks import InterruptCheckpoint
+
+    def term_after_first(epoch):
+        if epoch == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    pl.seed_everything(0)
+    a = marlhf(tmp_path, epochs=3, rm_dir="rm_a")
+    a.after_reward_epoch = term_after_first
+    stop = InterruptCheckpoint(dirpath=str(tmp_path / "ckpt"))
+    with pytest.raises(SystemExit) as info:
+        fit(trainer_factory, a, 2, callbacks=[stop])
+    assert info.value.code == 128 + signal.SIGTERM
+    assert (
+        tmp_path / "rm_a" / "phase1_state.pt"
+    ).exists()  # phase 1 stopped (else it finished, state removed)
+    assert torch.load(tmp_path / "rm_a" / "phase1_state.pt", weights_only=False)["epoch"] == 1
+    assert not os.path.exists(tmp_path / "rm_a" / "marlhf.json")  # phase 1 not finished
+    pl.seed_everything(0)
+    resumed = marlhf(tmp_path, epochs=3, rm_dir="rm_a")
+    fit(trainer_factory, resumed, 2, ckpt_path=stop.ckpt_path)
+    pl.seed_everything(0)
+    straight = marlhf(tmp_path, epochs=3, rm_dir="rm_c")
+    fit(trainer_factory, straight, 2)
+    assert resumed.reward_info["history"] == straight.reward_info["history"]
+    assert_same(params(resumed.reward_models), params(straight.reward_models), "reward model")
+    assert_same(params(resumed.agents), params(straight.agents), "agents")

@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
 from comlrl_lightning.algorithms.optimization import AgentOptimization
@@ -231,6 +232,13 @@ class CoMLRLModule(AgentOptimization):
 
     def on_train_epoch_start(self) -> None:
         self._place_team()
+
+    def stop_if_signalled(self) -> None:
+        """Raise Lightning's ``SIGTERMException`` if the trainer noted a SIGTERM (with
+        ``InterruptCheckpoint``, a Ctrl+C too): for long work outside a batch, where Lightning does not
+        look (it checks at batch ends), e.g. MARLHF's reward phase between its epochs."""
+        if self._trainer is not None and self.trainer.received_sigterm:
+            raise SIGTERMException
 
     def on_validation_start(self) -> None:
         self._place_team()

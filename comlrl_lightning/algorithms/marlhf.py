@@ -30,8 +30,8 @@ it done); a later run given that folder loads it instead of training again. The 
 is the exception to "frozen reward-model weights are not written into checkpoints": a phase-2
 checkpoint keeps its weights (``reward_models.<j>.*``), so it resumes without the folder.
 
-Not supported: ``num_turns > 1``; no pairs (every candidate tied) is an error, not CoMLRL's silent
-return; a SIGTERM during phase 1 is not acted on until phase 1 ends (seen with a plain Trainer).
+Not supported: ``num_turns > 1``; no pairs (every candidate tied) is an error, not CoMLRL's silent return.
+A SIGTERM / Ctrl+C in phase 1 stops the fit once the current epoch is saved; a resumed run goes on.
 """
 
 from __future__ import annotations
@@ -290,13 +290,17 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
             self.reward_model_dir,
             self.preference_pairs,
             log=self._log_reward,
-            after_epoch=self.after_reward_epoch,
+            after_epoch=self._after_reward_epoch,
             source=self.reward_config.reward_model or self.specs[0].model,
         )
         self._reward_ready = True
 
     def after_reward_epoch(self, epoch: int) -> None:
         """Called after each reward-model epoch, once its state is saved (a hook; default: nothing)."""
+
+    def _after_reward_epoch(self, epoch: int) -> None:
+        self.after_reward_epoch(epoch)
+        self.stop_if_signalled()  # a SIGTERM / Ctrl+C in phase 1 stops the fit once the epoch is saved
 
     def _log_reward(self, metrics: dict[str, float], epoch: int) -> None:
         for logger in self.loggers:
@@ -338,12 +342,11 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         info = checkpoint.get("marlhf", {})
         state = checkpoint.get("state_dict") or {}
         prefix = f"reward_models.{self._rm_index}."
-        saved = (
-            {k: v for k, v in state.items() if k.startswith(prefix)} if info.get("reward_phase_done") else {}
-        )
+        done = bool(info.get("reward_phase_done"))
+        saved = {k: v for k, v in state.items() if k.startswith(prefix)} if done else {}
         super().on_load_checkpoint(checkpoint)
         state.update(saved)
-        self._reward_ready = bool(info.get("reward_phase_done"))
+        self._reward_ready = done
         self._reward_dir = self.reward_config.reward_model_dir or info.get("reward_model_dir")
         self.reward_info = info.get("reward_info") or {}
 
