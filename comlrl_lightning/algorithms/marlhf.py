@@ -31,6 +31,7 @@ is the exception to "frozen reward-model weights are not written into checkpoint
 checkpoint keeps its weights (``reward_models.<j>.*``), so it resumes without the folder.
 
 Not supported: ``num_turns > 1``; no pairs (every candidate tied) is an error, not CoMLRL's silent return.
+
 A SIGTERM / Ctrl+C in phase 1 stops the fit once the current epoch is saved; a resumed run goes on.
 """
 
