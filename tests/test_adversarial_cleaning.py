@@ -2,8 +2,9 @@
 text (cleaning, the structure checks, the helper's ``return`` check) are linear or hard-budgeted.
 
 The issue asks for a bound test here: at the 20,000-character cap each worst input costs at most
-1 s, and the time at 20k over the time at 10k (summed over the inputs, best of three, measured in
-one run) is at most 2.5. Before the fix 800 stacked ``@x`` lines took 10.5 s and the cap minutes.
+1 s, and the time at 20k over the time at 10k (summed over the inputs, best of seven, the two sizes
+measured in turn in one run) is at most 2.5. Before the fix 800 stacked ``@x`` lines took 10.5 s and
+the cap minutes.
 """
 
 from __future__ import annotations
@@ -30,14 +31,20 @@ def worst_inputs(n: int) -> dict[str, str]:
     }
 
 
-def _cost(reward: CooperativeCodeReward, row: dict, text: str) -> float:
-    best = float("inf")
-    for _ in range(3):
-        code_text._failed.clear()  # cold: no parse failure remembered from the last repeat
-        t = time.perf_counter()
-        reward.plan([text, text], row)  # the helper's and the main's static passes
-        best = min(best, time.perf_counter() - t)
-    return best / 2
+def _costs(reward: CooperativeCodeReward, row: dict, n: int, repeats: int = 7) -> tuple[dict, dict]:
+    """Best-of-``repeats`` seconds per worst input at ``n`` and at ``n // 2`` characters, the two sizes
+    measured in turn inside each repeat, so a change of machine load between them (CI shares 2 cores)
+    moves both sides of the ratio alike (measured one after the other, a 2.55 ratio was seen at load 5)."""
+    big, small = worst_inputs(n), worst_inputs(n // 2)
+    best = {size: dict.fromkeys(big, float("inf")) for size in ("big", "small")}
+    for _ in range(repeats):
+        for k in big:
+            for size, text in (("big", big[k]), ("small", small[k])):
+                code_text._failed.clear()  # cold: no parse failure remembered from the last repeat
+                t = time.perf_counter()
+                reward.plan([text, text], row)  # the helper's and the main's static passes
+                best[size][k] = min(best[size][k], (time.perf_counter() - t) / 2)
+    return best["big"], best["small"]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +54,7 @@ def row():
 
 def test_static_passes_are_bounded_at_the_cap_and_linear(row):
     reward = CooperativeCodeReward()
-    big = {k: _cost(reward, row, v) for k, v in worst_inputs(MAX_COMPLETION_CHARS).items()}
-    small = {k: _cost(reward, row, v) for k, v in worst_inputs(MAX_COMPLETION_CHARS // 2).items()}
+    big, small = _costs(reward, row, MAX_COMPLETION_CHARS)
     assert max(big.values()) <= 1.0, big
     assert sum(big.values()) / sum(small.values()) <= 2.5, (big, small)
 
