@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 import torch
@@ -70,7 +70,7 @@ from comlrl_lightning.algorithms.round_loop import (
     iterative_preference,
     round_groups,
 )
-from comlrl_lightning.comparator.config import ComparatorConfig, RoundsConfig
+from comlrl_lightning.comparator.config import ComparatorConfig, RLPhaseConfig, RoundsConfig
 from comlrl_lightning.core.config import (
     AdvantageConfig,
     LossConfig,
@@ -83,27 +83,6 @@ from comlrl_lightning.core.replay import ReplayConfig
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.critics import ActorCriticRolloutConfig, CriticConfig, CriticSpec
-
-
-@dataclass
-class RLPhaseConfig:
-    """The RL phase of each iterative-MARLHF round (CoMLRL ``MARLHFIterConfig``).
-
-    Raises:
-        ValueError: at construction, a bad value, naming the field, the value and what is allowed.
-    """
-
-    num_train_epochs: int = 2
-    """RL passes per round (>= 1; CoMLRL's name and iterative default, 2): the round's RL phase runs
-    ``num_train_epochs × trainer.num_training_batches`` training steps of ``rl_algorithm`` (a pass is
-    as many steps as an epoch has batches, ``limit_train_batches`` included; the batches are the next
-    ones the training dataloader gives)."""
-
-    def __post_init__(self) -> None:
-        n = self.num_train_epochs
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"num_train_epochs: got {n!r}, must be an integer >= 1")
-
 
 _ITER_REWARD = RewardModelConfig(reward_num_train_epochs=2)
 _ITER_PREFERENCE = IterativePreferenceConfig(pair_selection="comparator_reward")
