@@ -355,3 +355,72 @@ def test_rl_steps_per_round_are_passes_times_an_epochs_batches(monkeypatch):
     monkeypatch.setattr(pl.Trainer, "num_training_batches", float("inf"), raising=False)
     with pytest.raises(ValueError, match=r"rl_phase.num_train_epochs: the training dataloader has no length"):
         _ = model.rl_steps_per_round
+
+
+def _interrupted(trainer_factory, root, where, monkeypatch):
+    """A fit with ``InterruptCheckpoint`` whose SIGTERM lands inside a training step (``build``: after
+    a build batch's candidates were sampled and scored, before they are kept; ``reward``: in the
+    reward model's second epoch, after its first optimizer step), then the resumed fit."""
+    import signal
+
+    from comlrl_lightning.algorithms import joint_reward_model, round_loop
+    from comlrl_lightning.callbacks import InterruptCheckpoint
+
+    calls = {"build": 0, "epochs": 0, "losses": 0}
+    real_build, real_eval, real_loss = (
+        round_loop.build_candidates,
+        joint_reward_model.evaluate_pairs,
+        joint_reward_model.bradley_terry_loss,
+    )
+
+    def build(*args, **kw):
+        out = real_build(*args, **kw)
+        calls["build"] += 1
+        if where == "build" and calls["build"] == 2:  # round 0's second build batch
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    def evaluate(*args, **kw):  # once at each epoch's end (held-out pairs; one loss call)
+        calls["epochs"], calls["losses"] = calls["epochs"] + 1, 0
+        return real_eval(*args, **kw)
+
+    def loss(*args, **kw):
+        calls["losses"] += 1
+        if where == "reward" and calls["epochs"] == 1 and calls["losses"] == 3:  # a step into epoch 1
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_loss(*args, **kw)
+
+    patched = dict(evaluate_pairs=evaluate, bradley_terry_loss=loss)
+    monkeypatch.setattr(round_loop, "build_candidates", build)
+    for name, fn in patched.items():
+        monkeypatch.setattr(joint_reward_model, name, fn)
+    stop = InterruptCheckpoint(dirpath=str(root / "ckpt"))
+    with pytest.raises(SystemExit) as info:
+        _run(trainer_factory, root, callbacks=[stop])
+    assert info.value.code == 128 + signal.SIGTERM
+    monkeypatch.undo()
+    phase = torch.load(stop.ckpt_path, weights_only=False)["iterative"]["phase"]
+    assert phase == where
+    return _run(trainer_factory, root, ckpt_path=stop.ckpt_path)
+
+
+@pytest.mark.parametrize("where", ["build", "reward"])
+def test_sigterm_inside_a_build_or_reward_step_resumes_bit_exact(
+    trainer_factory, tmp_path, straight, where, monkeypatch
+):
+    # before the fix the abandoned step's half-done round state (the comparator's draws, the reward
+    # model's weights part-way through an epoch) went into the checkpoint with the step before's counters
+    reference, root = straight
+    resumed = _interrupted(trainer_factory, tmp_path, where, monkeypatch)
+    assert resumed.round == 2 and resumed.samples_generated == reference.samples_generated
+    for r in range(2):
+        name = f"preference_replay/round_{r}.jsonl"
+        assert read_pairs(tmp_path / name) == read_pairs(root / name), name
+    assert resumed.reward_info["history"] == reference.reward_info["history"]
+    for a, b in zip(
+        resumed.reward_models.state_dict().values(), reference.reward_models.state_dict().values()
+    ):
+        assert torch.equal(a, b)
+    for i in range(2):
+        for (name, a), b in zip(resumed.agents[i].named_parameters(), reference.agents[i].parameters()):
+            assert torch.equal(a, b), f"agent {i} {name}"

@@ -24,13 +24,13 @@ Each of ``rounds.num_rounds`` rounds (``docs/iterative.md``, "One round"), the s
 4. the comparator closes the round (``history`` saves the policy). The fit stops after the last round
    (leave ``max_steps=-1``).
 
-A round with no pair skips 2 and 3 (CoMLRL prints and goes on; here ``pairs/train`` is 0); with
-``reward_model`` scoring the last trained reward model then keeps scoring. Build and reward steps move
-no agent; each counts as ``num_agents`` skipped steps, so ``every_n_train_steps`` checkpoints fall in
-every phase. A checkpoint holds the round loop (``checkpoint["iterative"]``), the reward model's
-weights whenever they are trained and still needed (the reward and RL phases, and the build with
-``reward_model`` scoring) and ``checkpoint["marlhf_iter"]`` (the reward phase's pairs, epoch,
-optimizer and order generator); a resumed run continues bit-exact in any phase.
+A round with no pair skips 2 and 3 (``pairs/train`` is 0); with ``reward_model`` scoring the last
+trained model keeps scoring. Build and reward steps move no agent; each counts as ``num_agents``
+skipped steps, so ``every_n_train_steps`` checkpoints fall in every phase. A checkpoint holds the
+round loop (``checkpoint["iterative"]``), the reward model's weights while trained and needed and
+``checkpoint["marlhf_iter"]`` (the reward phase's pairs, epoch, optimizer, order generator), as they
+were at the step's start when written inside one (a SIGTERM under ``InterruptCheckpoint``); a resumed
+run continues bit-exact in any phase.
 
 Not supported: ``num_turns > 1`` (MARLHF's rule), ``pair_source`` (the pairs come from the rounds),
 several processes (refused in ``setup``, before any model loads).
@@ -38,6 +38,7 @@ several processes (refused in ``setup``, before any model loads).
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import shutil
@@ -183,6 +184,12 @@ class MARLHFIter(RoundLoop, MARLHF):
             self.reward_models[self._rm_index].eval().requires_grad_(False)
 
     def training_step(self, batch: list[Episode], batch_idx: int) -> StepOutput | None:
+        self.begin_step()  # a checkpoint written inside this step holds the state before it
+        out = self._round_step(batch, batch_idx)
+        self.end_step()
+        return out
+
+    def _round_step(self, batch: list[Episode], batch_idx: int) -> StepOutput | None:
         if self._round >= self.rounds.num_rounds:
             self.trainer.should_stop = True
             return None
@@ -294,11 +301,39 @@ class MARLHFIter(RoundLoop, MARLHF):
     # ------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """MARLHF's (the RL module's, the reward model's weights while they are needed), plus the
-        round loop's state and the reward phase's."""
-        super().on_save_checkpoint(checkpoint)
-        checkpoint["iterative"] = self.round_loop_state()
+        round loop's state and the reward phase's; inside a step, those the step started from (the
+        reward model's weights at its epoch's start; :meth:`RoundLoop.begin_step`)."""
+        start, live = self._step_start, self._reward_ready
+        self._reward_ready = live if start is None else start["reward_ready"]
+        try:
+            super().on_save_checkpoint(checkpoint)
+        finally:
+            self._reward_ready = live
+        own = self._marlhf_iter_state(deep=False) if start is None else start["marlhf_iter"]
+        checkpoint["iterative"], checkpoint["marlhf_iter"] = self.saved_round_loop_state(), own
+        if start is not None:
+            checkpoint["marlhf"]["reward_info"] = start["reward_info"]
+            prefix = f"reward_models.{self._rm_index}."
+            for name, value in (start["rm_weights"] or {}).items():
+                checkpoint["state_dict"][prefix + name] = value
+
+    def step_start_state(self) -> dict[str, Any]:
+        """The round loop's, the reward phase's (its optimizer state copied: the next epoch's optimizer
+        steps the same tensors) and, between reward epochs, the weights the next epoch starts from."""
+        weights = self._fit.model if self._fit is not None and self._fit.epoch > 0 else None
+        own = dict(marlhf_iter=self._marlhf_iter_state(deep=True), rm_weights=weights)
+        return {
+            **super().step_start_state(),
+            **own,
+            "reward_ready": self._reward_ready,
+            "reward_info": self.reward_info,
+        }
+
+    def _marlhf_iter_state(self, deep: bool) -> dict[str, Any]:
         fit = None if self._fit is None else {k: getattr(self._fit, k) for k in _FIT_SAVED}
-        checkpoint["marlhf_iter"] = {"rm_trained": self._rm_trained, "reward_fit": fit}
+        if deep and fit is not None:
+            fit["optimizer"] = copy.deepcopy(fit["optimizer"])
+        return {"rm_trained": self._rm_trained, "reward_fit": fit}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)

@@ -102,6 +102,8 @@ class RoundLoop:
         self._round_open = False
         self._last_counts: list[int] | None = None
         """``[pairs built, pairs trained on, pairs in every shard]`` of the last round built."""
+        self._step_start: dict[str, Any] | None = None
+        """:meth:`step_start_state` of the ``training_step`` in progress (None between steps)."""
 
     def _make_comparator(self, history_dir: str | None) -> Comparator:
         s = self.sampling_config
@@ -227,6 +229,25 @@ class RoundLoop:
         self.log_counts()
 
     # ------------------------------------------------------------------ checkpoint
+    def begin_step(self) -> None:
+        """Call first in ``training_step`` (and :meth:`end_step` when it returns): until then a
+        checkpoint holds the state the step started from (:meth:`step_start_state`), not the half-done
+        live one. ``InterruptCheckpoint`` abandons a step at a SIGTERM and saves the counters, loop and
+        RNG of the batch end before it; the round's state must be that batch end's too (else the
+        comparator's draws, the pairs' RNG or a reward-model epoch part-way through are saved)."""
+        self._step_start = self.step_start_state()
+
+    def end_step(self) -> None:
+        self._step_start = None
+
+    def step_start_state(self) -> dict[str, Any]:
+        """The checkpoint entries a step changes, as they are now (the module's own added by it)."""
+        return {"iterative": self.round_loop_state()}
+
+    def saved_round_loop_state(self) -> dict[str, Any]:
+        """``checkpoint["iterative"]``: the step start's while a step is in progress, else the live one."""
+        return self.round_loop_state() if self._step_start is None else self._step_start["iterative"]
+
     def round_loop_state(self) -> dict[str, Any]:
         """What ``checkpoint["iterative"]`` holds: the round, phase, position, sample count, the last
         round's counts, the pairs built so far, the ``random`` generator, the comparator's state and
