@@ -623,6 +623,39 @@ def test_marlhf_iter_refuses_bad_values_naming_the_field_before_any_model_loads(
         MARLHFIter(agents=["builtin:tiny-gpt2"] * 2, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "group,value,match",
+    [
+        (
+            "rl_phase",
+            dict(epochs=1),
+            r"rl_phase: unknown field\(s\) \['epochs'\]; allowed: \['num_train_epochs'\]",
+        ),
+        (
+            "rounds",
+            dict(num_iterations=3),
+            r"rounds: unknown field\(s\) \['num_iterations'\]; allowed: \['num_rounds'",
+        ),
+        (
+            "replay",
+            dict(mode="all"),
+            r"replay: unknown field\(s\) \['mode'\]; allowed: \['preference_replay_mode'",
+        ),
+        ("comparator", ["current"], r"comparator: got a list, give a ComparatorConfig or a mapping"),
+    ],
+)
+def test_iterative_groups_name_an_unknown_field_or_a_wrong_type(monkeypatch, group, value, match):
+    # before the fix a Python caller got a bare TypeError from the dataclass (no group, no allowed
+    # fields) or "replace() should be called on dataclass instances"
+    from comlrl_lightning import MADPOIter, MARLHFIter
+
+    no_model_loads(monkeypatch)
+    for cls in (MARLHFIter, MADPOIter) if group != "rl_phase" else (MARLHFIter,):
+        with pytest.raises(ValueError, match=match):
+            cls(agents=["builtin:tiny-gpt2"] * 2, **{group: value})
+    assert MARLHFIter(agents=["builtin:tiny-gpt2"] * 2, rl_phase=None).rl_phase.num_train_epochs == 2
+
+
 def test_marlhf_iter_bad_values_from_the_cli_fail_before_any_model_loads(monkeypatch, capsys):
     no_model_loads(monkeypatch)
     os.chdir(ROOT)

@@ -68,6 +68,7 @@ from comlrl_lightning.algorithms.marlhf import (
 from comlrl_lightning.algorithms.round_loop import (
     IterativePreferenceConfig,
     RoundLoop,
+    checked_group,
     iterative_preference,
     round_groups,
 )
@@ -145,7 +146,7 @@ class MARLHFIter(RoundLoop, MARLHF):
         env: DecPOMDP | None = None,
     ) -> None:
         groups = round_groups(rounds, comparator, replay, seed)
-        phase = RLPhaseConfig(**rl_phase) if isinstance(rl_phase, dict) else replace(rl_phase)
+        phase = checked_group(RLPhaseConfig, rl_phase, "rl_phase")
         rl = dict(rollout=rollout, advantage=advantage, loss=loss, sampling=sampling, placement=placement)
         super().__init__(
             agents,

@@ -18,7 +18,7 @@ import copy
 import math
 import os
 import random
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
 from comlrl_lightning.comparator.candidates import build_candidates
@@ -51,15 +51,36 @@ def iterative_preference(preference: Any) -> IterativePreferenceConfig:
     return IterativePreferenceConfig(**asdict(preference))
 
 
+def checked_group(cls: type, value: Any, name: str) -> Any:
+    """``value`` (None: the defaults, a mapping, or a ``cls``) as a checked copy of the dataclass ``cls``.
+
+    Raises:
+        ValueError: an unknown field (naming ``name``, the fields and the allowed ones), a value of
+            another type, or a bad value (``cls``'s own check, at construction).
+    """
+    if value is None:
+        return cls()
+    if isinstance(value, dict):
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(value) - set(allowed))
+        if unknown:
+            raise ValueError(f"{name}: unknown field(s) {unknown}; allowed: {allowed}")
+        return cls(**value)
+    if not isinstance(value, cls):
+        raise ValueError(f"{name}: got a {type(value).__name__}, give a {cls.__name__} or a mapping")
+    return replace(value)
+
+
 def round_groups(rounds: Any, comparator: Any, replay: Any, seed: Any) -> dict[str, Any]:
     """The ``rounds``, ``comparator`` and ``replay`` groups as checked copies (mappings or instances).
 
     Raises:
-        ValueError: a bad value of any group (naming the field, the value and what is allowed), or a
-            ``seed`` that is not an integer; before any model loads.
+        ValueError: a bad value or an unknown field of any group (naming the field, the value and what
+            is allowed; :func:`checked_group`), or a ``seed`` that is not an integer; before any model
+            loads.
     """
     given = dict(rounds=rounds, comparator=comparator, replay=replay)
-    groups = {k: _GROUPS[k](**c) if isinstance(c, dict) else replace(c) for k, c in given.items()}
+    groups = {k: checked_group(_GROUPS[k], c, k) for k, c in given.items()}
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed: got {seed!r}, must be an integer")
     return groups
