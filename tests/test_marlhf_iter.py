@@ -424,3 +424,32 @@ def test_sigterm_inside_a_build_or_reward_step_resumes_bit_exact(
     for i in range(2):
         for (name, a), b in zip(resumed.agents[i].named_parameters(), reference.agents[i].parameters()):
             assert torch.equal(a, b), f"agent {i} {name}"
+
+
+def test_reward_model_scoring_does_not_run_the_task_reward_probe_in_the_build(
+    trainer_factory, tmp_path, monkeypatch
+):
+    # before the fix the build scored with the RL phase's env, whose reward (log_task_reward) also ran
+    # the task reward on every candidate, current and comparator, for a number nobody logged
+    # (HumanEval: a sandboxed test run each)
+    from comlrl_lightning.envs import reward_model
+
+    phases, real = [], reward_model.GoldRewardProbe.__call__
+    rec = Record()
+
+    def probe(self, *args, **kw):
+        phases.append(rec.before[1])
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(reward_model.GoldRewardProbe, "__call__", probe)
+    pl.seed_everything(0)
+    model = _module(
+        rounds=dict(num_rounds=2, preference_scoring_reward="reward_model"),
+        reward_model=dict(reward_num_train_epochs=1, reward_train_batch_size=2, log_task_reward=True),
+    )
+    trainer = trainer_factory(max_steps=-1, max_epochs=100, callbacks=[rec], default_root_dir=tmp_path)
+    trainer.fit(model, _data())
+    assert model.round == 2 and M.MARLHF_TASK_REWARD in trainer.callback_metrics
+    built = [(r, p) for (r, p, _), _ in rec.steps if p == "build"]
+    assert (1, "build") in built  # round 1's build scored with round 0's reward model
+    assert set(phases) == {"rl"}  # the probe ran in the RL phases only

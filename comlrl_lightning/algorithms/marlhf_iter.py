@@ -227,10 +227,12 @@ class MARLHFIter(RoundLoop, MARLHF):
     # ------------------------------------------------------------------ the phases
     def _scoring_env(self) -> DecPOMDP:
         """The build's env: the task's, or (``reward_model`` scoring, once a round trained one) the
-        env whose reward is the last trained reward model."""
-        if self.rounds.preference_scoring_reward == "reward_model" and self._rm_trained:
-            return self.rollout_env(False)
-        return self.env
+        env whose reward is the last trained reward model alone (not the RL phase's
+        ``log_task_reward`` probe: its task reward would be computed for every candidate, unused)."""
+        env = self.env
+        if self.rounds.preference_scoring_reward != "reward_model" or not self._rm_trained:
+            return env
+        return DecPOMDP(env.formatters, self.joint_reward_model, env.transition_fn)
 
     def _start_reward_phase(self, train: list[Any]) -> None:
         self._position = 0
