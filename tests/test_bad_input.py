@@ -738,3 +738,32 @@ def test_marlhf_bad_values_from_the_cli_fail_before_any_model_loads(monkeypatch,
         main(["fit", *experiment("toy_marlhf.yaml"), "--model.init_args.rl_algorithm=ppo"])
     assert info.value.code == 2
     assert "ppo" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("limit", [dict(min_steps=40), dict(min_epochs=3)])
+@pytest.mark.parametrize("trainer_cls", ["MARLHFIter", "MADPOIter"])
+def test_iterative_trainers_refuse_a_minimum_length_before_any_model_loads(
+    monkeypatch, tmp_path, limit, trainer_cls
+):
+    # before the fix the finished round loop kept taking batches that step nothing until the minimum
+    # (min_steps never reached: global_step stays; with max_epochs=-1 the fit never ended)
+    import lightning.pytorch as pl
+
+    import comlrl_lightning
+    from comlrl_lightning.datamodules import LengthRatioDataModule
+
+    no_model_loads(monkeypatch)
+    model = getattr(comlrl_lightning, trainer_cls)(agents=["builtin:tiny-gpt2"] * 2)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        max_epochs=-1,
+        default_root_dir=tmp_path,
+        **limit,
+    )
+    name, value = next(iter(limit.items()))
+    with pytest.raises(
+        ValueError, match=rf"trainer.{name}: got {value}; {trainer_cls}\w* ends the fit after its last round"
+    ):
+        trainer.fit(model, LengthRatioDataModule(num_train=4, num_val=2, batch_size=2))

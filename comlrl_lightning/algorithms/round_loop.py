@@ -150,8 +150,18 @@ class RoundLoop:
 
         Raises:
             ValueError: ``trainer.world_size > 1`` (a round's pairs, replay shards and history folders
-                are written by one process); called from ``setup``, before any model loads.
+                are written by one process), or ``trainer.min_steps`` / ``min_epochs`` set (the module
+                ends the fit after the last round; Lightning ignores that stop until the minimum, and
+                a finished round loop steps nothing: with ``max_epochs=-1`` a ``min_steps`` run never
+                ends); called from ``setup``, before any model loads.
         """
+        for name in ("min_steps", "min_epochs"):
+            value = getattr(self.trainer, name)
+            if value not in (None, 0, -1):
+                raise ValueError(
+                    f"trainer.{name}: got {value!r}; {type(self).__name__} ends the fit after its last "
+                    "round (rounds.num_rounds), so leave it unset"
+                )
         if self.trainer.world_size > 1:
             raise ValueError(
                 f"{type(self).__name__}: {self.trainer.world_size} processes; a round's pairs, replay "
