@@ -268,10 +268,16 @@ def test_resume_in_every_phase_is_bit_exact(trainer_factory, tmp_path, straight,
     assert any(k.startswith("reward_models.") for k in saved["state_dict"]) == keeps_rm
     assert (saved["marlhf_iter"]["reward_fit"] is not None) == (state["phase"] == "reward")
     resumed = _run(trainer_factory, tmp_path, ckpt_path=str(tmp_path / "ckpt" / ckpt))
+    assert_same_run(resumed, tmp_path, reference, root)
+
+
+def assert_same_run(resumed, resumed_root, reference, root):
+    """The resumed fit ended where the straight one did: rounds, samples, every round's pairs, the
+    reward model's history and weights, the replay's generator and every agent's weights."""
     assert resumed.round == reference.round == 2 and resumed.samples_generated == reference.samples_generated
     for r in range(2):
         name = f"preference_replay/round_{r}.jsonl"
-        assert read_pairs(tmp_path / name) == read_pairs(root / name)
+        assert read_pairs(resumed_root / name) == read_pairs(root / name), name
     assert resumed.reward_info["history"] == reference.reward_info["history"]
     assert resumed.replay.rng.getstate() == reference.replay.rng.getstate()
     for a, b in zip(
@@ -411,19 +417,7 @@ def test_sigterm_inside_a_build_or_reward_step_resumes_bit_exact(
     # before the fix the abandoned step's half-done round state (the comparator's draws, the reward
     # model's weights part-way through an epoch) went into the checkpoint with the step before's counters
     reference, root = straight
-    resumed = _interrupted(trainer_factory, tmp_path, where, monkeypatch)
-    assert resumed.round == 2 and resumed.samples_generated == reference.samples_generated
-    for r in range(2):
-        name = f"preference_replay/round_{r}.jsonl"
-        assert read_pairs(tmp_path / name) == read_pairs(root / name), name
-    assert resumed.reward_info["history"] == reference.reward_info["history"]
-    for a, b in zip(
-        resumed.reward_models.state_dict().values(), reference.reward_models.state_dict().values()
-    ):
-        assert torch.equal(a, b)
-    for i in range(2):
-        for (name, a), b in zip(resumed.agents[i].named_parameters(), reference.agents[i].parameters()):
-            assert torch.equal(a, b), f"agent {i} {name}"
+    assert_same_run(_interrupted(trainer_factory, tmp_path, where, monkeypatch), tmp_path, reference, root)
 
 
 def test_reward_model_scoring_does_not_run_the_task_reward_probe_in_the_build(
