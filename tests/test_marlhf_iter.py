@@ -447,3 +447,22 @@ def test_reward_model_scoring_does_not_run_the_task_reward_probe_in_the_build(
     built = [(r, p) for (r, p, _), _ in rec.steps if p == "build"]
     assert (1, "build") in built  # round 1's build scored with round 0's reward model
     assert set(phases) == {"rl"}  # the probe ran in the RL phases only
+
+
+@pytest.mark.parametrize("limit", [dict(max_steps=6), dict(max_epochs=2), None])
+def test_a_trainer_limit_that_ends_the_fit_before_the_last_round_is_warned(trainer_factory, tmp_path, limit):
+    # before the fix the fit ended mid-round without a word (here: round 0's reward or RL phase)
+    import warnings
+
+    pl.seed_everything(0)
+    model = _module(rounds=dict(num_rounds=1))
+    args = {"max_steps": -1, "max_epochs": 100, "default_root_dir": tmp_path, **(limit or {})}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer_factory(**args).fit(model, _data())
+    said = [str(w.message) for w in seen if "before the last round" in str(w.message)]
+    if limit is None:
+        assert model.round == 1 and not said
+    else:
+        assert model.round == 0 and len(said) == 1
+        assert said[0].startswith("MARLHFIterMAGRPO: the fit ended in round 0 of rounds.num_rounds=1 (phase ")

@@ -178,6 +178,10 @@ class MADPOIter(RoundLoop, MADPO):
             return None
         return self._train_step()
 
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        self.warn_if_unfinished()  # a trainer limit ended the fit before the last round
+
     def _finish_build(self) -> None:
         """The round's shard, the replay's pick, and the switch to training (or the next round)."""
         train = self.finish_build()

@@ -224,6 +224,10 @@ class MARLHFIter(RoundLoop, MARLHF):
             )
         return self.rl_phase.num_train_epochs * max(int(batches), 1)
 
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        self.warn_if_unfinished()  # a trainer limit ended the fit before the last round
+
     # ------------------------------------------------------------------ the phases
     def _scoring_env(self) -> DecPOMDP:
         """The build's env: the task's, or (``reward_model`` scoring, once a round trained one) the

@@ -21,6 +21,8 @@ import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
+from lightning.pytorch.utilities import rank_zero_warn
+
 from comlrl_lightning.comparator.candidates import build_candidates
 from comlrl_lightning.comparator.config import ComparatorConfig, RoundsConfig
 from comlrl_lightning.comparator.policies import Comparator, build_comparator
@@ -242,6 +244,17 @@ class RoundLoop:
         self._round, self._phase, self._position = self._round + 1, "build", 0
         if self._round >= self.rounds.num_rounds:
             self.trainer.should_stop = True
+
+    def warn_if_unfinished(self) -> None:
+        """Warn (from the module's ``on_train_end``) when the fit ended before the last round: a
+        trainer limit (``max_steps``, ``max_epochs``, ``max_time``) stopped it, not the round loop."""
+        if self._round < self.rounds.num_rounds:
+            rank_zero_warn(
+                f"{type(self).__name__}: the fit ended in round {self._round} of rounds.num_rounds="
+                f"{self.rounds.num_rounds} (phase {self._phase!r}, position {self._position}): a trainer "
+                "limit (max_steps, max_epochs or max_time) stopped it before the last round; resume with "
+                "fit --ckpt_path <a checkpoint of this run> and a larger limit (or max_steps: -1)"
+            )
 
     def log_counts(self) -> None:
         """``pairs/*`` of the last round built, at every step from its end on (so that no
