@@ -164,8 +164,10 @@ class MADPOIter(RoundLoop, MADPO):
     # ------------------------------------------------------------------ the round's steps
     def training_step(self, batch: list[Episode], batch_idx: int) -> StepOutput | None:
         self.begin_step()  # a checkpoint written inside this step holds the state before it
+        self._pass_start = self.pass_position()  # MADPO's pass position, likewise
         out = self._round_step()
         self.end_step()
+        self._pass_start = None
         return out
 
     def _round_step(self) -> StepOutput | None:
@@ -217,13 +219,6 @@ class MADPOIter(RoundLoop, MADPO):
         """MADPO's (RNG, finite weights, the round's training pairs), plus the round loop's state."""
         super().on_save_checkpoint(checkpoint)
         checkpoint["iterative"] = self.saved_round_loop_state()
-        if self._step_start is not None and "preference_pairs" in checkpoint:  # the pass's position too
-            checkpoint["preference_pairs"].update(self._step_start["pass"])
-
-    def step_start_state(self) -> dict[str, Any]:
-        """The round loop's, and the training pass's position (``order``, ``epoch``, ``cursor``)."""
-        position = {"order": list(self._order), "epoch": self._epoch, "cursor": self._cursor}
-        return {**super().step_start_state(), "pass": position}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
