@@ -623,6 +623,39 @@ def test_marlhf_iter_refuses_bad_values_naming_the_field_before_any_model_loads(
         MARLHFIter(agents=["builtin:tiny-gpt2"] * 2, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "group,value,match",
+    [
+        (
+            "rl_phase",
+            dict(epochs=1),
+            r"rl_phase: unknown field\(s\) \['epochs'\]; allowed: \['num_train_epochs'\]",
+        ),
+        (
+            "rounds",
+            dict(num_iterations=3),
+            r"rounds: unknown field\(s\) \['num_iterations'\]; allowed: \['num_rounds'",
+        ),
+        (
+            "replay",
+            dict(mode="all"),
+            r"replay: unknown field\(s\) \['mode'\]; allowed: \['preference_replay_mode'",
+        ),
+        ("comparator", ["current"], r"comparator: got a list, give a ComparatorConfig or a mapping"),
+    ],
+)
+def test_iterative_groups_name_an_unknown_field_or_a_wrong_type(monkeypatch, group, value, match):
+    # before the fix a Python caller got a bare TypeError from the dataclass (no group, no allowed
+    # fields) or "replace() should be called on dataclass instances"
+    from comlrl_lightning import MADPOIter, MARLHFIter
+
+    no_model_loads(monkeypatch)
+    for cls in (MARLHFIter, MADPOIter) if group != "rl_phase" else (MARLHFIter,):
+        with pytest.raises(ValueError, match=match):
+            cls(agents=["builtin:tiny-gpt2"] * 2, **{group: value})
+    assert MARLHFIter(agents=["builtin:tiny-gpt2"] * 2, rl_phase=None).rl_phase.num_train_epochs == 2
+
+
 def test_marlhf_iter_bad_values_from_the_cli_fail_before_any_model_loads(monkeypatch, capsys):
     no_model_loads(monkeypatch)
     os.chdir(ROOT)
@@ -705,3 +738,32 @@ def test_marlhf_bad_values_from_the_cli_fail_before_any_model_loads(monkeypatch,
         main(["fit", *experiment("toy_marlhf.yaml"), "--model.init_args.rl_algorithm=ppo"])
     assert info.value.code == 2
     assert "ppo" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("limit", [dict(min_steps=40), dict(min_epochs=3)])
+@pytest.mark.parametrize("trainer_cls", ["MARLHFIter", "MADPOIter"])
+def test_iterative_trainers_refuse_a_minimum_length_before_any_model_loads(
+    monkeypatch, tmp_path, limit, trainer_cls
+):
+    # before the fix the finished round loop kept taking batches that step nothing until the minimum
+    # (min_steps never reached: global_step stays; with max_epochs=-1 the fit never ended)
+    import lightning.pytorch as pl
+
+    import comlrl_lightning
+    from comlrl_lightning.datamodules import LengthRatioDataModule
+
+    no_model_loads(monkeypatch)
+    model = getattr(comlrl_lightning, trainer_cls)(agents=["builtin:tiny-gpt2"] * 2)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        max_epochs=-1,
+        default_root_dir=tmp_path,
+        **limit,
+    )
+    name, value = next(iter(limit.items()))
+    with pytest.raises(
+        ValueError, match=rf"trainer.{name}: got {value}; {trainer_cls}\w* ends the fit after its last round"
+    ):
+        trainer.fit(model, LengthRatioDataModule(num_train=4, num_val=2, batch_size=2))

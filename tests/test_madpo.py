@@ -218,3 +218,33 @@ def test_a_non_finite_dpo_loss_skips_the_step_instead_of_stepping_on_a_constant(
     assert trainer.global_step == 2 and model.skipped_steps == [1, 1]
     for b, agent in zip(before, model.agents):
         assert all(torch.equal(x, p) for x, p in zip(b, agent.parameters()))
+
+
+def test_sigterm_inside_a_one_shot_update_resumes_bit_exact(trainer_factory, tmp_path, monkeypatch):
+    # InterruptCheckpoint abandons the step a SIGTERM lands in; before the fix the checkpoint held the
+    # pass cursor already moved past that step's pairs, so the resumed run never trained on them
+    import signal
+
+    from comlrl_lightning.callbacks import InterruptCheckpoint
+
+    calls, real = [], MADPO.update_agents
+
+    def update(self, tokens):  # the second update: its pairs drawn, no forward yet
+        calls.append(len(tokens))
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, tokens)
+
+    monkeypatch.setattr(MADPO, "update_agents", update)
+    stop = InterruptCheckpoint(dirpath=str(tmp_path / "ckpt"))
+    with pytest.raises(SystemExit) as info:
+        run(trainer_factory, "one_shot", callbacks=[stop], default_root_dir=tmp_path)
+    assert info.value.code == 128 + signal.SIGTERM
+    monkeypatch.undo()
+    saved = torch.load(stop.ckpt_path, weights_only=False)["preference_pairs"]
+    assert saved["cursor"] == calls[0] and saved["epoch"] == 0  # after the first update only
+    resumed = run(trainer_factory, "one_shot", ckpt_path=stop.ckpt_path, default_root_dir=tmp_path)
+    straight = run(trainer_factory, "one_shot", default_root_dir=tmp_path / "straight")
+    for i in range(2):
+        for (name, a), b in zip(resumed.agents[i].named_parameters(), straight.agents[i].parameters()):
+            assert torch.equal(a, b), f"agent {i} {name}"

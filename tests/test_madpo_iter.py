@@ -329,3 +329,50 @@ def test_every_team_comparator_runs_a_round_in_a_fit(trainer_factory, tmp_path, 
         assert failures == TRAIN * K
     else:
         assert failures == 0
+
+
+@pytest.mark.parametrize("where", ["build", "train"])
+def test_sigterm_inside_a_build_or_training_step_resumes_bit_exact(
+    trainer_factory, tmp_path, straight, where, monkeypatch
+):
+    # InterruptCheckpoint abandons the step a SIGTERM lands in and saves the batch end before it;
+    # before the fix the checkpoint held the abandoned step's round state (the comparator's draws
+    # made, the training pass's cursor moved past pairs never trained on)
+    import signal
+
+    from comlrl_lightning.algorithms import round_loop
+    from comlrl_lightning.callbacks import InterruptCheckpoint
+
+    reference, root = straight
+    calls = {"build": 0, "train": 0}
+    real_build, real_update = round_loop.build_candidates, MADPOIter.update_agents
+
+    def build(*args, **kw):  # round 0's second build batch, sampled and scored
+        out = real_build(*args, **kw)
+        calls["build"] += 1
+        if where == "build" and calls["build"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    def update(self, tokens):  # round 0's second update, its pairs drawn, before any forward
+        calls["train"] += 1
+        if where == "train" and calls["train"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_update(self, tokens)
+
+    monkeypatch.setattr(round_loop, "build_candidates", build)
+    monkeypatch.setattr(MADPOIter, "update_agents", update)
+    stop = InterruptCheckpoint(dirpath=str(tmp_path / "ckpt"))
+    with pytest.raises(SystemExit) as info:
+        _run(trainer_factory, tmp_path, callbacks=[stop])
+    assert info.value.code == 128 + signal.SIGTERM
+    monkeypatch.undo()
+    assert torch.load(stop.ckpt_path, weights_only=False)["iterative"]["phase"] == where
+    resumed = _run(trainer_factory, tmp_path, ckpt_path=stop.ckpt_path)
+    assert resumed.round == 2 and resumed._samples == reference._samples
+    for r in range(2):
+        name = f"preference_replay/round_{r}.jsonl"
+        assert read_pairs(tmp_path / name) == read_pairs(root / name), name
+    for i in range(2):
+        for (name, a), b in zip(resumed.agents[i].named_parameters(), reference.agents[i].parameters()):
+            assert torch.equal(a, b), f"agent {i} {name}"

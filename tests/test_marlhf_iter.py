@@ -268,10 +268,16 @@ def test_resume_in_every_phase_is_bit_exact(trainer_factory, tmp_path, straight,
     assert any(k.startswith("reward_models.") for k in saved["state_dict"]) == keeps_rm
     assert (saved["marlhf_iter"]["reward_fit"] is not None) == (state["phase"] == "reward")
     resumed = _run(trainer_factory, tmp_path, ckpt_path=str(tmp_path / "ckpt" / ckpt))
+    assert_same_run(resumed, tmp_path, reference, root)
+
+
+def assert_same_run(resumed, resumed_root, reference, root):
+    """The resumed fit ended where the straight one did: rounds, samples, every round's pairs, the
+    reward model's history and weights, the replay's generator and every agent's weights."""
     assert resumed.round == reference.round == 2 and resumed.samples_generated == reference.samples_generated
     for r in range(2):
         name = f"preference_replay/round_{r}.jsonl"
-        assert read_pairs(tmp_path / name) == read_pairs(root / name)
+        assert read_pairs(resumed_root / name) == read_pairs(root / name), name
     assert resumed.reward_info["history"] == reference.reward_info["history"]
     assert resumed.replay.rng.getstate() == reference.replay.rng.getstate()
     for a, b in zip(
@@ -355,3 +361,108 @@ def test_rl_steps_per_round_are_passes_times_an_epochs_batches(monkeypatch):
     monkeypatch.setattr(pl.Trainer, "num_training_batches", float("inf"), raising=False)
     with pytest.raises(ValueError, match=r"rl_phase.num_train_epochs: the training dataloader has no length"):
         _ = model.rl_steps_per_round
+
+
+def _interrupted(trainer_factory, root, where, monkeypatch):
+    """A fit with ``InterruptCheckpoint`` whose SIGTERM lands inside a training step (``build``: after
+    a build batch's candidates were sampled and scored, before they are kept; ``reward``: in the
+    reward model's second epoch, after its first optimizer step), then the resumed fit."""
+    import signal
+
+    from comlrl_lightning.algorithms import joint_reward_model, round_loop
+    from comlrl_lightning.callbacks import InterruptCheckpoint
+
+    calls = {"build": 0, "epochs": 0, "losses": 0}
+    real_build, real_eval, real_loss = (
+        round_loop.build_candidates,
+        joint_reward_model.evaluate_pairs,
+        joint_reward_model.bradley_terry_loss,
+    )
+
+    def build(*args, **kw):
+        out = real_build(*args, **kw)
+        calls["build"] += 1
+        if where == "build" and calls["build"] == 2:  # round 0's second build batch
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    def evaluate(*args, **kw):  # once at each epoch's end (held-out pairs; one loss call)
+        calls["epochs"], calls["losses"] = calls["epochs"] + 1, 0
+        return real_eval(*args, **kw)
+
+    def loss(*args, **kw):
+        calls["losses"] += 1
+        if where == "reward" and calls["epochs"] == 1 and calls["losses"] == 3:  # a step into epoch 1
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_loss(*args, **kw)
+
+    patched = dict(evaluate_pairs=evaluate, bradley_terry_loss=loss)
+    monkeypatch.setattr(round_loop, "build_candidates", build)
+    for name, fn in patched.items():
+        monkeypatch.setattr(joint_reward_model, name, fn)
+    stop = InterruptCheckpoint(dirpath=str(root / "ckpt"))
+    with pytest.raises(SystemExit) as info:
+        _run(trainer_factory, root, callbacks=[stop])
+    assert info.value.code == 128 + signal.SIGTERM
+    monkeypatch.undo()
+    phase = torch.load(stop.ckpt_path, weights_only=False)["iterative"]["phase"]
+    assert phase == where
+    return _run(trainer_factory, root, ckpt_path=stop.ckpt_path)
+
+
+@pytest.mark.parametrize("where", ["build", "reward"])
+def test_sigterm_inside_a_build_or_reward_step_resumes_bit_exact(
+    trainer_factory, tmp_path, straight, where, monkeypatch
+):
+    # before the fix the abandoned step's half-done round state (the comparator's draws, the reward
+    # model's weights part-way through an epoch) went into the checkpoint with the step before's counters
+    reference, root = straight
+    assert_same_run(_interrupted(trainer_factory, tmp_path, where, monkeypatch), tmp_path, reference, root)
+
+
+def test_reward_model_scoring_does_not_run_the_task_reward_probe_in_the_build(
+    trainer_factory, tmp_path, monkeypatch
+):
+    # before the fix the build scored with the RL phase's env, whose reward (log_task_reward) also ran
+    # the task reward on every candidate, current and comparator, for a number nobody logged
+    # (HumanEval: a sandboxed test run each)
+    from comlrl_lightning.envs import reward_model
+
+    phases, real = [], reward_model.GoldRewardProbe.__call__
+    rec = Record()
+
+    def probe(self, *args, **kw):
+        phases.append(rec.before[1])
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(reward_model.GoldRewardProbe, "__call__", probe)
+    pl.seed_everything(0)
+    model = _module(
+        rounds=dict(num_rounds=2, preference_scoring_reward="reward_model"),
+        reward_model=dict(reward_num_train_epochs=1, reward_train_batch_size=2, log_task_reward=True),
+    )
+    trainer = trainer_factory(max_steps=-1, max_epochs=100, callbacks=[rec], default_root_dir=tmp_path)
+    trainer.fit(model, _data())
+    assert model.round == 2 and M.MARLHF_TASK_REWARD in trainer.callback_metrics
+    built = [(r, p) for (r, p, _), _ in rec.steps if p == "build"]
+    assert (1, "build") in built  # round 1's build scored with round 0's reward model
+    assert set(phases) == {"rl"}  # the probe ran in the RL phases only
+
+
+@pytest.mark.parametrize("limit", [dict(max_steps=6), dict(max_epochs=2), None])
+def test_a_trainer_limit_that_ends_the_fit_before_the_last_round_is_warned(trainer_factory, tmp_path, limit):
+    # before the fix the fit ended mid-round without a word (here: round 0's reward or RL phase)
+    import warnings
+
+    pl.seed_everything(0)
+    model = _module(rounds=dict(num_rounds=1))
+    args = {"max_steps": -1, "max_epochs": 100, "default_root_dir": tmp_path, **(limit or {})}
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer_factory(**args).fit(model, _data())
+    said = [str(w.message) for w in seen if "before the last round" in str(w.message)]
+    if limit is None:
+        assert model.round == 1 and not said
+    else:
+        assert model.round == 0 and len(said) == 1
+        assert said[0].startswith("MARLHFIterMAGRPO: the fit ended in round 0 of rounds.num_rounds=1 (phase ")

@@ -137,6 +137,9 @@ class MADPO(CoMLRLModule):
         """``[P][N]`` the token ids of :attr:`pairs`."""
         self._order: list[int] = []
         self._epoch = self._cursor = 0
+        self._pass_start: dict[str, Any] | None = None
+        """The pass position (order, epoch, cursor) as a ``training_step`` in progress found it: a
+        checkpoint written inside the step (``InterruptCheckpoint`` abandoning it) saves this one."""
 
     @property
     def uses_reference_model(self) -> bool:
@@ -163,6 +166,15 @@ class MADPO(CoMLRLModule):
 
     # ------------------------------------------------------------------ the step
     def training_step(self, batch: list[Episode], batch_idx: int) -> StepOutput | None:
+        out = self._step(batch)
+        self._pass_start = None  # the step is done: a checkpoint saves the live position
+        return out
+
+    def pass_position(self) -> dict[str, Any]:
+        """``{"order", "epoch", "cursor"}`` of the one-shot pair set's passes (a copy)."""
+        return {"order": list(self._order), "epoch": self._epoch, "cursor": self._cursor}
+
+    def _step(self, batch: list[Episode]) -> StepOutput | None:
         t0 = time.perf_counter()
         if self.dpo.preference_mode == "online":
             built = self._build(batch)
@@ -174,6 +186,7 @@ class MADPO(CoMLRLModule):
         else:
             if self.pairs is None:
                 self._build_one_shot()
+            self._pass_start = self.pass_position()  # what a checkpoint inside this step saves
             chosen = self._next_pairs()
             if chosen is None:  # every pass done (or no pair at all): nothing left to train
                 self.trainer.should_stop = True
@@ -322,9 +335,7 @@ class MADPO(CoMLRLModule):
             checkpoint["preference_pairs"] = {
                 "pairs": [p.to_json() for p in self.pairs],
                 "tokens": [[t.to_state() for t in row] for row in self.pair_tokens],
-                "order": list(self._order),
-                "epoch": self._epoch,
-                "cursor": self._cursor,
+                **(self._pass_start or self.pass_position()),
             }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -163,6 +163,14 @@ class MADPOIter(RoundLoop, MADPO):
 
     # ------------------------------------------------------------------ the round's steps
     def training_step(self, batch: list[Episode], batch_idx: int) -> StepOutput | None:
+        self.begin_step()  # a checkpoint written inside this step holds the state before it
+        self._pass_start = self.pass_position()  # MADPO's pass position, likewise
+        out = self._round_step()
+        self.end_step()
+        self._pass_start = None
+        return out
+
+    def _round_step(self) -> StepOutput | None:
         if self._round >= self.rounds.num_rounds:
             self.trainer.should_stop = True
             return None
@@ -171,6 +179,10 @@ class MADPOIter(RoundLoop, MADPO):
                 self._finish_build()
             return None
         return self._train_step()
+
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        self.warn_if_unfinished()  # a trainer limit ended the fit before the last round
 
     def _finish_build(self) -> None:
         """The round's shard, the replay's pick, and the switch to training (or the next round)."""
@@ -206,7 +218,7 @@ class MADPOIter(RoundLoop, MADPO):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """MADPO's (RNG, finite weights, the round's training pairs), plus the round loop's state."""
         super().on_save_checkpoint(checkpoint)
-        checkpoint["iterative"] = self.round_loop_state()
+        checkpoint["iterative"] = self.saved_round_loop_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)

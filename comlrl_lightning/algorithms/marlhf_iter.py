@@ -24,13 +24,13 @@ Each of ``rounds.num_rounds`` rounds (``docs/iterative.md``, "One round"), the s
 4. the comparator closes the round (``history`` saves the policy). The fit stops after the last round
    (leave ``max_steps=-1``).
 
-A round with no pair skips 2 and 3 (CoMLRL prints and goes on; here ``pairs/train`` is 0); with
-``reward_model`` scoring the last trained reward model then keeps scoring. Build and reward steps move
-no agent; each counts as ``num_agents`` skipped steps, so ``every_n_train_steps`` checkpoints fall in
-every phase. A checkpoint holds the round loop (``checkpoint["iterative"]``), the reward model's
-weights whenever they are trained and still needed (the reward and RL phases, and the build with
-``reward_model`` scoring) and ``checkpoint["marlhf_iter"]`` (the reward phase's pairs, epoch,
-optimizer and order generator); a resumed run continues bit-exact in any phase.
+A round with no pair skips 2 and 3 (``pairs/train`` is 0); with ``reward_model`` scoring the last
+trained model keeps scoring. Build and reward steps move no agent; each counts as ``num_agents``
+skipped steps, so ``every_n_train_steps`` checkpoints fall in every phase. A checkpoint holds the
+round loop (``checkpoint["iterative"]``), the reward model's weights while trained and needed and
+``checkpoint["marlhf_iter"]`` (the reward phase's pairs, epoch, optimizer, order generator), as they
+were at the step's start when written inside one (a SIGTERM under ``InterruptCheckpoint``); a resumed
+run continues bit-exact in any phase.
 
 Not supported: ``num_turns > 1`` (MARLHF's rule), ``pair_source`` (the pairs come from the rounds),
 several processes (refused in ``setup``, before any model loads).
@@ -38,10 +38,11 @@ several processes (refused in ``setup``, before any model loads).
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import shutil
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 import torch
@@ -67,10 +68,11 @@ from comlrl_lightning.algorithms.marlhf import (
 from comlrl_lightning.algorithms.round_loop import (
     IterativePreferenceConfig,
     RoundLoop,
+    checked_group,
     iterative_preference,
     round_groups,
 )
-from comlrl_lightning.comparator.config import ComparatorConfig, RoundsConfig
+from comlrl_lightning.comparator.config import ComparatorConfig, RLPhaseConfig, RoundsConfig
 from comlrl_lightning.core.config import (
     AdvantageConfig,
     LossConfig,
@@ -83,27 +85,6 @@ from comlrl_lightning.core.replay import ReplayConfig
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.critics import ActorCriticRolloutConfig, CriticConfig, CriticSpec
-
-
-@dataclass
-class RLPhaseConfig:
-    """The RL phase of each iterative-MARLHF round (CoMLRL ``MARLHFIterConfig``).
-
-    Raises:
-        ValueError: at construction, a bad value, naming the field, the value and what is allowed.
-    """
-
-    num_train_epochs: int = 2
-    """RL passes per round (>= 1; CoMLRL's name and iterative default, 2): the round's RL phase runs
-    ``num_train_epochs × trainer.num_training_batches`` training steps of ``rl_algorithm`` (a pass is
-    as many steps as an epoch has batches, ``limit_train_batches`` included; the batches are the next
-    ones the training dataloader gives)."""
-
-    def __post_init__(self) -> None:
-        n = self.num_train_epochs
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"num_train_epochs: got {n!r}, must be an integer >= 1")
-
 
 _ITER_REWARD = RewardModelConfig(reward_num_train_epochs=2)
 _ITER_PREFERENCE = IterativePreferenceConfig(pair_selection="comparator_reward")
@@ -165,7 +146,7 @@ class MARLHFIter(RoundLoop, MARLHF):
         env: DecPOMDP | None = None,
     ) -> None:
         groups = round_groups(rounds, comparator, replay, seed)
-        phase = RLPhaseConfig(**rl_phase) if isinstance(rl_phase, dict) else replace(rl_phase)
+        phase = checked_group(RLPhaseConfig, rl_phase, "rl_phase")
         rl = dict(rollout=rollout, advantage=advantage, loss=loss, sampling=sampling, placement=placement)
         super().__init__(
             agents,
@@ -204,6 +185,12 @@ class MARLHFIter(RoundLoop, MARLHF):
             self.reward_models[self._rm_index].eval().requires_grad_(False)
 
     def training_step(self, batch: list[Episode], batch_idx: int) -> StepOutput | None:
+        self.begin_step()  # a checkpoint written inside this step holds the state before it
+        out = self._round_step(batch, batch_idx)
+        self.end_step()
+        return out
+
+    def _round_step(self, batch: list[Episode], batch_idx: int) -> StepOutput | None:
         if self._round >= self.rounds.num_rounds:
             self.trainer.should_stop = True
             return None
@@ -237,13 +224,19 @@ class MARLHFIter(RoundLoop, MARLHF):
             )
         return self.rl_phase.num_train_epochs * max(int(batches), 1)
 
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        self.warn_if_unfinished()  # a trainer limit ended the fit before the last round
+
     # ------------------------------------------------------------------ the phases
     def _scoring_env(self) -> DecPOMDP:
         """The build's env: the task's, or (``reward_model`` scoring, once a round trained one) the
-        env whose reward is the last trained reward model."""
-        if self.rounds.preference_scoring_reward == "reward_model" and self._rm_trained:
-            return self.rollout_env(False)
-        return self.env
+        env whose reward is the last trained reward model alone (not the RL phase's
+        ``log_task_reward`` probe: its task reward would be computed for every candidate, unused)."""
+        env = self.env
+        if self.rounds.preference_scoring_reward != "reward_model" or not self._rm_trained:
+            return env
+        return DecPOMDP(env.formatters, self.joint_reward_model, env.transition_fn)
 
     def _start_reward_phase(self, train: list[Any]) -> None:
         self._position = 0
@@ -315,11 +308,39 @@ class MARLHFIter(RoundLoop, MARLHF):
     # ------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """MARLHF's (the RL module's, the reward model's weights while they are needed), plus the
-        round loop's state and the reward phase's."""
-        super().on_save_checkpoint(checkpoint)
-        checkpoint["iterative"] = self.round_loop_state()
+        round loop's state and the reward phase's; inside a step, those the step started from (the
+        reward model's weights at its epoch's start; :meth:`RoundLoop.begin_step`)."""
+        start, live = self._step_start, self._reward_ready
+        self._reward_ready = live if start is None else start["reward_ready"]
+        try:
+            super().on_save_checkpoint(checkpoint)
+        finally:
+            self._reward_ready = live
+        own = self._marlhf_iter_state(deep=False) if start is None else start["marlhf_iter"]
+        checkpoint["iterative"], checkpoint["marlhf_iter"] = self.saved_round_loop_state(), own
+        if start is not None:
+            checkpoint["marlhf"]["reward_info"] = start["reward_info"]
+            prefix = f"reward_models.{self._rm_index}."
+            for name, value in (start["rm_weights"] or {}).items():
+                checkpoint["state_dict"][prefix + name] = value
+
+    def step_start_state(self) -> dict[str, Any]:
+        """The round loop's, the reward phase's (its optimizer state copied: the next epoch's optimizer
+        steps the same tensors) and, between reward epochs, the weights the next epoch starts from."""
+        weights = self._fit.model if self._fit is not None and self._fit.epoch > 0 else None
+        own = dict(marlhf_iter=self._marlhf_iter_state(deep=True), rm_weights=weights)
+        return {
+            **super().step_start_state(),
+            **own,
+            "reward_ready": self._reward_ready,
+            "reward_info": self.reward_info,
+        }
+
+    def _marlhf_iter_state(self, deep: bool) -> dict[str, Any]:
         fit = None if self._fit is None else {k: getattr(self._fit, k) for k in _FIT_SAVED}
-        checkpoint["marlhf_iter"] = {"rm_trained": self._rm_trained, "reward_fit": fit}
+        if deep and fit is not None:
+            fit["optimizer"] = copy.deepcopy(fit["optimizer"])
+        return {"rm_trained": self._rm_trained, "reward_fit": fit}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)

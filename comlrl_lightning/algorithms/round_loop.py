@@ -18,8 +18,10 @@ import copy
 import math
 import os
 import random
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
+
+from lightning.pytorch.utilities import rank_zero_warn
 
 from comlrl_lightning.comparator.candidates import build_candidates
 from comlrl_lightning.comparator.config import ComparatorConfig, RoundsConfig
@@ -51,15 +53,36 @@ def iterative_preference(preference: Any) -> IterativePreferenceConfig:
     return IterativePreferenceConfig(**asdict(preference))
 
 
+def checked_group(cls: type, value: Any, name: str) -> Any:
+    """``value`` (None: the defaults, a mapping, or a ``cls``) as a checked copy of the dataclass ``cls``.
+
+    Raises:
+        ValueError: an unknown field (naming ``name``, the fields and the allowed ones), a value of
+            another type, or a bad value (``cls``'s own check, at construction).
+    """
+    if value is None:
+        return cls()
+    if isinstance(value, dict):
+        allowed = [f.name for f in fields(cls)]
+        unknown = sorted(set(value) - set(allowed))
+        if unknown:
+            raise ValueError(f"{name}: unknown field(s) {unknown}; allowed: {allowed}")
+        return cls(**value)
+    if not isinstance(value, cls):
+        raise ValueError(f"{name}: got a {type(value).__name__}, give a {cls.__name__} or a mapping")
+    return replace(value)
+
+
 def round_groups(rounds: Any, comparator: Any, replay: Any, seed: Any) -> dict[str, Any]:
     """The ``rounds``, ``comparator`` and ``replay`` groups as checked copies (mappings or instances).
 
     Raises:
-        ValueError: a bad value of any group (naming the field, the value and what is allowed), or a
-            ``seed`` that is not an integer; before any model loads.
+        ValueError: a bad value or an unknown field of any group (naming the field, the value and what
+            is allowed; :func:`checked_group`), or a ``seed`` that is not an integer; before any model
+            loads.
     """
     given = dict(rounds=rounds, comparator=comparator, replay=replay)
-    groups = {k: _GROUPS[k](**c) if isinstance(c, dict) else replace(c) for k, c in given.items()}
+    groups = {k: checked_group(_GROUPS[k], c, k) for k, c in given.items()}
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed: got {seed!r}, must be an integer")
     return groups
@@ -102,6 +125,8 @@ class RoundLoop:
         self._round_open = False
         self._last_counts: list[int] | None = None
         """``[pairs built, pairs trained on, pairs in every shard]`` of the last round built."""
+        self._step_start: dict[str, Any] | None = None
+        """:meth:`step_start_state` of the ``training_step`` in progress (None between steps)."""
 
     def _make_comparator(self, history_dir: str | None) -> Comparator:
         s = self.sampling_config
@@ -127,8 +152,18 @@ class RoundLoop:
 
         Raises:
             ValueError: ``trainer.world_size > 1`` (a round's pairs, replay shards and history folders
-                are written by one process); called from ``setup``, before any model loads.
+                are written by one process), or ``trainer.min_steps`` / ``min_epochs`` set (the module
+                ends the fit after the last round; Lightning ignores that stop until the minimum, and
+                a finished round loop steps nothing: with ``max_epochs=-1`` a ``min_steps`` run never
+                ends); called from ``setup``, before any model loads.
         """
+        for name in ("min_steps", "min_epochs"):
+            value = getattr(self.trainer, name)
+            if value not in (None, 0, -1):
+                raise ValueError(
+                    f"trainer.{name}: got {value!r}; {type(self).__name__} ends the fit after its last "
+                    "round (rounds.num_rounds), so leave it unset"
+                )
         if self.trainer.world_size > 1:
             raise ValueError(
                 f"{type(self).__name__}: {self.trainer.world_size} processes; a round's pairs, replay "
@@ -210,6 +245,17 @@ class RoundLoop:
         if self._round >= self.rounds.num_rounds:
             self.trainer.should_stop = True
 
+    def warn_if_unfinished(self) -> None:
+        """Warn (from the module's ``on_train_end``) when the fit ended before the last round: a
+        trainer limit (``max_steps``, ``max_epochs``, ``max_time``) stopped it, not the round loop."""
+        if self._round < self.rounds.num_rounds:
+            rank_zero_warn(
+                f"{type(self).__name__}: the fit ended in round {self._round} of rounds.num_rounds="
+                f"{self.rounds.num_rounds} (phase {self._phase!r}, position {self._position}): a trainer "
+                "limit (max_steps, max_epochs or max_time) stopped it before the last round; resume with "
+                "fit --ckpt_path <a checkpoint of this run> and a larger limit (or max_steps: -1)"
+            )
+
     def log_counts(self) -> None:
         """``pairs/*`` of the last round built, at every step from its end on (so that no
         ``log_every_n_steps`` drops a once-a-round value)."""
@@ -227,6 +273,25 @@ class RoundLoop:
         self.log_counts()
 
     # ------------------------------------------------------------------ checkpoint
+    def begin_step(self) -> None:
+        """Call first in ``training_step`` (and :meth:`end_step` when it returns): until then a
+        checkpoint holds the state the step started from (:meth:`step_start_state`), not the half-done
+        live one. ``InterruptCheckpoint`` abandons a step at a SIGTERM and saves the counters, loop and
+        RNG of the batch end before it; the round's state must be that batch end's too (else the
+        comparator's draws, the pairs' RNG or a reward-model epoch part-way through are saved)."""
+        self._step_start = self.step_start_state()
+
+    def end_step(self) -> None:
+        self._step_start = None
+
+    def step_start_state(self) -> dict[str, Any]:
+        """The checkpoint entries a step changes, as they are now (the module's own added by it)."""
+        return {"iterative": self.round_loop_state()}
+
+    def saved_round_loop_state(self) -> dict[str, Any]:
+        """``checkpoint["iterative"]``: the step start's while a step is in progress, else the live one."""
+        return self.round_loop_state() if self._step_start is None else self._step_start["iterative"]
+
     def round_loop_state(self) -> dict[str, Any]:
         """What ``checkpoint["iterative"]`` holds: the round, phase, position, sample count, the last
         round's counts, the pairs built so far, the ``random`` generator, the comparator's state and

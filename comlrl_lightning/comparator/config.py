@@ -1,6 +1,6 @@
-"""The comparator's and the rounds' configuration (CoMLRL 1.4.3 ``_IterativePreferenceConfig`` names;
-``num_rounds`` is its ``num_iterations``, renamed because ``LossConfig.num_iterations`` means PPO
-epochs here).
+"""The comparator's, the rounds' and iterative MARLHF's RL phase's configuration (CoMLRL 1.4.3
+``_IterativePreferenceConfig`` and ``MARLHFIterConfig`` names; ``num_rounds`` is its ``num_iterations``,
+renamed because ``LossConfig.num_iterations`` means PPO epochs here).
 
 Every enumerated knob is a :class:`~comlrl_lightning.core.choices.Choice` declared here, with
 CoMLRL's other spellings as aliases. ``__post_init__`` refuses every bad value and every knob that
@@ -320,3 +320,23 @@ class RoundsConfig:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             _refuse("num_rounds", n, "must be an integer >= 1")
         PREFERENCE_SCORING_REWARD.check(self.preference_scoring_reward)
+
+
+@dataclass
+class RLPhaseConfig:
+    """The RL phase of each iterative-MARLHF round (CoMLRL ``MARLHFIterConfig``).
+
+    Raises:
+        ValueError: at construction, a bad value, naming the field, the value and what is allowed.
+    """
+
+    num_train_epochs: int = 2
+    """RL passes per round (>= 1; CoMLRL's name and iterative default, 2): the round's RL phase runs
+    ``num_train_epochs × trainer.num_training_batches`` training steps of ``rl_algorithm`` (a pass is
+    as many steps as an epoch has batches, ``limit_train_batches`` included; the batches are the next
+    ones the training dataloader gives)."""
+
+    def __post_init__(self) -> None:
+        n = self.num_train_epochs
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"num_train_epochs: got {n!r}, must be an integer >= 1")
