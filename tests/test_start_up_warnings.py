@@ -86,6 +86,10 @@ def args_for(name, tmp_path):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_a_shipped_config_fits_without_unexpected_warnings(tmp_path, caplog, name):
     caught, infos = fit_recording(args_for(name, tmp_path), caplog)
+    if "iterative" in name:  # SHORT's max_epochs=1 ends the fit before the last round: said, once
+        cut = [w for w in caught if "a trainer limit (max_steps, max_epochs or max_time) stopped it" in w]
+        assert len(cut) == 1, caught
+        caught = [w for w in caught if w not in cut]
     assert unexpected(caught) == [], "\n".join(unexpected(caught))
     assert not [line for line in infos if "litlogger" in line]
 
