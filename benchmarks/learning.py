@@ -473,7 +473,11 @@ Differences from the one-shot row, all CoMLRL's own behaviour unless said:
   SmolLM2's tokenizer adds nothing, so the ids are the same.
 - one problem per rollout (CoMLRL's loader) and its own RNG use, so the pair set differs from ours in
   the draws, not in the problems; updates: each agent in turn, its own AdamW (``weight_decay`` 0.01, as
-  ours), no gradient clipping (ours: Lightning's default, none).
+  ours), no gradient clipping (ours: ``max_grad_norm`` 1.0, ``DPOConfig``'s default, TRL's); a non-finite
+  loss becomes a constant 0.1 (a step with no gradient; ours skips the step).
+- cost: CoMLRL scores each pair's winner and loser one sequence at a time, twice per agent (once without
+  gradient for the teammate's term, once with), where ours batches them: one update here took ~50 s at
+  load 4-6 with one torch thread (ours: ~8-13 s an update, its whole run included).
 """
 
 
@@ -1591,8 +1595,9 @@ def _comlrl_madpo(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
   `dpo_beta` {c["dpo_beta"]:g}, learning rate {cfg["learning_rate"]:g}, temperature {cfg["temperature"]} (top-p {c["top_p"]:g}, top-k off), the same two SmolLM2 model
   objects, the task reward as `reward_func` and our rendered chat prompts as formatters; held-out success is our
   module's greedy evaluation of those models before and after `train()` ({per_seed}). CoMLRL is reference-free, scores
-  raw logits (no temperature) and leaves each completion's last token unscored; it is given a tokenizer copy whose pad
-  is `<|endoftext|>` (SmolLM2 pads with its EOS, which the chat prompt holds: CoMLRL would cut the prompt there).{line}"""
+  raw logits (no temperature), leaves each completion's last token unscored and clips no gradient; it is given
+  a tokenizer copy whose pad is `<|endoftext|>` (SmolLM2 pads with its EOS, which the chat prompt holds: CoMLRL
+  would cut the prompt there).{line}"""
 
 
 def _overlap(o: dict[str, int] | None) -> str:
