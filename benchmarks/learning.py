@@ -1503,16 +1503,20 @@ def _marlhf_v1(summ: dict[str, Any]) -> str:
 """
 
 
+def _pairs_per_seed(s: dict[str, Any], key: str) -> str:
+    """``seed 0: P pairs, U updates; ...`` from each seed's ``s[key]`` record."""
+    return "; ".join(
+        f"seed {seed}: {r['pairs']} pairs, {r['updates']} updates" for seed, r in zip(s["seeds"], s[key])
+    )
+
+
 def _one_shot(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
     """The end of the MADPO bullet: CoMLRL's one-shot mode, or that it was not run."""
     s = summ.get("madpo_one_shot")
     if s is None or "one_shot" not in s:
         return "; CoMLRL's one-shot mode was not run on this budget."
     o = s["one_shot"][0]
-    per_seed = "; ".join(
-        f"seed {seed}: {r['pairs']} pairs, {r['updates']} updates"
-        for seed, r in zip(s["seeds"], s["one_shot"])
-    )
+    per_seed = _pairs_per_seed(s, "one_shot")
     return f""".
 - **MADPO one-shot** (`preference_mode: one_shot`, CoMLRL's MADPO): the pair set is built once, at the first step,
   by the untrained team over the {one_shot_num_problems(cfg)} training problems the online row's seed trains on
@@ -1575,10 +1579,7 @@ def _comlrl_madpo(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
     if s is None or "comlrl_madpo" not in s:
         return ""
     c = s["comlrl_madpo"][0]
-    per_seed = "; ".join(
-        f"seed {seed}: {r['pairs']} pairs, {r['updates']} updates"
-        for seed, r in zip(s["seeds"], s["comlrl_madpo"])
-    )
+    per_seed = _pairs_per_seed(s, "comlrl_madpo")
     one, diff = summ.get("madpo_one_shot"), s.get("one_shot_minus")
     line = (
         ""
