@@ -476,8 +476,8 @@ Differences from the one-shot row, all CoMLRL's own behaviour unless said:
   ours), no gradient clipping (ours: ``max_grad_norm`` 1.0, ``DPOConfig``'s default, TRL's); a non-finite
   loss becomes a constant 0.1 (a step with no gradient; ours skips the step).
 - cost: CoMLRL scores each pair's winner and loser one sequence at a time, twice per agent (once without
-  gradient for the teammate's term, once with), where ours batches them: one update here took ~50 s at
-  load 4-6 with one torch thread (ours: ~8-13 s an update, its whole run included).
+  gradient for the teammate's term, once with), where ours batches them: one update here took 22-52 s at
+  load 4-5 with one torch thread (ours: ~8-13 s an update, its whole run included).
 """
 
 
@@ -1293,9 +1293,8 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             out[algorithm]["max_new_tokens"] = rs[0].get("max_new_tokens")
     if "madpo_iter" in gains and "madpo_one_shot" in gains:  # the same budget: iterative minus one-shot
         out["madpo_iter"]["minus_one_shot"] = gain_difference(gains["madpo_iter"], gains["madpo_one_shot"])
-    if (
-        "comlrl_madpo" in gains and "madpo_one_shot" in gains
-    ):  # the same problems and settings: ours minus CoMLRL's
+    # the same problems and settings: ours (one-shot) minus CoMLRL's
+    if "comlrl_madpo" in gains and "madpo_one_shot" in gains:
         out["comlrl_madpo"]["one_shot_minus"] = gain_difference(
             gains["madpo_one_shot"], gains["comlrl_madpo"]
         )
