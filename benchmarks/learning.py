@@ -476,8 +476,8 @@ Differences from the one-shot row, all CoMLRL's own behaviour unless said:
   ours), no gradient clipping (ours: ``max_grad_norm`` 1.0, ``DPOConfig``'s default, TRL's); a non-finite
   loss becomes a constant 0.1 (a step with no gradient; ours skips the step).
 - cost: CoMLRL scores each pair's winner and loser one sequence at a time, twice per agent (once without
-  gradient for the teammate's term, once with), where ours batches them: one update here took 22-52 s at
-  load 4-5 with one torch thread (ours: ~8-13 s an update, its whole run included).
+  gradient for the teammate's term, once with), where ours batches them: one update here took 13-52 s at
+  load 3-6 with one torch thread (ours: ~8-13 s an update, its whole run included).
 """
 
 
@@ -1594,10 +1594,10 @@ def _comlrl_madpo(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
   {one_shot_num_problems(cfg)} problems per seed, K={cfg["k"]}, `{c["pair_selection"]}` pairs, {c["num_train_epochs"]} passes of one update per {c["train_batch_size"]} pairs,
   `dpo_beta` {c["dpo_beta"]:g}, learning rate {cfg["learning_rate"]:g}, temperature {cfg["temperature"]} (top-p {c["top_p"]:g}, top-k off), the same two SmolLM2 model
   objects, the task reward as `reward_func` and our rendered chat prompts as formatters; held-out success is our
-  module's greedy evaluation of those models before and after `train()` ({per_seed}). CoMLRL is reference-free, scores
-  raw logits (no temperature), leaves each completion's last token unscored and clips no gradient; it is given
-  a tokenizer copy whose pad is `<|endoftext|>` (SmolLM2 pads with its EOS, which the chat prompt holds: CoMLRL
-  would cut the prompt there).{line}"""
+  module's greedy evaluation of those models before and after `train()`
+  ({per_seed}). CoMLRL is reference-free, scores raw logits (no temperature), leaves each completion's last
+  token unscored and clips no gradient; it is given a tokenizer copy whose pad is `<|endoftext|>` (SmolLM2 pads
+  with its EOS, which the chat prompt holds: CoMLRL would cut the prompt there).{line}"""
 
 
 def _overlap(o: dict[str, int] | None) -> str:
