@@ -343,6 +343,7 @@ ALGORITHMS = (
     "marlhf",
     "madpo_one_shot",
     "madpo_iter",
+    "comlrl_madpo",
 )
 MARLHF_CONFIG: dict[str, Any] = {  # design 2, fixed by the lead before any held-out number of it was seen
     "pair_candidates": 4,  # K joint responses per one_shot_problems problem: 24 x 4 x 2 agents = 192 labels
@@ -429,6 +430,55 @@ ONE_SHOT_EVAL = 10**6
 """``val_check_interval`` of the one-shot row: never reached, so held-out evaluations are before training
 and when the module stops after its last pass (Lightning validates on ``should_stop``); an intermediate
 point would sit at the same x (192: every sample is spent up front), so there is none."""
+
+
+COMLRL_MADPO_CONFIG: dict[str, Any] = {  # CoMLRL 1.4.3's MADPOTrainer, fixed before any held-out number of it
+    "num_train_epochs": ONE_SHOT_CONFIG["num_train_epochs"],  # passes over the pairs: the one-shot row's
+    "train_batch_size": ONE_SHOT_CONFIG["train_batch_size"],  # pairs per update: the one-shot row's
+    "preference_pairs_per_sample": 16,  # reward_gap pairs kept per problem (ours and CoMLRL's default; K=4: <= 6)
+    "pair_selection": "reward_gap",
+    "dpo_beta": 0.1,  # ours and CoMLRL's default
+    "top_p": 1.0,  # CoMLRL's default 0.6; ours samples the full distribution
+    "top_k": 0,  # off (CoMLRL's default 50); ours has none
+    "eval_interval": 0,  # CoMLRL's own evaluation off: held-out success is the harness's greedy evaluation
+    "pad_token": "<|endoftext|>",  # CoMLRL's tokenizer pad (see the docstring); ours stays <|im_end|>
+}
+"""The ``comlrl_madpo`` row: CoMLRL 1.4.3's own ``MADPOTrainer`` (its class and ``train()``, nothing
+transcribed) on what the ``madpo_one_shot`` row trains on, fixed before any held-out number of it was seen:
+the seed's :func:`one_shot_problems` (24) as ``train_dataset`` (one problem per batch, CoMLRL's loader),
+K = 4 candidates per agent, ``reward_gap`` pairs, 2 passes of one update per 2 pairs, AdamW at
+``CONFIG["learning_rate"]`` (CoMLRL's ``agent_learning_rate``), ``dpo_beta`` 0.1, temperature 0.7, the
+task's 8 new tokens; the two SmolLM2 agents are the model objects our module loads
+(``builtin:smollm2-135m-instruct``, passed as ``agents=`` with their tokenizers), the reward is the task's
+:class:`ExactMatchReward` (the fraction of agents right) as ``reward_func``, the formatters return the text
+our team renders (the task's template in the tokenizer's chat template). Held-out success is our module's
+greedy validation of those same model objects before and after ``train()``, so the x/y compare with the
+one-shot row's (x = 192: every completion is sampled before the first update).
+
+Differences from the one-shot row, all CoMLRL's own behaviour unless said:
+
+- reference-free: the loss is ``-logsigmoid(beta (Δ_own + Δ_others detached))`` with ``Δ`` the policy's
+  winner-minus-loser log-prob; no frozen reference copy (ours subtracts the reference's Δ).
+- log-probs from the raw logits (ours divides by the sampling temperature) and without the completion's
+  last token (CoMLRL scores ``prompt + completion[:-1]``, whose logits predict ``completion[:-1]`` only:
+  the EOS, or the 8th token of a clipped answer, is not scored).
+- ``top_p`` 1.0 and ``top_k`` 0 (off) are passed: CoMLRL's defaults are 0.6 and 50, ours none.
+- the pad token: SmolLM2's is ``<|im_end|>``, its EOS, which the chat-templated prompt holds twice; CoMLRL
+  takes the prompt to end at its first pad token (decentralized mode) and the completion to end at the
+  first pad, so with that tokenizer every "completion" would be the prompt's tail and no gradient would
+  reach the answer. CoMLRL gets a copy of the tokenizer whose pad is ``<|endoftext|>`` (a token no prompt
+  holds) and ``generate`` pads with it (``train(pad_token_id=...)``, passed on to ``generate``); the
+  models' ``config.pad_token_id`` (which CoMLRL sets) is put back before our evaluation.
+- prompt tokens: CoMLRL tokenizes the rendered prompt with ``add_special_tokens=True``, ours without;
+  SmolLM2's tokenizer adds nothing, so the ids are the same.
+- one problem per rollout (CoMLRL's loader) and its own RNG use, so the pair set differs from ours in
+  the draws, not in the problems; updates: each agent in turn, its own AdamW (``weight_decay`` 0.01, as
+  ours), no gradient clipping (ours: ``max_grad_norm`` 1.0, ``DPOConfig``'s default, TRL's); a non-finite
+  loss becomes a constant 0.1 (a step with no gradient; ours skips the step).
+- cost: CoMLRL scores each pair's winner and loser one sequence at a time, twice per agent (once without
+  gradient for the teammate's term, once with), where ours batches them: one update here took 13-52 s at
+  load 3-6 with one torch thread (ours: ~8-13 s an update, its whole run included).
+"""
 
 
 def one_shot_samples(cfg: dict[str, Any] = CONFIG) -> int:
@@ -896,13 +946,147 @@ def run_coordinator(
     }
 
 
-RUNNERS: dict[str, Any] = {"coordinator": run_coordinator}
+def comlrl_tokenizer(tokenizer: Any) -> Any:
+    """A copy of ``tokenizer`` whose pad token is :data:`COMLRL_MADPO_CONFIG`'s ``pad_token`` (CoMLRL ends a
+    prompt at its first pad token; SmolLM2 pads with its EOS, which its chat prompts hold).
+
+    Raises:
+        ValueError: the pad token is not in the tokenizer's vocabulary.
+    """
+    import copy
+
+    pad = COMLRL_MADPO_CONFIG["pad_token"]
+    if pad not in tokenizer.get_vocab():
+        raise ValueError(f"COMLRL_MADPO_CONFIG['pad_token']: {pad!r} is not in the agents' vocabulary")
+    out = copy.deepcopy(tokenizer)
+    out.pad_token = pad
+    return out
+
+
+def comlrl_madpo_trainer(
+    module: Any, task: str, problems: Sequence[dict[str, Any]], cfg: dict[str, Any]
+) -> Any:
+    """CoMLRL's ``MADPOTrainer`` on ``module``'s loaded agents (trained in place) and the ``problems``, with
+    :data:`COMLRL_MADPO_CONFIG`'s settings; ``module.team`` must be loaded (after a validate or fit)."""
+    from types import SimpleNamespace
+
+    from comlrl.trainers.preference.madpo import MADPOConfig, MADPOTrainer
+
+    from comlrl_lightning.core.generation import render_prompt
+
+    c, spec, team = COMLRL_MADPO_CONFIG, TASKS[task], module.team
+    reward = ExactMatchReward(spec["kind"], spec.get("check", "only"))
+    tokenizers = [comlrl_tokenizer(t) for t in team.tokenizers]
+
+    def formatter(i: int) -> Any:
+        tok, template = team.tokenizers[i], spec["formatters"][i]
+        return lambda item: render_prompt(tok, [template.format(**item)], [], team.specs[i].chat_template)
+
+    def reward_func(completions_0: list[str], completions_1: list[str], *, batch_items: Any) -> list[float]:
+        joint = [[a, b] for a, b in zip(completions_0, completions_1)]
+        return list(reward(joint, [SimpleNamespace(data=dict(x)) for x in batch_items], 0).values)
+
+    args = MADPOConfig(
+        num_train_epochs=c["num_train_epochs"],
+        agent_learning_rate=cfg["learning_rate"],
+        num_agents=team.num_agents,
+        max_new_tokens=team.sampling[0].max_new_tokens,
+        temperature=cfg["temperature"],
+        top_p=c["top_p"],
+        top_k=c["top_k"],
+        eval_interval=c["eval_interval"],
+        rollout_buffer_size=c["train_batch_size"],
+        train_batch_size=c["train_batch_size"],
+        preference_num_candidates=cfg["k"],  # K candidates per agent per problem (CONFIG: 4)
+        preference_pairs_per_sample=c["preference_pairs_per_sample"],
+        pair_selection=c["pair_selection"],
+        dpo_beta=c["dpo_beta"],
+    )
+    return MADPOTrainer(
+        agents=list(team.agents),
+        tokenizer=tokenizers,
+        train_dataset=[dict(p) for p in problems],
+        reward_func=reward_func,
+        formatters=[formatter(i) for i in range(team.num_agents)],
+        args=args,
+    )
+
+
+def comlrl_madpo_train(trainer: Any) -> list[Any]:
+    """``trainer.train()`` (CoMLRL's), generating with its tokenizer's pad token; returns the pair set it
+    built (CoMLRL keeps none) and puts the models' ``config.pad_token_id`` back as it was."""
+    pads = [m.config.pad_token_id for m in trainer.agents]
+    built: list[Any] = []
+    build = trainer._build_preference_dataset
+
+    def recorded(**kw: Any) -> list[Any]:
+        built.extend(build(**kw))
+        return built
+
+    trainer._build_preference_dataset = recorded
+    try:
+        trainer.train(pad_token_id=trainer.tokenizers[0].pad_token_id)
+    finally:
+        del trainer._build_preference_dataset
+        for m, pad in zip(trainer.agents, pads):
+            m.config.pad_token_id = pad
+    return built
+
+
+def run_comlrl_madpo(algorithm: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) -> dict[str, Any]:
+    """The ``comlrl_madpo`` row (:data:`COMLRL_MADPO_CONFIG`): our module's greedy held-out evaluation,
+    CoMLRL's ``MADPOTrainer.train()`` on the same model objects, the evaluation again."""
+    import math
+
+    pl.seed_everything(seed, workers=True, verbose=False)
+    module = build_module("magrpo", task, cfg)  # evaluation only: its agents and greedy validation
+    problems = one_shot_problems(task, cfg, seed)
+    dm = datamodule(task, cfg["batch_size"], seed, problems)
+    rec = HeldOut(0, one_shot_samples(cfg))
+    trainer = _quiet_trainer(callbacks=[rec], num_sanity_val_steps=0)
+    t0, load0 = time.time(), os.getloadavg()
+    trainer.validate(module, datamodule=dm, verbose=False)
+    ct = comlrl_madpo_trainer(module, task, problems, cfg)
+    pl.seed_everything(seed, workers=True, verbose=False)
+    pairs = comlrl_madpo_train(ct)
+    c = COMLRL_MADPO_CONFIG
+    rec.batches = c["num_train_epochs"] * math.ceil(len(pairs) / c["train_batch_size"])
+    trainer.validate(module, datamodule=dm, verbose=False)
+    winner = [p.winner_reward for p in pairs]
+    return {
+        "comlrl_madpo": {
+            **c,
+            "pairs": len(pairs),
+            "updates": rec.batches,
+            "mean_winner_reward": _mean(winner),
+        },
+        "algorithm": algorithm,
+        "task": task,
+        "seed": seed,
+        "config": cfg,
+        "samples_per_batch": 0,
+        "history": rec.history,
+        "final_texts": rec.texts,
+        "max_new_tokens": module.team.sampling[0].max_new_tokens,
+        "wall_s": time.time() - t0,
+        "loadavg_start": load0,
+        "loadavg_end": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+RUNNERS: dict[str, Any] = {"coordinator": run_coordinator, "comlrl_madpo": run_comlrl_madpo}
 """Algorithms with a runner of their own (default :func:`run_one`)."""
 TASK_OF: dict[str, str] = {"coordinator": COORD_TASK}
 """Algorithms trained on a task of their own (default :data:`TASK`)."""
 ROW_NOTE: dict[str, str] = {
     "coordinator": f" (own task: `{COORD_TASK}`)",
     "madpo_one_shot": " (CoMLRL's mode)",
+    "comlrl_madpo": " (CoMLRL 1.4.3's MADPOTrainer)",
     "madpo_iter": " (iterative, CoMLRL's)",
     "marlhf_v1": " (first design, replaced)",
 }
@@ -1101,12 +1285,19 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             out[algorithm]["one_shot"] = [r["one_shot"] for r in rs]
         if "iterative" in rs[0]:  # each seed's pairs per round and updates
             out[algorithm]["iterative"] = [r["iterative"] for r in rs]
+        if "comlrl_madpo" in rs[0]:  # each seed's CoMLRL pair set and updates
+            out[algorithm]["comlrl_madpo"] = [r["comlrl_madpo"] for r in rs]
         if all("parse_failure" in h for r in rs for h in r["history"]):  # centralized: per eval, seed mean
             fails = [[h["parse_failure"] for h in r["history"]] for r in rs]
             out[algorithm]["parse_failure"] = [sum(c) / len(c) for c in zip(*fails)]
             out[algorithm]["max_new_tokens"] = rs[0].get("max_new_tokens")
     if "madpo_iter" in gains and "madpo_one_shot" in gains:  # the same budget: iterative minus one-shot
         out["madpo_iter"]["minus_one_shot"] = gain_difference(gains["madpo_iter"], gains["madpo_one_shot"])
+    # the same problems and settings: ours (one-shot) minus CoMLRL's
+    if "comlrl_madpo" in gains and "madpo_one_shot" in gains:
+        out["comlrl_madpo"]["one_shot_minus"] = gain_difference(
+            gains["madpo_one_shot"], gains["comlrl_madpo"]
+        )
     return out
 
 
@@ -1311,16 +1502,20 @@ def _marlhf_v1(summ: dict[str, Any]) -> str:
 """
 
 
+def _pairs_per_seed(s: dict[str, Any], key: str) -> str:
+    """``seed 0: P pairs, U updates; ...`` from each seed's ``s[key]`` record."""
+    return "; ".join(
+        f"seed {seed}: {r['pairs']} pairs, {r['updates']} updates" for seed, r in zip(s["seeds"], s[key])
+    )
+
+
 def _one_shot(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
     """The end of the MADPO bullet: CoMLRL's one-shot mode, or that it was not run."""
     s = summ.get("madpo_one_shot")
     if s is None or "one_shot" not in s:
         return "; CoMLRL's one-shot mode was not run on this budget."
     o = s["one_shot"][0]
-    per_seed = "; ".join(
-        f"seed {seed}: {r['pairs']} pairs, {r['updates']} updates"
-        for seed, r in zip(s["seeds"], s["one_shot"])
-    )
+    per_seed = _pairs_per_seed(s, "one_shot")
     return f""".
 - **MADPO one-shot** (`preference_mode: one_shot`, CoMLRL's MADPO): the pair set is built once, at the first step,
   by the untrained team over the {one_shot_num_problems(cfg)} training problems the online row's seed trains on
@@ -1375,6 +1570,34 @@ def _iterative(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
   learning rate. Samples, the comparator's counted: {it["num_rounds"]} rounds x {n} problems x ({c} + {c}) x 2 agents =
   {iterative_samples(cfg)} completions, the one-shot row's budget. The settings were fixed before any iterative run, not tuned
   on held-out results ({per_seed}). Held-out: before training and after the last round only.{line}"""
+
+
+def _comlrl_madpo(summ: dict[str, Any], cfg: dict[str, Any]) -> str:
+    """The bullet of CoMLRL's own MADPOTrainer on the one-shot row's problems (empty without its row)."""
+    s = summ.get("comlrl_madpo")
+    if s is None or "comlrl_madpo" not in s:
+        return ""
+    c = s["comlrl_madpo"][0]
+    per_seed = _pairs_per_seed(s, "comlrl_madpo")
+    one, diff = summ.get("madpo_one_shot"), s.get("one_shot_minus")
+    line = (
+        ""
+        if one is None
+        else _side_by_side(f"{s['samples']} completions", ("ours (one-shot)", one), ("CoMLRL's", s))
+    )
+    if diff is not None:
+        line += f"""
+  **Ours (one-shot) minus CoMLRL's**: {100 * diff["difference"]:+.1f} pts {_ci(diff["ci"], True)} (the problems drawn once per
+  resample for both rows, the seeds independently; with the problems drawn independently per row too: {_ci(diff["ci_independent"], True)})."""
+    return f"""
+- **COMLRL_MADPO** (CoMLRL 1.4.3's own `MADPOTrainer` and its `train()`, `COMLRL_MADPO_CONFIG`): on the one-shot row's
+  {one_shot_num_problems(cfg)} problems per seed, K={cfg["k"]}, `{c["pair_selection"]}` pairs, {c["num_train_epochs"]} passes of one update per {c["train_batch_size"]} pairs,
+  `dpo_beta` {c["dpo_beta"]:g}, learning rate {cfg["learning_rate"]:g}, temperature {cfg["temperature"]} (top-p {c["top_p"]:g}, top-k off), the same two SmolLM2 model
+  objects, the task reward as `reward_func` and our rendered chat prompts as formatters; held-out success is our
+  module's greedy evaluation of those models before and after `train()`
+  ({per_seed}). CoMLRL is reference-free, scores raw logits (no temperature), leaves each completion's last
+  token unscored and clips no gradient; it is given a tokenizer copy whose pad is `<|endoftext|>` (SmolLM2 pads
+  with its EOS, which the chat prompt holds: CoMLRL would cut the prompt there).{line}"""
 
 
 def _overlap(o: dict[str, int] | None) -> str:
@@ -1508,7 +1731,7 @@ def render(res: dict[str, Any]) -> str:
   (held-out split, exact-match reward, bootstrap, table).
 - **MADPO** (`preference_mode: online`): each batch's K={cfg["k"]} samples per agent per problem are the candidates
   (the same sampled completions per batch as MAGRPO's), pairs by `reward_gap` (at most 16 per problem: with K={cfg["k"]}
-  every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch{_one_shot(summ, cfg)}{_iterative(summ, cfg)}
+  every non-tied pair), `dpo_beta` 0.1, sigmoid loss against frozen reference copies, one update per batch{_one_shot(summ, cfg)}{_iterative(summ, cfg)}{_comlrl_madpo(summ, cfg)}
 {_coordinator_notes(res)}{_central(summ, res.get("central_probe"))}{_marlhf(summ, cfg, res.get("marlhf_pilot"))}{_marlhf_v1(summ)}- Reproduce: `make learn` (= `python benchmarks/run.py --only learning --write`): runs the (algorithm, seed)
   pairs missing from `benchmarks/learning_runs.jsonl` (delete it to start over) and regenerates this section.
 """

@@ -75,7 +75,7 @@ def test_summary_and_render_report_the_gain_and_whether_its_interval_excludes_ze
     text = L.render(res)
     assert "| MAGRPO | 3 | 96 | 40.0%" in text and "+30.0 pts" in text and "**excludes 0**" in text
     assert (
-        "Not run in the recorded budget: IAC, MAAC, COORDINATOR, CENTRALIZED_MAGRPO, MADPO, MARLHF, MADPO_ONE_SHOT, MADPO_ITER."
+        "Not run in the recorded budget: IAC, MAAC, COORDINATOR, CENTRALIZED_MAGRPO, MADPO, MARLHF, MADPO_ONE_SHOT, MADPO_ITER, COMLRL_MADPO."
         in text
     )
 
@@ -424,3 +424,96 @@ def test_the_iterative_row_spends_the_one_shot_budget_and_reports_its_difference
     assert f"as if the rows had scored different problems:\n  {L._ci(d['ci_independent'], True)})." in text
     assert "3 rounds x 8 problems x (2 + 2) x 2 agents =\n  192 completions" in text
     assert "seed 2: 8+6+7 pairs, 22 updates" in text
+
+
+def test_comlrls_tokenizer_pads_with_a_token_smollm2s_chat_prompt_does_not_hold():
+    # CoMLRL takes a decentralized prompt to end at its first pad token: SmolLM2's pad is its EOS, which
+    # the rendered prompt holds (system and user turns), so the prompt would be cut and the completion
+    # would begin inside it
+    from comlrl_lightning.core.generation import render_prompt
+    from comlrl_lightning.team.agents import AgentSpec, load_tokenizer
+
+    tok = load_tokenizer(AgentSpec(model=L.SMOLLM2))
+    prompt = render_prompt(tok, ["What is 7 × 4? Reply with the number only."], [], True)
+    ids = tok(prompt)["input_ids"]  # as CoMLRL tokenizes it
+    assert tok.pad_token_id in ids
+    ours = L.comlrl_tokenizer(tok)
+    assert ours.pad_token_id not in ids and ours(prompt)["input_ids"] == ids
+    assert ours.pad_token == "<|endoftext|>" and tok.pad_token == "<|im_end|>"  # ours is left as it was
+
+
+@pytest.mark.slow
+def test_comlrl_madpo_trains_comlrls_own_trainer_on_the_one_shot_rows_settings(tmp_path, monkeypatch):
+    # the quick path on a tiny BPE model: CoMLRL's MADPOTrainer.train() on the module's own model objects
+    monkeypatch.setattr(L, "SMOLLM2", "builtin:tiny-llama-gpt2tok")
+    monkeypatch.setitem(L.COMLRL_MADPO_CONFIG, "pad_token", "<|endoftext|>")
+    module = L.build_module("magrpo", L.TASK, L.CONFIG)
+    module.configure_model()
+    problems = L.one_shot_problems(L.TASK, L.CONFIG, 0)
+    ct = L.comlrl_madpo_trainer(module, L.TASK, problems, L.CONFIG)
+    a = ct.args
+    assert type(ct).__module__ == "comlrl.trainers.preference.madpo" and type(ct).__name__ == "MADPOTrainer"
+    assert (a.num_train_epochs, a.train_batch_size) == (2, 2) == tuple(L.ONE_SHOT_CONFIG.values())
+    assert (a.preference_num_candidates, a.pair_selection, a.dpo_beta) == (4, "reward_gap", 0.1)
+    assert (a.agent_learning_rate, a.temperature, a.top_p, a.top_k, a.max_new_tokens) == (
+        1e-5,
+        0.7,
+        1.0,
+        0,
+        8,
+    )
+    assert all(x is y for x, y in zip(ct.agents, module.team.agents)) and len(ct.agents) == 2
+    assert ct.train_dataset == problems and len(problems) == 24
+    # the task's shared reward: the fraction of agents whose last integer is right
+    p = problems[0]
+    right = [f"It is {p['answers'][0]}", "no idea"]
+    assert ct.reward_func([right[0]], [right[1]], batch_items=[p]) == [0.5]
+    assert ct.reward_func([right[0]], [f"{p['answers'][1]}"], batch_items=[p]) == [1.0]
+    # the prompt our team renders (the task's template in the chat template)
+    assert ct.formatters[1](p) == module.team.render(1, _node(p))
+    with pytest.raises(ValueError, match=r"COMLRL_MADPO_CONFIG\['pad_token'\]: '<nope>'"):
+        monkeypatch.setitem(L.COMLRL_MADPO_CONFIG, "pad_token", "<nope>")
+        L.comlrl_madpo_trainer(module, L.TASK, problems, L.CONFIG)
+
+    monkeypatch.setattr(L, "ExactMatchReward", _ParityReward)  # the tiny model is never right: no pair
+    monkeypatch.setitem(L.COMLRL_MADPO_CONFIG, "pad_token", "<|endoftext|>")
+    _ParityReward.scored.clear()
+    path = str(tmp_path / "runs.jsonl")
+    L.run_missing(L.TASK, ["comlrl_madpo"], [0], L.QUICK, path)
+    (run,) = L.recorded_runs(L.TASK, L.QUICK, path)
+    o = run["comlrl_madpo"]
+    assert _ParityReward.scored.count(L.NUM_HELD_OUT) == 2  # our evaluation before and after train()
+    training = [n for n in _ParityReward.scored if n != L.NUM_HELD_OUT]
+    assert len(training) == 4 * 2 and set(training) == {1}  # 4 problems x K=2, one joint action a call
+    assert o["pairs"] >= 1 and o["updates"] == 2 * math.ceil(o["pairs"] / 2)
+    assert [h["samples"] for h in run["history"]] == [0, L.one_shot_samples(L.QUICK)] == [0, 16]
+    summ = L.summarize(
+        [
+            run,
+            {
+                **run,
+                "algorithm": "madpo_one_shot",
+                "one_shot": {**L.ONE_SHOT_CONFIG, "pairs": 3, "updates": 4},
+            },
+        ]
+    )
+    assert summ["comlrl_madpo"]["one_shot_minus"]["difference"] == 0.0
+    res = {
+        "task": L.TASK,
+        "rule": L.TASK_RULE,
+        "calibration": L._load_calibration(),
+        "config": L.QUICK,
+        "summary": summ,
+        "png": "x.png",
+    }
+    text = L.render(res)
+    assert "| COMLRL_MADPO (CoMLRL 1.4.3's MADPOTrainer) | 1 | 16 |" in text
+    assert f"seed 0: {o['pairs']} pairs, {o['updates']} updates" in text
+    assert "ours (one-shot) gains" in text and "**Ours (one-shot) minus CoMLRL's**: +0.0 pts" in text
+
+
+def _node(problem):
+    from comlrl_lightning.core.records import Node
+
+    spec = L.TASKS[L.TASK]
+    return Node(None, 0, prompts=[[f.format(**problem)] for f in spec["formatters"]], completions=[[], []])
