@@ -765,8 +765,23 @@ def run_one(
         updates = rec.batches - ITERATIVE_ROUNDS * iterative_walk(cfg)  # the rest are build steps
         extra = {"iterative": {**ITERATIVE_CONFIG, "pairs_per_round": pairs, "updates": updates}}
         shutil.rmtree(trainer.default_root_dir, ignore_errors=True)
+    return {**extra, **run_record(algorithm, task, seed, cfg, per_batch, rec, module, t0, load0)}
+
+
+def run_record(
+    algorithm: str,
+    task: str,
+    seed: int,
+    cfg: dict[str, Any],
+    per_batch: int,
+    rec: Any,
+    module: Any,
+    t0: float,
+    load0: tuple[float, float, float],
+) -> dict[str, Any]:
+    """The fields every run's ``learning_runs.jsonl`` line has: what ran, its held-out record (``rec``,
+    a :class:`HeldOut`), its final texts, wall time since ``t0`` and the load at its start and end."""
     return {
-        **extra,
         "algorithm": algorithm,
         "task": task,
         "seed": seed,
@@ -1060,18 +1075,7 @@ def run_comlrl_madpo(algorithm: str, task: str, seed: int, cfg: dict[str, Any] =
             "updates": rec.batches,
             "mean_winner_reward": _mean(winner),
         },
-        "algorithm": algorithm,
-        "task": task,
-        "seed": seed,
-        "config": cfg,
-        "samples_per_batch": 0,
-        "history": rec.history,
-        "final_texts": rec.texts,
-        "max_new_tokens": module.team.sampling[0].max_new_tokens,
-        "wall_s": time.time() - t0,
-        "loadavg_start": load0,
-        "loadavg_end": os.getloadavg(),
-        "date": time.strftime("%Y-%m-%d %H:%M"),
+        **run_record(algorithm, task, seed, cfg, 0, rec, module, t0, load0),
     }
 
 
