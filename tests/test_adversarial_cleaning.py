@@ -28,7 +28,15 @@ def worst_inputs(n: int) -> dict[str, str]:
         "blank_lines_then_a_def": "\n" * (n - 8) + "def f(:\n",
         "broken_top_level_blocks": ("def f():\n    pass\n" + "def g(:\n" * n)[:n],
         "fenced_blank_lines": ("```python\n" + "\n" * n)[:n],
+        "nested_lambdas": _lambda_chain(n),
     }
+
+
+def _lambda_chain(n: int) -> str:
+    """The entry point of HumanEval/0 returning ``lambda: lambda: ... 0``, ``n`` characters: valid
+    code whose ``compile()`` is quadratic in the nesting (3-16 s at 20k before the cap)."""
+    head = "def has_close_elements(numbers, threshold):\n    return "
+    return head + "lambda: " * ((n - len(head) - 2) // 8) + "0\n"
 
 
 def _costs(reward: CooperativeCodeReward, row: dict, n: int, repeats: int = 7) -> tuple[dict, dict]:
@@ -64,3 +72,17 @@ def test_the_stacked_decorators_still_clean_the_way_they_did(row):
     cut = "def aux(x):\n    return x + 1\n\n\ndef aux(x):\n    y = (x +"
     assert clean_completion(cut) == "def aux(x):\n    return x + 1"
     assert CooperativeCodeReward().plan(["def aux(\n    return 1", "x"], row).components["aux_defined"] == 0.4
+
+
+def test_a_lambda_chain_past_the_cap_scores_zero_without_being_parsed(row):
+    from comlrl_lightning.tasks.coding.code_text import MAX_LAMBDAS
+
+    chain = _lambda_chain(MAX_COMPLETION_CHARS)
+    assert chain.count("lambda") > MAX_LAMBDAS and compile(chain, "<c>", "exec")  # valid Python
+    plan = CooperativeCodeReward().plan(["def aux(x):\n    return x\n", chain], row)
+    assert plan.error == "too_nested" and plan.program is None  # never compiled, never run
+    assert sum(plan.components.values()) == 0.0
+    head = "def has_close_elements(numbers, threshold):\n    return "
+    ok = head + "lambda: " * MAX_LAMBDAS + "0\n"  # at the cap: scored as usual (no error)
+    plan = CooperativeCodeReward().plan(["def aux(x):\n    return x\n", ok], row)
+    assert plan.error is None and plan.components["syntax"] == 0.5

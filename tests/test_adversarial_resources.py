@@ -147,3 +147,51 @@ def test_nothing_is_left_in_tmpdir(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, check=True, timeout=120)
     assert sorted(os.listdir(tmp_path)) == []  # no comlrl_seccomp_* or comlrl_sbx_* folder
+
+
+# ------------------------------------------------- issue 32: AIO, AF_VSOCK and pidfd_getfd
+AIO_NR = "/proc/sys/fs/aio-nr"
+
+
+def _host_aio() -> int | None:
+    try:
+        return int(Path(AIO_NR).read_text())
+    except OSError:
+        return None
+
+
+def test_io_setup_is_refused_and_the_host_aio_counter_does_not_move():
+    # one run took fs.aio-nr to 65,536 of 65,536 (host io_setup then failed with EAGAIN)
+    before = _host_aio()
+    out = _run(
+        "ctxs, out['errno'] = [], None\n"
+        "for _ in range(256):\n"
+        "    ctx = ctypes.c_ulong(0)\n"
+        "    if libc.syscall(206, 65536, ctypes.byref(ctx)) != 0:\n"  # io_setup
+        "        out['errno'] = ctypes.get_errno()\n        break\n"
+        "    ctxs.append(ctx.value)\n"
+        "out['contexts'] = len(ctxs)\n"
+        f"out['nr'] = int(open({AIO_NR!r}).read()) if os.path.exists({AIO_NR!r}) else None\n",
+        ("seccomp",),
+    )
+    assert out["contexts"] == 0 and out["errno"] == 1  # EPERM, the filter's answer
+    if before is not None and out["nr"] is not None:
+        assert out["nr"] <= before  # read inside the run, while it held what it got
+        assert _host_aio() <= before
+
+
+@pytest.mark.parametrize(
+    "name, call, refused_without_the_filter",
+    [
+        # io_submit on a context that does not exist: EINVAL without the filter
+        ("io_submit", "libc.syscall(209, ctypes.c_ulong(1), 0, None)", "EINVAL"),
+        # socket(AF_VSOCK, SOCK_STREAM): not namespaced; a socket or EAFNOSUPPORT without the filter
+        ("af_vsock", "libc.socket(40, 1, 0)", "a socket or EAFNOSUPPORT"),
+        ("af_vsock_pair", "libc.socketpair(40, 1, 0, (ctypes.c_int * 2)())", "EOPNOTSUPP"),
+        # pidfd_getfd on a descriptor that is no pidfd: EBADF without the filter
+        ("pidfd_getfd", "libc.syscall(438, 0, 0, 0)", "EBADF"),
+    ],
+)
+def test_aio_vsock_and_pidfd_getfd_are_refused_with_eperm(name, call, refused_without_the_filter):
+    out = _run(f"r = {call}\nout['r'], out['errno'] = r, ctypes.get_errno()\n", ("seccomp",))
+    assert (out["r"], out["errno"]) == (-1, 1), (name, out, refused_without_the_filter)

@@ -15,9 +15,10 @@ The launcher (:mod:`comlrl_lightning.sandbox.runner`) executes what :func:`bwrap
 - **seccomp** (libseccomp through ``pyseccomp``, compiled once per process to BPF and handed to
   ``bwrap --seccomp``): refuses with ``EPERM`` new namespaces (``unshare``, ``setns``, ``clone``
   with a ``CLONE_NEW*`` flag; ``clone3`` gets ``ENOSYS`` so libc falls back to ``clone``), every
-  mount call, ``keyctl``/``add_key``/``request_key``, ``io_uring_*``, ``ptrace`` and
-  ``process_vm_*``, SysV IPC (``shm*``, ``msg*``, ``sem*``) and POSIX message queues
-  (``mq_*``), inotify/fanotify and epoll instances (per-user kernel counters), plus ``bpf``,
+  mount call, ``keyctl``/``add_key``/``request_key``, ``io_uring_*`` and the legacy AIO calls
+  (``io_setup``, ``io_submit``, ...: ``fs.aio-nr`` is one host-wide counter), ``ptrace``,
+  ``process_vm_*`` and ``pidfd_getfd``, ``AF_VSOCK`` sockets (not namespaced), SysV IPC
+  (``shm*``, ``msg*``, ``sem*``) and POSIX message queues (``mq_*``), inotify/fanotify and epoll instances (per-user kernel counters), plus ``bpf``,
   ``perf_event_open``, ``userfaultfd``, module/kexec/reboot/swap calls. The filter's bytes stay
   in memory; each run writes them into its own control folder (nothing left in ``$TMPDIR``).
   Open files are bounded by ``RLIMIT_NOFILE`` (256 per process) and processes by the cgroup's
@@ -53,7 +54,8 @@ DENIED_SYSCALLS = (
     "fsconfig", "fsmount", "fspick", "mount_setattr",
     "keyctl", "add_key", "request_key",
     "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
+    "io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents",
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
     "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl",
     "semget", "semop", "semctl", "semtimedop",
     "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr",
@@ -64,6 +66,9 @@ DENIED_SYSCALLS = (
 )  # fmt: skip
 CLONE_NEW_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x80)
 """CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME."""
+DENIED_SOCKET_FAMILIES = (40,)
+"""``AF_VSOCK``: not namespaced (the network namespace does not cut it off from the host's
+hypervisor sockets); ``socket`` and ``socketpair`` with it get ``EPERM``."""
 
 
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -103,6 +108,9 @@ def seccomp_filter() -> bytes | None:
             pass
     for flag in CLONE_NEW_FLAGS:
         filt.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    for family in DENIED_SOCKET_FAMILIES:
+        for call in ("socket", "socketpair"):
+            filt.add_rule(sc.ERRNO(errno.EPERM), call, sc.Arg(0, sc.EQ, family))
     try:
         filt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # its flags are behind a pointer
     except Exception:  # noqa: BLE001

@@ -206,7 +206,12 @@ def prompt_preamble(prompt: str, entry_point: str) -> str:
 MAX_COMPLETION_CHARS = 20_000
 """Completions longer than this (characters) are not parsed: score 0, reason ``too_long``
 (a 512-token completion is ~2,000 characters)."""
-ERROR_REASONS = ("too_long", "nul_byte", "invalid_text", "recursion", "memory", "value")
+MAX_LAMBDAS = 100
+"""Completions with more ``lambda`` words than this are not parsed: score 0, reason
+``too_nested``. Nested ``lambda: lambda: ...`` chains are the one scope nesting the parser does
+not bound (parentheses stop at 200 levels, indentation at 100), and ``compile()`` and the static
+passes are super-linear in it (3-16 s for one 20,000-character chain); a count is linear."""
+ERROR_REASONS = ("too_long", "nul_byte", "invalid_text", "too_nested", "recursion", "memory", "value")
 """Why a completion could not be analysed; each is logged as ``rewards/<name>/error_<reason>``."""
 
 
@@ -219,6 +224,8 @@ def guarded(fn, *args):
                 return None, "too_long"
             if "\x00" in text:
                 return None, "nul_byte"
+            if text.count("lambda") > MAX_LAMBDAS:
+                return None, "too_nested"
             try:
                 text.encode("utf-8")
             except UnicodeError:
