@@ -45,7 +45,8 @@ def solo_main(row: dict, lines: str = "", top: str = "") -> str:
     fn = _entry(row)
     body = fn.body[1:] if ast.get_docstring(fn) else fn.body
     fn.body = (ast.parse(lines).body if lines.strip() else []) + body
-    return (top + "\n" if top else "") + ast.unparse(fn) + "\n"
+    # an import first: cleaning drops what comes before the first def/class/import line
+    return ("import sys\n" + top + "\n" if top else "") + ast.unparse(fn) + "\n"
 
 
 def helper_solves(row: dict, extra_param: str = "", gate: str = "") -> str:
@@ -69,6 +70,24 @@ def wrapper_main(row: dict, body: str, top: str = "") -> str:
     sig, args = _params(_entry(row))
     lines = "\n".join("    " + ln for ln in body.format(args=args).splitlines())
     return (top + "\n" if top else "") + f"def {row['entry_point']}({sig}):\n{lines}\n"
+
+
+NEG = (
+    "def _neg(v):\n    if type(v) is bool:\n        return not v\n    if type(v) in (int, float):\n"
+    "        return -v\n    if type(v) in (list, tuple):\n        return type(v)(_neg(x) for x in v)\n"
+    "    return v\n"
+)
+"""An invertible encoding (its own inverse): negated numbers, ``not`` bools, elementwise."""
+
+
+def encoded_helper(row: dict, encode: str) -> str:
+    """The canonical solution as ``_solve`` and ``aux`` returning ``encode(_solve(...))``."""
+    tree = ast.parse(helper_solves(row))
+    _Rename("aux", "_solve").visit(tree)
+    fn = tree.body[0]
+    fn.name = "_solve"
+    sig, args = _params(_entry(row))
+    return ast.unparse(tree) + f"\ndef aux({sig}):\n    return {encode}(_solve({args}))\n"
 
 
 def attacks_for(row: dict) -> list[Attack]:
@@ -261,7 +280,112 @@ def attacks_for(row: dict) -> list[Attack]:
             wrapper_main(row, "return aux({args})"),
             "wrapper",
         ),
-        # the two documented residuals
+        # issue 32: stand-in runs told apart from the real one (each paid on 134-164 problems)
+        Attack(
+            "stand-in told apart",
+            "constant_identity",
+            "import sys\n_K = [0]\ndef aux(x):\n    return _K\n",
+            solo_main(row, f"if aux({a0}) is not _K:\n    return None"),
+            "solo",
+        ),
+        Attack(
+            "stand-in told apart",
+            "copy_module_seen",
+            "def aux(x):\n    return [0]\n",
+            solo_main(row, f"import sys\nif aux({a0}) != [0] or 'copy' in sys.modules:\n    return None"),
+            "solo",
+        ),
+        Attack(
+            "stand-in told apart",
+            "deepcopy_hook",
+            "class _T:\n    def __deepcopy__(self, memo):\n        globals()['_COPIED'] = True\n"
+            "        return self\ndef aux(x):\n    return globals().setdefault('_K', [_T(), 0])\n",
+            solo_main(
+                row, f"if aux({a0}) is not globals()['_K'] or globals().get('_COPIED'):\n    return None"
+            ),
+            "solo",
+        ),
+        Attack(
+            "stand-in told apart",
+            "hash_hook",
+            "class _H:\n    def __hash__(self):\n        globals()['_HASHED'] = globals().get('_HASHED', 0) + 1\n"
+            "        return 1\ndef aux(x):\n    return {globals().setdefault('_k', _H()): 0}\n",
+            solo_main(
+                row,
+                f"n = globals().get('_HASHED', 0)\naux({a0})\nif globals()['_HASHED'] != n + 1:\n    return None",
+            ),
+            "solo",
+        ),
+        Attack(
+            "stand-in told apart",
+            "load_time_priming",
+            "def aux(x):\n    return x == 0\n",
+            solo_main(row, "assert aux(0)", top="_P = aux(1)"),
+            "solo",
+        ),
+        Attack(
+            "stand-in told apart",
+            "nested_value",
+            "def aux(x):\n    r = 0\n    for _ in range(3000):\n        r = [r]\n    return r\n",
+            solo_main(
+                row,
+                f"global _PREV\nr = aux({a0})\nif r is _PREV:\n    return None\n_PREV = r",
+                top="_PREV = None",
+            ),
+            "solo",
+        ),
+        Attack(
+            "value leaving aux another way",
+            "global_leak",
+            "def aux(x):\n    global _G\n    _G = len(repr(x))\n    return len(repr(x))\n",
+            solo_main(row, f"if aux({a0}) != _G:\n    return None"),
+            "solo",
+        ),
+        Attack(
+            "value leaving aux another way",
+            "argument_leak",
+            "def aux(x, out):\n    out.append(len(repr(x)))\n    return len(repr(x))\n",
+            solo_main(row, f"b = []\nif aux({a0}, b) != b[0]:\n    return None"),
+            "solo",
+        ),
+        Attack(
+            "value leaving aux another way",
+            "attribute_leak",
+            "def aux(x):\n    aux.last = len(repr(x))\n    return len(repr(x))\n",
+            solo_main(row, f"if aux({a0}) != aux.last:\n    return None"),
+            "solo",
+        ),
+        # issue 32: a helper that does no work
+        Attack(
+            "helper doing no work",
+            "identity_line",
+            "def aux(x):\n    return x\n",
+            solo_main(row, f"{a0} = aux({a0})"),
+            "solo",
+        ),
+        Attack(
+            "helper doing no work",
+            "identity_gate",
+            "def aux(x):\n    return x\n",
+            solo_main(row, f"if aux({a0}) != {a0}:\n    return None"),
+            "solo",
+        ),
+        # issue 32: wrappers behind an invertible encoding
+        Attack(
+            "encoded wrapper",
+            "repr_wrapper",
+            encoded_helper(row, "repr"),
+            wrapper_main(row, "import ast\nreturn ast.literal_eval(aux({args}))"),
+            "wrapper",
+        ),
+        Attack(
+            "encoded wrapper",
+            "negated_wrapper",
+            NEG + encoded_helper(row, "_neg"),
+            wrapper_main(row, "return _neg(aux({args}))"),
+            "wrapper",
+        ),
+        # the documented residuals
         Attack(
             "residual",
             "reads_the_stand_in",
@@ -269,15 +393,15 @@ def attacks_for(row: dict) -> list[Attack]:
             solo_main(
                 row,
                 f"aux({a0})\nv = [f for k, f in globals().items() if k.startswith('_aux_value')]\n"
-                "if v and v[0](1) != 1:\n    return None",
+                "if v and (v[0](1, 'return', 2), v[0](3, 'return', 4)) != (1, 3):\n    return None",
             ),
             "residual",
         ),
         Attack(
             "residual",
             "pre_arranged_exact_value",
-            "def aux(x):\n    return x\n",
-            solo_main(row, f"if aux({a0}) != {a0}:\n    return None"),
+            LEN_AUX,
+            solo_main(row, f"if aux({a0}) != len(repr({a0})):\n    return None"),
             "residual",
         ),
     ]

@@ -63,12 +63,38 @@ PAIRS_MAIN = (
 )
 
 
-def test_genuine_cooperation_earns_the_bonus(coop, rows):
-    # the helper computes the mean, main uses it: the whole bonus
-    assert _values(coop, rows[4], [(MEAN, MAD_MAIN)])[0] == pytest.approx(4.0)
+GENUINE = [
+    # (task, helper, main, reward): the helper's value is needed and main does more than pass it on
+    (4, MEAN, MAD_MAIN, 4.0),  # the helper computes the mean, main the deviation
+    (
+        2,  # the helper takes the integer part, main subtracts it
+        "import math\ndef aux(x):\n    return math.floor(x)\n",
+        "def truncate_number(number):\n    return number - aux(number)\n",
+        4.0,
+    ),
+    (
+        12,  # the helper finds the longest length, main picks the first string that long
+        "def aux(strings):\n    return max(len(s) for s in strings)\n",
+        "def longest(strings):\n    if not strings:\n        return None\n    n = aux(strings)\n"
+        "    for s in strings:\n        if len(s) == n:\n            return s\n",
+        4.0,
+    ),
+    (
+        8,  # the helper sums, main multiplies and returns both
+        "def aux(numbers):\n    return sum(numbers)\n",
+        "def sum_product(numbers):\n    p = 1\n    for n in numbers:\n        p *= n\n"
+        "    return aux(numbers), p\n",
+        4.0,
+    ),
     # a bool output cannot tell an aggregating main from a wrapper by values (docs/attacks.md):
     # the helper's half only
-    assert _values(coop, rows[0], [(PAIR_AUX, PAIRS_MAIN)])[0] == pytest.approx(3.5)
+    (0, PAIR_AUX, PAIRS_MAIN, 3.5),
+]
+
+
+@pytest.mark.parametrize("task, helper, main, reward", GENUINE, ids=[str(g[0]) for g in GENUINE])
+def test_genuine_cooperation_earns_the_bonus(coop, rows, task, helper, main, reward):
+    assert _values(coop, rows[task], [(helper, main)])[0] == pytest.approx(reward)
 
 
 def test_the_stand_ins_differ_only_in_the_value_function():
@@ -78,16 +104,31 @@ def test_the_stand_ins_differ_only_in_the_value_function():
     assert set(progs) == set(BODIES)
     helper = {k: p.split("\n\ndef aux", 1)[1] for k, p in progs.items()}
     assert len(set(helper.values())) == 1  # the helper's code is the same in every run
-    assert "return _aux_value(x + 1)" in helper["real"] and "return 5" in helper["real"]  # own scope only
-    assert len(set(progs.values())) == 3
+    assert "return _aux_value(x + 1, 'return', _aux_value_a)" in helper["real"]
+    assert "_aux_value_a = x" in helper["real"] and "return 5" in helper["real"]  # own scope only
+    assert len(set(progs.values())) == 4
+    assert all("copy" not in p for p in progs.values())  # no copy module, no deep copy
     assert stand_in_programs("", "aux = lambda x: x\n") is None  # nothing to rewrite: no bonus
     taken = stand_in_programs("", "_aux_value = 1\ndef aux(x):\n    return x\n")
-    assert "def _aux_value_(v)" in taken["real"]  # never shadows a name the program uses
+    assert "def _aux_value_(v, site, arg)" in taken["real"]  # never shadows a name the program uses
+
+
+def test_values_leaving_aux_by_a_global_an_argument_or_an_attribute_are_sites():
+    helper = (
+        "def aux(x, out):\n    global G\n    G = len(x)\n    G += 1\n    out.append(G)\n"
+        "    out[0] = G\n    aux.last = G\n    setattr(aux, 'n', G)\n    mine = []\n    mine.append(G)\n"
+        "    return G\n"
+    )
+    src = stand_in_programs("", helper)["real"]
+    for site in ("'s:G'", "'s:out[]'", "'s:aux.last'", "'s:setattr'", "'return'"):
+        assert f", {site}, _aux_value_a)" in src, site
+    assert "G = _aux_value(G + 1, 's:G'" in src  # an augmented assignment: the new value
+    assert "mine.append(G)" in src  # its own local list is not a way out
 
 
 @pytest.mark.parametrize(
     "value",
-    [True, False, 0, -1, 7, 0.0, -1.0, 1e17, float("inf"), "", "ab", [1, 2], (3,), {"a": 1}, [[True]]],
+    [True, False, 0, -1, 7, 0.0, -1.0, 1e17, "", "ab", [1, 2], (3,), {"a": 1}, [[True]], "5", "[1, 2]"],
 )
 def test_perturbed_keeps_the_type_and_changes_the_value(value):
     out = perturbed(value)
@@ -98,6 +139,14 @@ def test_perturbed_keeps_the_type_and_changes_the_value(value):
 
 def test_perturbed_leaves_what_it_cannot_change():
     assert perturbed(None) is None and perturbed([]) == [] and perturbed({}) == {}
+    nan = float("nan")
+    assert perturbed(nan) is nan and perturbed(float("inf")) == float("inf")  # was 0.5: told apart
+
+
+def test_perturbed_text_of_a_value_is_the_text_of_the_perturbed_value():
+    # a helper returning repr / str / JSON of the answer is perturbed like the answer itself
+    assert perturbed("5") == "6" and perturbed("[1, 2]") == "[1, 3]" and perturbed("'ab'") == "'ab0'"
+    assert perturbed('{"a": true}') == '{"a": false}' and perturbed("abc") == "abc0"
 
 
 def test_a_wrapper_is_a_main_whose_changed_outputs_are_the_perturbed_helper_outputs():
@@ -107,6 +156,14 @@ def test_a_wrapper_is_a_main_whose_changed_outputs_are_the_perturbed_helper_outp
     assert not is_wrapper(real, real)  # nothing changed: no evidence either way, no wrapper
     assert is_wrapper([{"o": 0.25}], [{"o": 1.5 + 1e-9}])  # a finely rounded float is the same output
     assert not is_wrapper([{"o": 0.25}], [{"o": 1.51}])
+
+
+def test_a_wrapper_behind_an_invertible_encoding_is_a_wrapper():
+    real = [{"o": 2}, {"o": [1.5, -2.0]}]
+    negated = [{"o": 1}, {"o": [1.5, -5.0]}]  # -(perturbed(-real)): -2 -> 2 -> 5 -> -5
+    assert is_wrapper(real, negated)
+    assert is_wrapper([{"o": "abc"}], [{"o": "0abc"}])  # reversed
+    assert not is_wrapper(real, [{"o": 1}, {"o": [1.5, -2.5]}])  # not one encoding for every call
 
 
 def test_main_cannot_bind_the_value_function(coop, rows):

@@ -173,12 +173,10 @@ class _CodeRewardBase:
                 [rows[i] for _ in STAND_INS for i in attribute],
             )
             n = len(attribute)
-            runs = [flat[s * n : (s + 1) * n] for s in range(len(STAND_INS))]
+            runs = {kind: flat[s * n : (s + 1) * n] for s, kind in enumerate(STAND_INS)}
             for k, i in enumerate(attribute):
-                real, pert, first = reports[i], runs[0][k], runs[1][k]  # every test passed in `real`
-                needed = pert is not None and not pert.all_passed
-                varies = first is not None and not first.all_passed
-                if needed and varies:
+                real, pert = reports[i], runs["perturbed"][k]  # every test passed in `real`
+                if all(runs[kind][k] is not None and not runs[kind][k].all_passed for kind in STAND_INS):
                     levels[i]["coop_calls_aux"] = 0.5
                     wrapper = plans[i].trivial or is_wrapper(real.outputs, pert.outputs)
                     levels[i]["coop_nontrivial"] = 0.0 if wrapper else 0.5
@@ -250,15 +248,17 @@ class CooperativeCodeReward(_CodeRewardBase):
     3. tests: ``+1.5 * fraction`` of the problem's tests passed, as judged by the trusted judge
        (visible and hidden tests alike at turn 0; on revisions, turn >= 1, the hidden tests only,
        since the visible ones were quoted in feedback; both counts are logged).
-    4. cooperation (only when every test passed and the entry point calls ``aux``; two more
+    4. cooperation (only when every test passed and the entry point calls ``aux``; three more
        sandbox runs, see :mod:`~comlrl_lightning.tasks.coding.standin`): ``+0.5`` if some test
-       fails when every value ``aux`` returns is *perturbed* (same type, another value: a type
-       or ``None`` check cannot tell) and some test fails when every value is frozen to the
-       *first* one it returned (so a constant helper used as a gate earns nothing); ``+0.5``
-       more if the entry point is not a wrapper: neither a sole ``return aux(...)`` nor a
-       function whose outputs, wherever the perturbation changed them, changed to exactly the
-       perturbed real output (it returns what ``aux`` returned). On a bool output any change is
-       that one, so there a main that aggregates the helper's bools earns the first half only.
+       fails in each stand-in run: every value leaving ``aux`` *perturbed* (same type, another
+       value: a type or ``None`` check cannot tell), frozen to the *first* one (a constant
+       helper used as a gate earns nothing), and ``aux`` returning its first argument
+       (*identity*: a helper that does no work earns nothing); ``+0.5`` more if the entry point
+       is not a wrapper: neither a sole ``return aux(...)`` nor a function whose outputs,
+       wherever the perturbation changed them, changed to the perturbed real output up to a
+       simple invertible encoding (it returns what ``aux`` returned). On a bool output any
+       change is that one, so there a main that aggregates the helper's bools earns the first
+       half only.
 
     Before running, the main part's top-level definitions of the preamble's names, of ``aux`` and
     of the stand-ins' value function are dropped (``main_redefined_protected`` counts it). The joint actions of a call run in
