@@ -355,6 +355,26 @@ def attacks_for(row: dict) -> list[Attack]:
             solo_main(row, f"if aux({a0}) != aux.last:\n    return None"),
             "solo",
         ),
+        Attack(
+            "value leaving aux another way",
+            "alias_leak",
+            "class _Box:\n    pass\ndef aux(x):\n    b = globals().setdefault('_B', _Box())\n"
+            "    b.v = len(repr(x))\n    return len(repr(x))\n",
+            solo_main(row, f"if aux({a0}) != globals()['_B'].v:\n    return None"),
+            "solo",
+        ),
+        Attack(
+            "value leaving aux another way",
+            "print_leak",
+            "def aux(x):\n    print(len(repr(x)))\n    return len(repr(x))\n",
+            solo_main(
+                row,
+                "import io, sys\nold, sys.stdout = sys.stdout, io.StringIO()\ntry:\n"
+                f"    r = aux({a0})\n    out = sys.stdout.getvalue()\nfinally:\n    sys.stdout = old\n"
+                "if out.strip() != str(r):\n    return None",
+            ),
+            "solo",
+        ),
         # issue 32: a helper that does no work
         Attack(
             "helper doing no work",
@@ -393,7 +413,8 @@ def attacks_for(row: dict) -> list[Attack]:
             solo_main(
                 row,
                 f"aux({a0})\nv = [f for k, f in globals().items() if k.startswith('_aux_value')]\n"
-                "if v and (v[0](1, 'return', 2), v[0](3, 'return', 4)) != (1, 3):\n    return None",
+                "probe = (v[0](1, 'return', 2), v[0]((1,), 'enter', None), v[0]((3,), 'enter', None)) if v else 0\n"
+                "if v and probe != (1, (1,), (3,)):\n    return None",
             ),
             "residual",
         ),

@@ -105,6 +105,7 @@ def test_the_stand_ins_differ_only_in_the_value_function():
     helper = {k: p.split("\n\ndef aux", 1)[1] for k, p in progs.items()}
     assert len(set(helper.values())) == 1  # the helper's code is the same in every run
     assert "return _aux_value(x + 1, 'return', _aux_value_a)" in helper["real"]
+    assert "x, = _aux_value((x,), 'enter', None)" in helper["real"]  # the first call's in `first`
     assert "_aux_value_a = x" in helper["real"] and "return 5" in helper["real"]  # own scope only
     assert len(set(progs.values())) == 4
     assert all("copy" not in p for p in progs.values())  # no copy module, no deep copy

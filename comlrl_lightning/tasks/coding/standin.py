@@ -9,10 +9,10 @@ process says about itself counts):
   :func:`perturbed` of it (same type, another value; only plain values of exact builtin types
   are changed, so no candidate code runs; ``None``, NaN and infinities stay), the same object for
   the same object while its content is unchanged (so ``aux(x) is G`` holds where it held);
-- ``first``: every value ``aux`` returns is replaced by the first value it returned in an
-  entry-point call, unless it equals that one (then it is returned itself: a constant helper
-  behaves exactly, identity included, as in the real run); values stored out of ``aux`` likewise,
-  per target;
+- ``first``: ``aux`` runs on (a fresh copy of) the arguments of its first entry-point call
+  whenever its arguments differ from those (equal ones are passed as they are): a constant helper
+  behaves exactly, identity included, as in the real run, and every value that comes out of it
+  (returned, stored, printed, raised) is the first call's, so no channel disagrees with another;
 - ``identity``: every value ``aux`` returns is replaced by its first argument as received (a
   helper that does no work: main's ``x = aux(x)`` then passes); what it stores is left alone.
 
@@ -21,8 +21,9 @@ or ``nonlocal``, to an attribute, or to an item of anything but its own local va
 parameters count as not its own), by ``setattr`` or by a mutating call (``append``, ``extend``,
 ``insert``, ``add``, ``update``, ``setdefault``, ...) on such an object. All runs load the same
 helper code: each site's value ``E`` becomes ``_aux_value(E, site, _aux_value_a)`` in every run
-(``_aux_value_a`` is the first argument, bound on entry); only the top-level ``_aux_value``
-differs (identity in the real run). In the stand-ins a value passes unchanged when ``aux`` was
+and the parameters are passed through ``_aux_value((p, ...), "enter", None)`` on entry
+(``_aux_value_a`` is then the first argument); only the top-level ``_aux_value`` differs (identity
+in the real run). In the stand-ins a value passes unchanged when ``aux`` was
 called by ``aux`` (recursion) or when no entry-point call is running (module load, a thread), so
 calls made while the main part loads cannot fix the stand-in's value. Once every test passes in
 the real run, the helper counts when some test fails in each stand-in run. The entry point is a
@@ -36,147 +37,10 @@ from __future__ import annotations
 import ast
 import json
 import math
-import textwrap
 from collections.abc import Sequence
 
 from comlrl_lightning.tasks.coding.code_text import parse_code
-
-DEPTH = 32
-"""Deepest plain value the stand-ins look into (deeper values are left as they are)."""
-TEXT_CHARS = 1000
-"""Longest string the perturbation reads as a literal (``repr``/``str``/JSON of a plain value)."""
-
-_LIB = f"""
-def key(v, d=0):
-    t = type(v)
-    if v is None or t is bool or t is int or t is str:
-        return (t.__name__, v)
-    if t is float:
-        return ("float", v.hex())
-    if d >= {DEPTH}:
-        return None
-    if t is list or t is tuple:
-        out = [t.__name__]
-        for x in v:
-            k = key(x, d + 1)
-            if k is None:
-                return None
-            out.append(k)
-        return tuple(out)
-    if t is dict:
-        out = ["dict"]
-        for a, b in v.items():
-            ka, kb = key(a, d + 1), key(b, d + 1)
-            if ka is None or kb is None:
-                return None
-            out.append((ka, kb))
-        return tuple(out)
-    return None
-
-
-def text(s, d):
-    if len(s) <= {TEXT_CHARS} and d < {DEPTH}:
-        ast, json = __import__("ast"), __import__("json")
-        for load, dump in ((ast.literal_eval, repr), (ast.literal_eval, str), (json.loads, json.dumps)):
-            try:
-                lit = load(s)
-                if dump(lit) == s and key(lit, d + 1) is not None:
-                    new = dump(change(lit, d + 1))
-                    if type(new) is str and new != s:
-                        return new
-            except Exception:
-                pass
-    return s + "0"
-
-
-def change(v, d=0):
-    t = type(v)
-    if t is bool:
-        return not v
-    if t is int:
-        return v + 1
-    if t is float:
-        return v + 1.0 + abs(v) if abs(v) < 1e300 else v
-    if t is str:
-        return text(v, d)
-    if (t is list or t is tuple) and v:
-        return v[:-1] + t([change(v[-1], d + 1)])
-    if t is dict and v:
-        out = dict(v)
-        last = list(out)[-1]
-        out[last] = change(out[last], d + 1)
-        return out
-    return v
-"""
-_PROLOGUE = """
-    f = getframe(1)
-    if f.f_back is not None and f.f_back.f_code is f.f_code:
-        return v
-    g = f
-    while g.f_back is not None and g.f_back.f_code.co_name != "run_calls":
-        g = g.f_back
-    if g.f_back is None or g.f_code.co_filename == g.f_back.f_code.co_filename:
-        return v
-"""
-_KIND_BODY = {
-    "perturbed": """
-    kv = key(v)
-    if kv is None:
-        return v
-    hit = memo.get(id(v))
-    if hit is None or hit[0] is not v or hit[1] != kv:
-        hit = memo[id(v)] = (v, kv, change(v))
-    return hit[2]
-""",
-    "first": """
-    kv = key(v)
-    box = boxes.get(site)
-    if box is None:
-        boxes[site] = (v, kv)
-        return v
-    if v is box[0] or (kv is not None and kv == box[1]):
-        return v
-    return box[0]
-""",
-    "identity": """
-    return arg if site == "return" else v
-""",
-}
-_STAND_IN = """
-def {name}_make():
-    getframe, memo, boxes = __import__("sys")._getframe, {{}}, {{}}
-{lib}
-    def value(v, site, arg):{body}
-    return value
-
-
-{name} = {name}_make()
-del {name}_make
-"""
-_IDENTITY = """
-def {name}(v, site, arg):
-    return v
-"""
-
-
-def _stand_in_source(kind: str) -> str:
-    body = textwrap.indent((_PROLOGUE + _KIND_BODY[kind]).strip("\n"), "    ")
-    return _STAND_IN.replace("{lib}", textwrap.indent(_LIB.strip("\n"), "    ")).replace(
-        "{body}", "\n" + body
-    )
-
-
-BODIES = {"real": _IDENTITY, **{k: _stand_in_source(k) for k in _KIND_BODY}}
-"""The run kinds and the source of their ``_aux_value`` (``{name}``: its name)."""
-STAND_INS = ("perturbed", "first", "identity")
-"""The kinds a needed helper makes some test fail under."""
-
-_ns: dict = {}
-exec(compile(_LIB, "<perturbed>", "exec"), _ns)  # the code the runs use
-perturbed = _ns["change"]
-perturbed.__doc__ = (
-    "The ``perturbed`` stand-in's value for a plain helper output ``v`` (same type, another value)."
-)
+from comlrl_lightning.tasks.coding.standin_values import BODIES, STAND_INS, perturbed  # noqa: F401
 
 MUTATORS = {
     "append": 0,
@@ -201,8 +65,7 @@ class _Sites(ast.NodeTransformer):
         self.name = name
         own = list(_own_nodes(fn))
         self.declared = {n for s in own if isinstance(s, (ast.Global, ast.Nonlocal)) for n in s.names}
-        params = {a.arg for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs}
-        params |= {a.arg for a in (fn.args.vararg, fn.args.kwarg) if a is not None}
+        params = set(_params(fn))
         stored = {n.id for n in own if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         self.local = stored - params - self.declared
 
@@ -284,6 +147,11 @@ def _as_load(target: ast.expr) -> ast.expr:
     return node
 
 
+def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    a = fn.args
+    return [x.arg for x in a.posonlyargs + a.args + [a.vararg] + a.kwonlyargs + [a.kwarg] if x is not None]
+
+
 def _first_argument(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.expr:
     """The expression of ``fn``'s first argument as received (``None`` for a function without one)."""
     positional = fn.args.posonlyargs + fn.args.args
@@ -320,8 +188,14 @@ def stand_in_programs(preamble: str, helper: str, aux: str = "aux") -> dict[str,
     sites = _Sites(name, fn)
     body = [sites.visit(s) for s in fn.body]
     doc = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
-    bind = ast.Assign([ast.Name(name + "_a", ast.Store())], _first_argument(fn))
-    fn.body = body[:doc] + [bind] + body[doc:]
+    bind = [ast.Assign([ast.Name(name + "_a", ast.Store())], _first_argument(fn))]
+    params = _params(fn)
+    if params:  # the arguments as the stand-in has them: the first call's in ``first``
+        names = ast.Tuple([ast.Name(p, ast.Store()) for p in params], ast.Store())
+        args = ast.Tuple([ast.Name(p, ast.Load()) for p in params], ast.Load())
+        call = ast.Call(ast.Name(name, ast.Load()), [args, ast.Constant("enter"), ast.Constant(None)], [])
+        bind.insert(0, ast.Assign([names], call))
+    fn.body = body[:doc] + bind + body[doc:]
     ast.fix_missing_locations(tree)
     helper_src = ast.unparse(tree)
     out = {}
