@@ -34,6 +34,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", default="", help="comma-separated row indices (default: all 164)")
     ap.add_argument("--only", default="", help="comma-separated attack names (default: every attack)")
+    ap.add_argument("--partial", default="", help="file rewritten with the table after every problem")
     args = ap.parse_args()
     rows = load_humaneval_rows()
     tasks = [int(t) for t in args.tasks.split(",") if t] or list(range(len(rows)))
@@ -60,20 +61,29 @@ def main() -> None:
                 paying[key] += 1
                 gain[key] = max(gain[key], v - honest)
         print(f"{row['task_id']} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        if args.partial:
+            with open(args.partial, "w") as fh:
+                fh.write(table(names, paying, counted, gain, canonical_max, idx + 1, t0, load0) + "\n")
     coop.close()
-    print("| class | attack | imitates | problems where it earns more | most it earns over that |")
-    print("|---|---|---|---|---|")
+    print(table(names, paying, counted, gain, canonical_max, len(tasks), t0, load0))
+
+
+def table(names, paying, counted, gain, canonical_max, done, t0, load0) -> str:
+    """The markdown table and its footer line (``done`` problems so far)."""
+    out = ["| class | attack | imitates | problems where it earns more | most it earns over that |"]
+    out.append("|---|---|---|---|---|")
     for cls, name, base in names:
         key = (cls, name)
         imitates = {"solo": "canonical main, aux unused", "wrapper": "honest wrapper"}.get(
             base, "canonical main"
         )
-        print(f"| {cls} | `{name}` | {imitates} | {paying[key]} / {counted[key]} | +{gain[key]:.2f} |")
-    print(
-        f"\ncanonical main (aux unused) at 3.0 on {canonical_max} / {len(tasks)} problems; "
+        out.append(f"| {cls} | `{name}` | {imitates} | {paying[key]} / {counted[key]} | +{gain[key]:.2f} |")
+    out.append(
+        f"\ncanonical main (aux unused) at 3.0 on {canonical_max} / {done} problems; "
         f"{time.perf_counter() - t0:.0f} s wall clock, load {load0:.2f} -> {os.getloadavg()[0]:.2f} "
         f"(1-min average), {os.cpu_count()} cores"
     )
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

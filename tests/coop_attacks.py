@@ -335,6 +335,18 @@ def attacks_for(row: dict) -> list[Attack]:
             "solo",
         ),
         Attack(
+            "stand-in told apart",
+            "audit_hook",
+            LEN_AUX,
+            solo_main(
+                row,
+                f"_EV.clear()\naux({a0})\nif _EV:\n    return None",
+                top="_EV = []\n_HOOK = sys.addaudithook(lambda e, a: _EV.append(e) "
+                "if e in ('sys._getframe', 'object.__getattr__', 'import') else None)",
+            ),
+            "solo",
+        ),
+        Attack(
             "value leaving aux another way",
             "global_leak",
             "def aux(x):\n    global _G\n    _G = len(repr(x))\n    return len(repr(x))\n",

@@ -109,6 +109,7 @@ def test_the_stand_ins_differ_only_in_the_value_function():
     assert "_aux_value_a = x" in helper["real"] and "return 5" in helper["real"]  # own scope only
     assert len(set(progs.values())) == 4
     assert all("copy" not in p for p in progs.values())  # no copy module, no deep copy
+    assert all("_getframe" not in p and "f_back" not in p for p in progs.values())  # audit hooks see those
     assert stand_in_programs("", "aux = lambda x: x\n") is None  # nothing to rewrite: no bonus
     taken = stand_in_programs("", "_aux_value = 1\ndef aux(x):\n    return x\n")
     assert "def _aux_value_(v, site, arg)" in taken["real"]  # never shadows a name the program uses
@@ -165,6 +166,12 @@ def test_a_wrapper_behind_an_invertible_encoding_is_a_wrapper():
     assert is_wrapper(real, negated)
     assert is_wrapper([{"o": "abc"}], [{"o": "0abc"}])  # reversed
     assert not is_wrapper(real, [{"o": 1}, {"o": [1.5, -2.5]}])  # not one encoding for every call
+
+
+def test_main_ends_with_the_reset_of_the_first_record(coop, rows):
+    # load-time calls of main (before its last line) cannot fix what `first` replays
+    plan = coop.plan([MEAN, "_P = aux([1.0])\n" + MAD_MAIN], rows[4])
+    assert plan.main.rstrip().endswith("_aux_value(None, 'reset', None)")
 
 
 def test_main_cannot_bind_the_value_function(coop, rows):

@@ -334,6 +334,8 @@ class CooperativeCodeReward(_CodeRewardBase):
         st.components["syntax"] = 0.5
         st.stand_ins = stand_in_programs(preamble, aux, AUX)
         st.program = program if st.stand_ins is None else st.stand_ins["real"]
+        if st.stand_ins is not None:  # after main's own load-time code: calls made there fix nothing
+            main += f"\n\n{value_name(preamble, aux)}(None, 'reset', None)\n"
         st.main, st.protected = main, tuple(sorted(protected))
         st.preamble, st.helper = preamble, aux
         main_fn = find_function(main, entry)

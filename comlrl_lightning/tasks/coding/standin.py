@@ -22,10 +22,13 @@ parameters count as not its own), by ``setattr`` or by a mutating call (``append
 ``insert``, ``add``, ``update``, ``setdefault``, ...) on such an object. All runs load the same
 helper code: each site's value ``E`` becomes ``_aux_value(E, site, _aux_value_a)`` in every run
 and the parameters are passed through ``_aux_value((p, ...), "enter", None)`` on entry
-(``_aux_value_a`` is then the first argument); only the top-level ``_aux_value`` differs (identity
-in the real run). In the stand-ins a value passes unchanged when ``aux`` was
-called by ``aux`` (recursion) or when no entry-point call is running (module load, a thread), so
-calls made while the main part loads cannot fix the stand-in's value. Once every test passes in
+(``_aux_value_a`` is then the first argument) and the body runs in ``try: ... finally:
+_aux_value(None, "exit", None)``; only the top-level ``_aux_value`` differs (identity in the real
+run). The value functions look at no frame (an audit hook would see ``sys._getframe``): a depth
+count from ``enter``/``exit`` lets values of ``aux`` called by ``aux`` (recursion) pass
+unchanged, and a last line appended to the main part, ``_aux_value(None, "reset", None)``, runs
+after main's own load-time code and empties ``first``'s record, so calls made while main loads
+fix nothing. Once every test passes in
 the real run, the helper counts when some test fails in each stand-in run. The entry point is a
 *wrapper* when every call whose output changed under ``perturbed`` changed to the output a
 wrapper would give, up to the encodings in :data:`ENCODINGS` (floats within ``1e-6``). Limits:
@@ -189,13 +192,17 @@ def stand_in_programs(preamble: str, helper: str, aux: str = "aux") -> dict[str,
     body = [sites.visit(s) for s in fn.body]
     doc = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
     bind = [ast.Assign([ast.Name(name + "_a", ast.Store())], _first_argument(fn))]
-    params = _params(fn)
-    if params:  # the arguments as the stand-in has them: the first call's in ``first``
-        names = ast.Tuple([ast.Name(p, ast.Store()) for p in params], ast.Store())
-        args = ast.Tuple([ast.Name(p, ast.Load()) for p in params], ast.Load())
-        call = ast.Call(ast.Name(name, ast.Load()), [args, ast.Constant("enter"), ast.Constant(None)], [])
-        bind.insert(0, ast.Assign([names], call))
-    fn.body = body[:doc] + bind + body[doc:]
+    params = _params(fn)  # the arguments as the stand-in has them: the first call's in ``first``
+    args = ast.Tuple([ast.Name(p, ast.Load()) for p in params], ast.Load())
+    call = ast.Call(ast.Name(name, ast.Load()), [args, ast.Constant("enter"), ast.Constant(None)], [])
+    names = ast.Tuple([ast.Name(p, ast.Store()) for p in params], ast.Store())
+    bind.insert(0, ast.Assign([names], call) if params else ast.Expr(call))
+    leave = ast.Expr(
+        ast.Call(
+            ast.Name(name, ast.Load()), [ast.Constant(None), ast.Constant("exit"), ast.Constant(None)], []
+        )
+    )
+    fn.body = body[:doc] + bind[:1] + [ast.Try(bind[1:] + body[doc:], [], [], [leave])]
     ast.fix_missing_locations(tree)
     helper_src = ast.unparse(tree)
     out = {}

@@ -9,6 +9,8 @@ program's namespace. Only exact builtin types are inspected, so no candidate cod
 
 from __future__ import annotations
 
+import ast
+import json
 import textwrap
 
 DEPTH = 32
@@ -55,8 +57,7 @@ def clone(v, d=0):
 
 def text(s, d):
     if len(s) <= {TEXT_CHARS} and d < {DEPTH}:
-        ast, json = __import__("ast"), __import__("json")
-        for load, dump in ((ast.literal_eval, repr), (ast.literal_eval, str), (json.loads, json.dumps)):
+        for load, dump in ((literal, repr), (literal, str), (loads, dumps)):
             try:
                 lit = load(s)
                 if dump(lit) == s and key(lit, d + 1) is not None:
@@ -88,13 +89,15 @@ def change(v, d=0):
     return v
 """
 _PROLOGUE = """
-    f = getframe(1)
-    if f.f_back is not None and f.f_back.f_code is f.f_code:
+    if site == "exit":
+        depth[0] -= 1
         return v
-    g = f
-    while g.f_back is not None and g.f_back.f_code.co_name != "run_calls":
-        g = g.f_back
-    if g.f_back is None or g.f_code.co_filename == g.f_back.f_code.co_filename:
+    if site == "reset":
+        boxes.clear()
+        return v
+    if site == "enter":
+        depth[0] += 1
+    if depth[0] > 1:
         return v
 """
 _KIND_BODY = {
@@ -126,7 +129,8 @@ _KIND_BODY = {
 }
 _STAND_IN = """
 def {name}_make():
-    getframe, memo, boxes = __import__("sys")._getframe, {{}}, {{}}
+    memo, boxes, depth = {{}}, {{}}, [0]
+    literal, loads, dumps = __import__("ast").literal_eval, __import__("json").loads, __import__("json").dumps
 {lib}
     def value(v, site, arg):{body}
     return value
@@ -153,7 +157,7 @@ BODIES = {"real": _IDENTITY, **{k: _stand_in_source(k) for k in _KIND_BODY}}
 STAND_INS = ("perturbed", "first", "identity")
 """The kinds a needed helper makes some test fail under."""
 
-_ns: dict = {}
+_ns: dict = {"literal": ast.literal_eval, "loads": json.loads, "dumps": json.dumps}
 exec(compile(_LIB, "<perturbed>", "exec"), _ns)  # the code the runs use
 perturbed = _ns["change"]
 perturbed.__doc__ = (
