@@ -251,8 +251,8 @@ class CooperativeCodeReward(_CodeRewardBase):
     4. cooperation (only when every test passed and the entry point calls ``aux``; three more
        sandbox runs, see :mod:`~comlrl_lightning.tasks.coding.standin`): ``+0.5`` if some test
        fails in each stand-in run: every value leaving ``aux`` *perturbed* (same type, another
-       value: a type or ``None`` check cannot tell), frozen to the *first* one (a constant
-       helper used as a gate earns nothing), and ``aux`` returning its first argument
+       value: a type or ``None`` check cannot tell), ``aux`` run on its *first* call's
+       arguments (a constant helper used as a gate earns nothing), and ``aux`` returning its first argument
        (*identity*: a helper that does no work earns nothing); ``+0.5`` more if the entry point
        is not a wrapper: neither a sole ``return aux(...)`` nor a function whose outputs,
        wherever the perturbation changed them, changed to the perturbed real output up to a
