@@ -325,6 +325,17 @@ def attacks_for(row: dict) -> list[Attack]:
         ),
         Attack(
             "stand-in told apart",
+            "reset_hijacked",
+            "def aux(x):\n    return x == 0\n",
+            solo_main(
+                row,
+                "assert aux(0)",
+                top="_P = aux(1)\n_Q = globals().update({'_aux' + '_value': lambda v, s, a: v})",
+            ),
+            "solo",
+        ),
+        Attack(
+            "stand-in told apart",
             "nested_value",
             "def aux(x):\n    r = 0\n    for _ in range(3000):\n        r = [r]\n    return r\n",
             solo_main(

@@ -47,6 +47,7 @@ def run_calls(
     *,
     main: str = "",
     protected: Sequence[str] = (),
+    after_main: str = "",
     config: SandboxConfig | None = None,
     **overrides: object,
 ) -> CallsReport:
@@ -58,6 +59,9 @@ def run_calls(
         calls: inputs, each ``plain.dumps([args, kwargs])``.
         main: untrusted source loaded after ``program``; afterwards the names in ``protected``
             are restored to what ``program`` bound (or removed), so ``main`` cannot replace them.
+        after_main: name of a function ``program`` binds (list it in ``protected``), called as
+            ``f(None, "reset", None)`` once ``main`` has loaded and the names are restored, before
+            the first call (the cooperation bonus's stand-in runs, ``standin.py``); ``""``: none.
         config, **overrides: limits, as for :func:`run_tests` (``test_timeout_s`` is per call).
 
     Returns:
@@ -72,6 +76,7 @@ def run_calls(
         "program": program,
         "main": main,
         "protected": list(protected),
+        "after_main": after_main,
         "entry_point": entry_point,
         "calls": list(calls),
     }

@@ -215,6 +215,12 @@ def run_calls(job: dict, wfd: int) -> None:
                 ns[name] = saved[name]
             else:
                 ns.pop(name, None)
+    hook = ns.get(job.get("after_main") or "") if err is None else None
+    if _callable(hook):  # the program's own object (restored above if main replaced it)
+        try:
+            hook(None, "reset", None)
+        except BaseException:  # noqa: BLE001 - a trusted function; never fatal here
+            pass
     if err is None and not _callable(ns.get(entry)):
         err = {"s": "error", "e": "NameError", "m": f"{entry!r} is not defined"[:limit]}
     emit({"k": "program", **(err or {"s": "passed", "e": None, "m": ""})})

@@ -89,6 +89,7 @@ class _Plan:
     trivial: bool = True
     redefined: bool = False
     stand_ins: dict[str, str] | None = None  # run programs by kind (standin.py); "real" is `program`
+    after_main: str = ""  # the value function the harness resets once main has loaded (standin.py)
     error: str | None = None
 
 
@@ -146,6 +147,7 @@ class _CodeRewardBase:
                     self.config,
                     main=plans[i].main,
                     protected=plans[i].protected,
+                    after_main=plans[i].after_main,
                 )
                 for i in todo
             ]
@@ -334,8 +336,8 @@ class CooperativeCodeReward(_CodeRewardBase):
         st.components["syntax"] = 0.5
         st.stand_ins = stand_in_programs(preamble, aux, AUX)
         st.program = program if st.stand_ins is None else st.stand_ins["real"]
-        if st.stand_ins is not None:  # after main's own load-time code: calls made there fix nothing
-            main += f"\n\n{value_name(preamble, aux)}(None, 'reset', None)\n"
+        if st.stand_ins is not None:  # after main's load-time code: calls made there fix nothing
+            st.after_main = value_name(preamble, aux)
         st.main, st.protected = main, tuple(sorted(protected))
         st.preamble, st.helper = preamble, aux
         main_fn = find_function(main, entry)

@@ -26,9 +26,9 @@ and the parameters are passed through ``_aux_value((p, ...), "enter", None)`` on
 _aux_value(None, "exit", None)``; only the top-level ``_aux_value`` differs (identity in the real
 run). The value functions look at no frame (an audit hook would see ``sys._getframe``): a depth
 count from ``enter``/``exit`` lets values of ``aux`` called by ``aux`` (recursion) pass
-unchanged, and a last line appended to the main part, ``_aux_value(None, "reset", None)``, runs
-after main's own load-time code and empties ``first``'s record, so calls made while main loads
-fix nothing. Once every test passes in
+unchanged, and the harness calls ``_aux_value(None, "reset", None)`` (the program's own function, restored
+if main rebound it) once main has loaded, emptying ``first``'s record, so calls made while main
+loads fix nothing. Once every test passes in
 the real run, the helper counts when some test fails in each stand-in run. The entry point is a
 *wrapper* when every call whose output changed under ``perturbed`` changed to the output a
 wrapper would give, up to the encodings in :data:`ENCODINGS` (floats within ``1e-6``). Limits:

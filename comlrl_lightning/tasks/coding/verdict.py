@@ -35,6 +35,7 @@ def evaluate(
     *,
     main: str = "",
     protected: Sequence[str] = (),
+    after_main: str = "",
 ) -> JudgedReport:
     """Judged test results of ``program`` (then ``main``, see
     :func:`~comlrl_lightning.sandbox.api.run_calls`) on problem ``row``.
@@ -45,7 +46,9 @@ def evaluate(
     """
     rec = recording_for(row)
     keys = rec.keys
-    calls = run_calls(program, rec.entry_point, keys, main=main, protected=protected, config=config)
+    calls = run_calls(
+        program, rec.entry_point, keys, main=main, protected=protected, after_main=after_main, config=config
+    )
     report = _judged(rec, keys, calls, judge, config.max_message_chars)
     report.outputs = list(calls.outputs)
     return report
