@@ -443,6 +443,20 @@ def attacks_for(row: dict) -> list[Attack]:
         ),
         Attack(
             "residual",
+            "handshake",
+            "def aux(x):\n    print(len(repr(x)))\n    if x is not globals().get('_M', x):\n"
+            "        raise ValueError\n    return len(repr(x))\n",
+            solo_main(
+                row,
+                f"global _M\n_M = {a0}\n"
+                "import io, sys\nold, sys.stdout = sys.stdout, io.StringIO()\ntry:\n"
+                f"    r = aux({a0})\n    out = sys.stdout.getvalue()\nfinally:\n    sys.stdout = old\n"
+                "if out.strip() != str(r):\n    return None",
+            ),
+            "residual",
+        ),
+        Attack(
+            "residual",
             "pre_arranged_exact_value",
             LEN_AUX,
             solo_main(row, f"if aux({a0}) != len(repr({a0})):\n    return None"),
