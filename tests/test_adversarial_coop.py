@@ -126,6 +126,10 @@ def test_values_leaving_aux_by_a_global_an_argument_or_an_attribute_are_sites():
         assert f", {site}, _aux_value_a)" in src, site
     assert "G = _aux_value(G + 1, 's:G'" in src  # an augmented assignment: the new value
     assert "mine.append(G)" in src  # its own local list is not a way out
+    # a parameter rebound to its own copy is local: HumanEval/33's `l = list(l); l[::3] = ...`
+    # made every wrapper of it look like more than a wrapper (+0.5 on the first sweep)
+    copy = stand_in_programs("", "def aux(l):\n    l = list(l)\n    l[::3] = sorted(l[::3])\n    return l\n")
+    assert "l[::3] = sorted(l[::3])" in copy["real"]
 
 
 @pytest.mark.parametrize(

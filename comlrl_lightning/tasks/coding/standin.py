@@ -18,7 +18,7 @@ process says about itself counts):
 
 *Sites*: a value leaves ``aux`` by ``return``, by an assignment to a name it declares ``global``
 or ``nonlocal``, to an attribute, or to an item of anything but its own local variables (its
-parameters count as not its own), by ``setattr`` or by a mutating call (``append``, ``extend``,
+parameters count as not its own unless it rebinds them), by ``setattr`` or by a mutating call (``append``, ``extend``,
 ``insert``, ``add``, ``update``, ``setdefault``, ...) on such an object. All runs load the same
 helper code: each site's value ``E`` becomes ``_aux_value(E, site, _aux_value_a)`` in every run
 and the parameters are passed through ``_aux_value((p, ...), "enter", None)`` on entry
@@ -68,9 +68,8 @@ class _Sites(ast.NodeTransformer):
         self.name = name
         own = list(_own_nodes(fn))
         self.declared = {n for s in own if isinstance(s, (ast.Global, ast.Nonlocal)) for n in s.names}
-        params = set(_params(fn))
         stored = {n.id for n in own if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-        self.local = stored - params - self.declared
+        self.local = stored - self.declared  # a parameter rebound (`l = list(l)`) is its own copy
 
     def _wrap(self, value: ast.expr, site: str) -> ast.Call:
         args = [value, ast.Constant(site), ast.Name(self.name + "_a", ast.Load())]
