@@ -169,6 +169,7 @@ def test_a_wrapper_behind_an_invertible_encoding_is_a_wrapper():
     negated = [{"o": 1}, {"o": [1.5, -5.0]}]  # -(perturbed(-real)): -2 -> 2 -> 5 -> -5
     assert is_wrapper(real, negated)
     assert is_wrapper([{"o": "abc"}], [{"o": "0abc"}])  # reversed
+    assert is_wrapper([{"o": ("a", 2)}], [{"o": ("a", 1)}])  # numbers negated, other items as they are
     assert not is_wrapper(real, [{"o": 1}, {"o": [1.5, -2.5]}])  # not one encoding for every call
 
 

@@ -219,7 +219,7 @@ def _negated(v: object) -> object:
         return -v
     if t is list or t is tuple:
         return t(_negated(x) for x in v)
-    raise TypeError("not a number")
+    return v  # a string, None, a dict: as it is (numbers inside a mixed tuple are still negated)
 
 
 def _reversed(v: object) -> object:
