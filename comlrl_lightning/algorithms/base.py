@@ -36,6 +36,11 @@ from comlrl_lightning.infra.placement import (
     visible_gpus,
 )
 from comlrl_lightning.infra.resume import canonical_loop_state
+from comlrl_lightning.infra.resume_config import (
+    apply_given_learning_rates,
+    capture_learning_rates,
+    check_resume,
+)
 from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
 from comlrl_lightning.infra.strategy import AgentParallelStrategy
 from comlrl_lightning.team.agents import AgentSpec, validate_spec
@@ -227,6 +232,7 @@ class CoMLRLModule(AgentOptimization):
         design (no dropout while they score); a module a user leaves in eval mode is still reported."""
         self._check_max_steps()
         self._place_team()
+        self._given_learning_rates = capture_learning_rates(self.trainer)  # before a checkpoint's restore
         self.reference_models.train()
         self.reward_models.train()
 
@@ -335,7 +341,11 @@ class CoMLRLModule(AgentOptimization):
         starting the train DataLoader) may still draw from the global RNG. Restore the skip counters,
         and rewrite the loop state of a checkpoint written at an epoch end or after ``fit`` into
         the batch-end form Lightning resumes exactly from
-        (:func:`~comlrl_lightning.infra.resume.canonical_loop_state`, Lightning #19617)."""
+        (:func:`~comlrl_lightning.infra.resume.canonical_loop_state`, Lightning #19617). A resume
+        whose config changes a field that cannot change raises ``ResumeConfigError`` (infra/resume_config.py)."""
+        check_resume(
+            checkpoint, dict(self.hparams), self._trainer
+        )  # Python fits too: the CLI checked earlier
         self._resume_rng_states = checkpoint.get("rng_states")
         # the reward models are not saved (on_save_checkpoint): keep the ones configure_model loaded,
         # and ignore those an older checkpoint carries for a module that has none (no env given)
@@ -375,6 +385,7 @@ class CoMLRLModule(AgentOptimization):
         self.reference_models.eval()
         self.reward_models.eval()
         self._place_team()
+        apply_given_learning_rates(self.trainer, getattr(self, "_given_learning_rates", None))
         states = getattr(self, "_resume_rng_states", None)
         if states is not None:
             set_rng_states(states)
