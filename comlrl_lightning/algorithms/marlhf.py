@@ -26,7 +26,8 @@ Saving and resuming: phase 1 writes its state after every epoch (the pairs, weig
 pair order and global RNG states) to ``<reward_model_dir>/phase1_state.pt``; a run started again
 with the same ``reward_model_dir`` (a checkpoint written during phase 1 records it) continues from
 the last epoch, bit-exact. The finished model is saved as an HF folder (``marlhf.json`` last, marking
-it done); a later run given that folder loads it instead of training again. The trained reward model
+it done); a later run given that folder loads it instead of training again, only when the config the
+folder records is its own (``reward_model_folder.py``: else an error names each difference). The trained reward model
 is the exception to "frozen reward-model weights are not written into checkpoints": a phase-2
 checkpoint keeps its weights (``reward_models.<j>.*``), so it resumes without the folder.
 
@@ -49,13 +50,10 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.algorithms.iac import IAC
-from comlrl_lightning.algorithms.joint_reward_model import (
-    RewardModelConfig,
-    load_reward_backbone,
-    reward_phase,
-)
+from comlrl_lightning.algorithms.joint_reward_model import RewardModelConfig, load_reward_backbone
 from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
+from comlrl_lightning.algorithms.reward_model_folder import reward_phase, reward_recipe
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.core.config import (
@@ -281,7 +279,7 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
 
     def fit_reward_phase(self) -> None:
         """Phase 1 in :attr:`reward_model_dir`
-        (:func:`~comlrl_lightning.algorithms.joint_reward_model.reward_phase`)."""
+        (:func:`~comlrl_lightning.algorithms.reward_model_folder.reward_phase`)."""
         rm = self.joint_reward_model
         self.reward_info = reward_phase(
             self.reward_models[self._rm_index],
@@ -292,7 +290,7 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
             self.preference_pairs,
             log=self._log_reward,
             after_epoch=self._after_reward_epoch,
-            source=self.reward_config.reward_model or self.specs[0].model,
+            recipe=reward_recipe(self),
         )
         self._reward_ready = True
 

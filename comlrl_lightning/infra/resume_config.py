@@ -102,14 +102,16 @@ def policy_of(field: str) -> tuple[str, str]:
     raise AssertionError("RESUME_FIELDS ends in a catch-all row")
 
 
-def _flatten(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+def flatten(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
+    """``value``'s leaves into ``out`` by dotted name under ``prefix`` (a list of dicts: ``<name>.#``
+    its length, ``<name>.<i>.<key>`` its items); returns ``out``."""
     if isinstance(value, dict) and value:
         for key, item in value.items():
-            _flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
+            flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
     elif isinstance(value, (list, tuple)) and value and isinstance(value[0], dict):
         out[f"{prefix}.#"] = len(value)  # the count first: a team of another size differs there
         for i, item in enumerate(value):
-            _flatten(item, f"{prefix}.{i}", out)
+            flatten(item, f"{prefix}.{i}", out)
     else:
         out[prefix] = list(value) if isinstance(value, tuple) else value
     return out
@@ -124,7 +126,7 @@ def resume_differences(saved: dict[str, Any], given: dict[str, Any]) -> list[Dif
     old_class, new_class = saved.get(CLASS_KEY), given.get(CLASS_KEY)
     if old_class is not None and new_class is not None and old_class != new_class:
         return [Difference("class_path", old_class, new_class, *policy_of(CLASS_KEY))]
-    old, new = _flatten(saved, "", {}), _flatten(given, "", {})
+    old, new = flatten(saved, "", {}), flatten(given, "", {})
     if old_class is None or new_class is None:
         old.pop(CLASS_KEY, None), new.pop(CLASS_KEY, None)  # a Python fit records no class path
     out = []
@@ -200,7 +202,7 @@ def ignored_lines(given: Any, used: Any) -> list[str]:
 
     def fields(ns: Any) -> dict[str, Any]:
         value = ns.as_dict() if hasattr(ns, "as_dict") else ns
-        flat = _flatten(value if isinstance(value, dict) else {}, "", {})
+        flat = flatten(value if isinstance(value, dict) else {}, "", {})
         return {k.replace("init_args.", "").replace("dict_kwargs.", ""): v for k, v in flat.items()}
 
     old, new = fields(given), fields(used)
