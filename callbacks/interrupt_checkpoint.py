@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from comlrl_lightning.infra.checkpoint_io import prepare_checkpoint_dir
 from comlrl_lightning.infra.rng import collect_rng_states
+from comlrl_lightning.infra.run_lock import release_run_folders
 
 EXIT_SIGTERM = 128 + signal.SIGTERM
 """Exit status after SIGTERM (the shell's convention: 128 + signal number)."""
@@ -209,12 +210,14 @@ class InterruptCheckpoint(pl.Callback):
         self._abandonable = False
         self._restore_handlers()
         if not isinstance(exception, SIGTERMException):
+            release_run_folders()  # the fit is over: its folders are free (infra/run_lock.py)
             return
         exception.code = self._exit_code  # SIGTERMException is a SystemExit with status 0: say "stopped"
         if self._aborted and self._last_batch_end is None:
             rank_zero_info(
                 "Interrupted before the first batch of this fit ended: nothing trained, nothing saved"
             )
+            release_run_folders()
             return
         if self._aborted:
             self._undo_batch_updates(trainer)
@@ -226,6 +229,7 @@ class InterruptCheckpoint(pl.Callback):
         rank_zero_info(
             f"Interrupted: saved {self.ckpt_path}; resume with: fit ... --ckpt_path {self.ckpt_path}"
         )
+        release_run_folders()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore_handlers()

@@ -42,6 +42,7 @@ from comlrl_lightning.infra.resume_config import (
     check_resume,
 )
 from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
+from comlrl_lightning.infra.run_lock import hold_checkpoint_folders, release_run_folders
 from comlrl_lightning.infra.strategy import AgentParallelStrategy
 from comlrl_lightning.team.agents import AgentSpec, validate_spec
 from comlrl_lightning.team.team import Team
@@ -192,6 +193,11 @@ class CoMLRLModule(AgentOptimization):
                 "find_unused_parameters: use strategy='ddp_find_unused_parameters_true' "
                 "(or DDPStrategy(find_unused_parameters=True))"
             )
+        if stage == "fit":  # one run per checkpoint folder (infra/run_lock.py), before any model loads
+            hold_checkpoint_folders(self.trainer)
+
+    def teardown(self, stage: str) -> None:
+        release_run_folders()  # after an exception the locks stay with the process until it ends
 
     def configure_model(self) -> None:
         """Load every agent (and reference copy) and every reward model of the env's reward (listed
