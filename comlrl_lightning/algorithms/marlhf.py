@@ -33,7 +33,8 @@ checkpoint keeps its weights (``reward_models.<j>.*``), so it resumes without th
 
 Not supported: ``num_turns > 1``; no pairs (every candidate tied) is an error, not CoMLRL's silent return.
 
-A SIGTERM / Ctrl+C in phase 1 stops the fit once the current epoch is saved; a resumed run goes on.
+A SIGTERM / Ctrl+C in phase 1 (under ``InterruptCheckpoint``) abandons it at once: before the pairs
+are saved nothing is; after, the checkpoint resumes from the last finished reward-model epoch.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from comlrl_lightning.core.preference import PreferenceConfig
 from comlrl_lightning.core.preference_config import PairSourceConfig, collect_pairs, config_group
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.envs.reward_model import GOLD_KEY, GoldRewardProbe, RewardModelReward, position_limit
+from comlrl_lightning.infra.interrupts import interruptible
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.critics import ActorCriticRolloutConfig, CriticConfig, CriticSpec
 
@@ -87,8 +89,7 @@ _DEFAULTS = (RewardModelConfig(), PreferenceConfig(), PairSourceConfig())
 """The signature defaults (``--print_config`` lists every field); never mutated: ``__init__`` copies."""
 _HAVE = {"advantage": "the MAGRPO family", "critics": "iac, maac", "critic": "iac, maac"}
 _STATE_FILE = "phase1_state.pt"
-_DONE_FILE = "marlhf.json"
-_PAIRS_FILE = "pairs.jsonl"
+_PHASE1 = "MARLHF phase 1 (preference pairs, reward-model epochs)"
 
 
 class _ByAlgorithm(type(CoMLRLModule)):
@@ -280,18 +281,19 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
     def fit_reward_phase(self) -> None:
         """Phase 1 in :attr:`reward_model_dir`
         (:func:`~comlrl_lightning.algorithms.reward_model_folder.reward_phase`)."""
-        rm = self.joint_reward_model
-        self.reward_info = reward_phase(
+        rm, folder = self.joint_reward_model, self.reward_model_dir
+        args = (
             self.reward_models[self._rm_index],
             rm._tokenizer,
             rm,
             self.reward_config,
-            self.reward_model_dir,
+            folder,
             self.preference_pairs,
-            log=self._log_reward,
-            after_epoch=self._after_reward_epoch,
-            recipe=reward_recipe(self),
         )
+        with interruptible(self.trainer, _PHASE1, lambda: os.path.exists(os.path.join(folder, _STATE_FILE))):
+            self.reward_info = reward_phase(
+                *args, self._log_reward, self._after_reward_epoch, reward_recipe(self)
+            )
         self._reward_ready = True
 
     def after_reward_epoch(self, epoch: int) -> None:
