@@ -154,6 +154,8 @@ def _phase1(where: str, reward_s: float, mark: bool) -> float:
             enable_checkpointing=False,
             enable_progress_bar=False,
             enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
             default_root_dir=folder,
             callbacks=[InterruptCheckpoint(dirpath=folder)],
         )

@@ -116,7 +116,8 @@ class InterruptCheckpoint(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # here, not in setup: Lightning snapshots the signal handlers after setup and puts that
         # snapshot back at its teardown, which would re-install these handlers after fit
-        self._exit_code, self._pending, self._aborted, self._phase = EXIT_SIGTERM, False, False, None
+        self._exit_code, self._aborted, self._phase = EXIT_SIGTERM, False, None
+        self._pending = trainer.received_sigterm  # a signal in the sanity check: stop at once
         self._last_batch_end, self._undo, self._undo_schedulers = None, [], None
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):

@@ -25,7 +25,7 @@ def fit(trainer_factory, module, batches, datamodule=None, ckpt_path=None, **kw)
 
 
 def test_sigterm_while_pairs_are_built_with_a_hanging_reward_stops_at_once_saving_nothing(
-    trainer_factory, tmp_path, caplog
+    trainer_factory, tmp_path, lightning_log
 ):
     calls = []
 
@@ -50,7 +50,7 @@ def test_sigterm_while_pairs_are_built_with_a_hanging_reward_stops_at_once_savin
     assert not os.path.exists(tmp_path / "rm" / "phase1_state.pt")
     assert (
         "Interrupted in MARLHF phase 1 (preference pairs, reward-model epochs): nothing trained"
-        in caplog.text
+        in lightning_log.text
     )
 
 
@@ -90,3 +90,20 @@ def test_sigterm_inside_a_reward_model_epoch_saves_a_checkpoint_that_resumes_bit
     assert resumed.reward_info["history"] == straight.reward_info["history"]
     assert_same(params(resumed.reward_models), params(straight.reward_models), "reward model")
     assert_same(params(resumed.agents), params(straight.agents), "agents")
+
+
+def test_sigterm_before_training_starts_stops_before_phase_1(trainer_factory, tmp_path, lightning_log):
+    class TermInSanityCheck(pl.Callback):  # a signal Lightning's own handler notes before on_train_start
+        def on_sanity_check_start(self, trainer, pl_module):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler runs
+            assert trainer.received_sigterm
+
+    pl.seed_everything(0)
+    stop = InterruptCheckpoint(dirpath=str(tmp_path / "ckpt"))
+    with pytest.raises(SystemExit) as info:
+        fit(trainer_factory, marlhf(tmp_path, epochs=1), 1, callbacks=[TermInSanityCheck(), stop],
+            num_sanity_val_steps=1, limit_val_batches=1)  # fmt: skip
+    assert info.value.code == 128 + signal.SIGTERM
+    assert not os.path.exists(stop.ckpt_path) and not os.path.exists(tmp_path / "rm" / "phase1_state.pt")
+    assert "stopping before MARLHF phase 1" in lightning_log.text

@@ -1,7 +1,6 @@
 """One run per folder: a second process writing a locked folder (checkpoints, MADPOIter's replay) fails
 at once naming the holder; a dead holder's lock is recovered with a line saying so."""
 
-import logging
 import os
 import signal
 import socket
@@ -45,7 +44,7 @@ def other_run():
 
 
 def test_a_held_folder_is_refused_naming_the_other_run_and_a_dead_ones_lock_recovered(
-    tmp_path, other_run, caplog
+    tmp_path, other_run, lightning_log
 ):
     child = other_run(tmp_path / "run")
     with pytest.raises(RunFolderBusy) as err:
@@ -57,9 +56,8 @@ def test_a_held_folder_is_refused_naming_the_other_run_and_a_dead_ones_lock_reco
     child.send_signal(signal.SIGKILL)  # dies holding it: the OS drops the lock, the record stays
     child.wait()
     assert os.path.exists(lock_path(str(tmp_path / "run")) + ".json")
-    with caplog.at_level(logging.INFO):
-        hold_run_folder(str(tmp_path / "run"), "checkpoint folder")
-    assert f"recovered the stale lock of pid {child.pid}" in caplog.text
+    hold_run_folder(str(tmp_path / "run"), "checkpoint folder")
+    assert f"recovered the stale lock of pid {child.pid}" in lightning_log.text
     release_run_folders()
     assert not os.path.exists(lock_path(str(tmp_path / "run")) + ".json")
 
