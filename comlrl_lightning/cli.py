@@ -118,24 +118,25 @@ class CoMLRLCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         """``--ckpt_path`` without ``--use_checkpoint_config``: compare the built model's config with
         the checkpoint's (no model is loaded yet); a refused change ends the command (status 2) with
-        the fields named, an applied one prints a line."""
-        from comlrl_lightning.infra.resume_config import (
-            applied_lines,
-            refusal,
-            resume_differences,
-            saved_hparams,
-        )
+        the fields named, an applied one prints a line; so does each changed trainer or data setting
+        (recorded by :class:`~comlrl_lightning.infra.resume_config.RunConfigRecord`)."""
+        from comlrl_lightning.infra import resume_config as R
 
         sub = self.subcommand
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
-        if not ckpt_path or self.config[sub].get("use_checkpoint_config") or not os.path.isfile(ckpt_path):
+        if not ckpt_path or not os.path.isfile(ckpt_path):
             return
-        differences = resume_differences(saved_hparams(ckpt_path), dict(self.model.hparams))
-        error = refusal(differences, ckpt_path)
-        if error is not None:
-            print(f"error: {error}", file=sys.stderr)
-            raise SystemExit(2)
-        for line in applied_lines(differences):
+        hparams, run_config = R.saved_records(ckpt_path)
+        self._dump_config()
+        lines = R.run_lines(run_config, R.run_record(self.config_dump))
+        if not self.config[sub].get("use_checkpoint_config"):
+            differences = R.resume_differences(hparams, dict(self.model.hparams))
+            error = R.refusal(differences, ckpt_path)
+            if error is not None:
+                print(f"error: {error}", file=sys.stderr)
+                raise SystemExit(2)
+            lines = R.applied_lines(differences) + lines
+        for line in lines:
             print(line, file=sys.stderr)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
@@ -154,6 +155,11 @@ class CoMLRLCLI(LightningCLI):
             and not any(isinstance(c, InterruptCheckpoint) for c in given)
         ):
             callbacks = [*callbacks, InterruptCheckpoint()]
+        if self.subcommand == "fit":  # the trainer and data settings, for a resumed fit to compare
+            from comlrl_lightning.infra.resume_config import RunConfigRecord, run_record
+
+            self._dump_config()
+            callbacks = [*callbacks, RunConfigRecord(run_record(self.config_dump))]
         if config.get("enable_progress_bar") is not False and not any(
             isinstance(c, ProgressBar) for c in given
         ):

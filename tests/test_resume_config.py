@@ -102,10 +102,14 @@ def test_a_refused_change_on_resume_ends_before_any_model_loads_naming_it(
     assert named in err and "--use_checkpoint_config true" in err
 
 
-def test_a_changed_learning_rate_is_applied_and_said(cli_checkpoint, tmp_path, capsys):
-    resume(cli_checkpoint, tmp_path, "--model.init_args.learning_rate=0.05")
+def test_a_changed_learning_rate_trainer_limit_and_batch_size_are_applied_and_said(
+    cli_checkpoint, tmp_path, capsys
+):
+    resume(cli_checkpoint, tmp_path, "--model.init_args.learning_rate=0.05", "--data.init_args.batch_size=2")
     err = capsys.readouterr().err
     assert "resume: model.learning_rate: checkpoint 0.001, given 0.05 (applied" in err
+    assert "resume: trainer.max_steps: checkpoint 2, given 4 (applied: the given trainer runs)" in err
+    assert "resume: data.init_args.batch_size: checkpoint 4, given 2 (applied" in err
     hparams = yaml.safe_load(next(tmp_path.rglob("hparams.yaml")).read_text())
     assert hparams["learning_rate"] == 0.05
 

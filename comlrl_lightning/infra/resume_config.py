@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
+import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 
 APPLY = "apply"
@@ -184,16 +185,54 @@ def _base_rates(opt: Any, scheduler: Any) -> list[float]:
     return list(scheduler.base_lrs) if scheduler is not None else [g["lr"] for g in opt.param_groups]
 
 
-def saved_hparams(ckpt_path: str) -> dict[str, Any]:
-    """The ``hyper_parameters`` of the checkpoint at ``ckpt_path`` (memory-mapped: the weights are
-    not read into memory; empty when it has none)."""
+RUN_RECORD = "run_config"
+"""The checkpoint key of :class:`RunConfigRecord`'s trainer and data settings."""
+
+
+def saved_records(ckpt_path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(hyper_parameters, run_config)`` of the checkpoint at ``ckpt_path`` (memory-mapped: the
+    weights are not read into memory; ``{}`` / None when it has none)."""
     import torch
 
     try:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError:  # not a zip checkpoint: mmap needs one
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-    return dict(ckpt.get("hyper_parameters") or {})
+    return dict(ckpt.get("hyper_parameters") or {}), ckpt.get(RUN_RECORD)
+
+
+def run_record(config: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's plain settings (limits, logging cadence, precision...; not its callbacks, logger
+    or plugins) and the data's, by dotted name, from a ``fit`` section of the CLI's config dump."""
+    trainer = {k: v for k, v in (config.get("trainer") or {}).items() if not isinstance(v, (dict, list))}
+    return flatten({"trainer": trainer, "data": config.get("data") or {}}, "", {})
+
+
+class RunConfigRecord(pl.Callback):
+    """Writes ``record`` (:func:`run_record`) into every checkpoint as ``checkpoint["run_config"]``, so
+    a resumed ``fit`` says which trainer and data settings changed (:func:`run_lines`)."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RUN_RECORD] = self.record
+
+
+def run_lines(saved: dict[str, Any] | None, given: dict[str, Any]) -> list[str]:
+    """One line per trainer or data setting that differs from the checkpoint's record (all applied:
+    the given trainer and data run; a changed batch size, seed, shuffle or data set means the resumed
+    run no longer sees the data an uninterrupted one would)."""
+    lines = []
+    for key in sorted(set(saved or {}) | set(given)) if saved else []:
+        old, new = saved.get(key, _ABSENT), given.get(key, _ABSENT)
+        if old != new:
+            why = "the given trainer runs" if key.startswith("trainer.") else _DATA_WHY
+            lines.append(f"resume: {key}: checkpoint {old!r}, given {new!r} (applied: {why})")
+    return lines
+
+
+_DATA_WHY = "the given data runs; the resumed run's data may differ from an uninterrupted one's"
 
 
 def ignored_lines(given: Any, used: Any) -> list[str]:
