@@ -30,7 +30,11 @@ def test_the_table_refuses_what_cannot_change_and_applies_step_sizes():
     assert policy_of("rollout.num_generations")[0] == REFUSE
     assert policy_of("agents.1.model")[0] == REFUSE
     assert policy_of("agents")[0] == REFUSE  # the team's size
-    assert policy_of("num_rounds")[0] == REFUSE  # not listed: refused
+    assert policy_of("rounds.num_rounds")[0] == REFUSE
+    assert policy_of("comparator.comparator_policy")[0] == REFUSE
+    assert policy_of("some_future_knob")[0] == REFUSE  # not listed: refused
+    assert policy_of("comparator.comparator_api_timeout")[0] == APPLY
+    assert policy_of("agents.1.device")[0] == APPLY
     assert policy_of("learning_rate")[0] == APPLY
     assert policy_of("agents.0.learning_rate")[0] == APPLY
     assert policy_of("rollout.num_generations_eval")[0] == APPLY

@@ -36,13 +36,18 @@ CLASS_KEY = "_class_path"
 _SKIPPED = ("_instantiator",)
 """Hyperparameters that are Lightning's bookkeeping, not config."""
 _STEP = "the optimizers take it after the checkpoint is restored (schedulers scaled to match)"
+_WHERE = "where a model lives: the same computation"
+_CLIP = "gradient clipping from the next step on"
+_TRANSPORT = "how the comparator's API is reached, not what it answers"
 
 RESUME_FIELDS: tuple[tuple[str, str, str], ...] = (
     (CLASS_KEY, REFUSE, "another algorithm: its state and loss differ from the checkpoint's"),
     ("rl_algorithm", REFUSE, "MARLHF's phase-2 algorithm: another module class"),
     ("num_agents", REFUSE, "the team's shape: one optimizer and one set of weights per agent"),
     ("agents.*.learning_rate", APPLY, _STEP),
+    ("agents.*.device", APPLY, _WHERE),
     ("agents*", REFUSE, "the team: models, tokenizers, dtypes and shared weights of the saved agents"),
+    ("critics.*.device", APPLY, _WHERE),
     ("learning_rate", APPLY, _STEP),
     ("critic.critic_learning_rate", APPLY, _STEP),
     ("critics.*.learning_rate", APPLY, _STEP),
@@ -52,13 +57,31 @@ RESUME_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("rollout.eval_num_samples", APPLY, "validation only"),
     ("rollout.max_generations_per_episode", APPLY, "a budget check on the rollout tree, same rollouts"),
     ("rollout.max_reward_calls_per_episode", APPLY, "a budget check on the rollout tree, same rollouts"),
-    ("loss.max_grad_norm", APPLY, "gradient clipping from the next step on"),
+    ("loss.max_grad_norm", APPLY, _CLIP),
+    ("dpo.max_grad_norm", APPLY, _CLIP),
+    ("critic.critic_max_grad_norm", APPLY, _CLIP),
     ("loss.on_nonfinite", APPLY, "what a non-finite step does from the next step on"),
+    ("dpo.on_nonfinite", APPLY, "what a non-finite step does from the next step on"),
     ("loss.micro_batch_size", APPLY, "memory only: the same gradients"),
-    ("placement.*", APPLY, "where the agents live: the same computation"),
+    ("dpo.micro_batch_size", APPLY, "memory only: the same gradients"),
+    ("placement.*", APPLY, _WHERE),
+    ("comparator.comparator_devices", APPLY, _WHERE),
+    ("comparator.comparator_api_url", APPLY, _TRANSPORT),
+    ("comparator.comparator_api_headers", APPLY, _TRANSPORT),
+    ("comparator.comparator_api_key_*", APPLY, _TRANSPORT),
+    ("comparator.comparator_api_timeout", APPLY, _TRANSPORT),
+    ("comparator.comparator_api_max_retries", APPLY, _TRANSPORT),
+    ("comparator.comparator_api_retry_backoff", APPLY, _TRANSPORT),
+    ("comparator.comparator_api_concurrency", APPLY, _TRANSPORT),
+    ("comparator.comparator_max_consecutive_failures", APPLY, _TRANSPORT),
+    ("comparator.policy_checkpoint_dir", APPLY, "the saved rounds' folders, checked there on resume"),
+    ("replay.preference_replay_dir", APPLY, "the shards' folder, each shard's count checked there on resume"),
     ("reward_model.log_task_reward", APPLY, "logging only"),
     ("reward_model.reward_batch_size", APPLY, "scoring batch size: the same rewards"),
     ("reward_model.reward_model_dir", APPLY, "a phase-2 checkpoint holds the reward model's weights"),
+    ("rollout.num_generations", REFUSE, "the group size: what each advantage and pair is made from"),
+    ("rounds.*", REFUSE, "the round loop the checkpoint is inside of"),
+    ("comparator.*", REFUSE, "who the current policy is compared with: the pairs"),
     ("*", REFUSE, "changes what is optimised, the rollouts, the pairs or the saved state's shape"),
 )
 """Every model field a resumed run compares, first match wins: ``(dotted field pattern (fnmatch, list
