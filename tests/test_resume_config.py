@@ -53,6 +53,10 @@ def test_differences_name_field_old_and_new_and_a_class_swap_alone():
     assert [(d.field, d.saved, d.given, d.policy) for d in swapped] == [
         ("class_path", "comlrl_lightning.MADPO", "comlrl_lightning.MAGRPO", REFUSE)
     ]
+    newer = {**saved, "rollout": {"num_generations": 4, "a_field_added_later": 1}}
+    assert resume_differences(saved, newer) == []  # a checkpoint of an earlier version still resumes
+    older = resume_differences({**saved, "critic": {"critic_type": "v"}}, saved)  # another module's group
+    assert [(d.field, d.given, d.policy) for d in older] == [("critic.critic_type", "<absent>", REFUSE)]
     team = resume_differences({"agents": [{"model": "a"}] * 2}, {"agents": [{"model": "a"}] * 3})
     assert [(d.field, d.saved, d.given) for d in team][0] == ("agents", 2, 3)
 

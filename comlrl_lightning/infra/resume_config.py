@@ -144,7 +144,9 @@ def flatten(value: Any, prefix: str, out: dict[str, Any]) -> dict[str, Any]:
 def resume_differences(saved: dict[str, Any], given: dict[str, Any]) -> list[Difference]:
     """Every field whose value differs between the checkpoint's hyperparameters ``saved`` and the
     given module's ``given`` (both ``module.hparams``-shaped: config groups as dicts), with its
-    policy. A class swap is reported alone (every other field differs then too)."""
+    policy. A class swap is reported alone (every other field differs then too). A field only the
+    given config has (added to the library after the checkpoint was written) is not compared; one
+    only the checkpoint has (another module's group) differs as ``<absent>``."""
     saved = {k: v for k, v in saved.items() if k not in _SKIPPED}
     given = {k: v for k, v in given.items() if k not in _SKIPPED}
     old_class, new_class = saved.get(CLASS_KEY), given.get(CLASS_KEY)
@@ -154,8 +156,10 @@ def resume_differences(saved: dict[str, Any], given: dict[str, Any]) -> list[Dif
     if old_class is None or new_class is None:
         old.pop(CLASS_KEY, None), new.pop(CLASS_KEY, None)  # a Python fit records no class path
     out = []
-    for field in sorted(set(old) | set(new)):
-        a, b = old.get(field, _ABSENT), new.get(field, _ABSENT)
+    for field in sorted(
+        old
+    ):  # a field the checkpoint lacks is newer than it: its default keeps the old run's
+        a, b = old[field], new.get(field, _ABSENT)
         if a != b:
             out.append(Difference(field.replace(".#", ""), a, b, *policy_of(field)))
     return out
