@@ -118,9 +118,9 @@ def hold_checkpoint_folders(trainer: Any) -> None:
     """Lock (rank zero) the folder of every callback of ``trainer`` that writes checkpoints into its
     ``dirpath`` (``ModelCheckpoint``, ``InterruptCheckpoint``, ``AgentCheckpoint``); call after the
     callbacks' ``setup`` resolved their folders."""
-    if not trainer.is_global_zero:
+    if not getattr(trainer, "is_global_zero", True):
         return
-    for callback in trainer.callbacks:
+    for callback in getattr(trainer, "callbacks", None) or []:
         folder = getattr(callback, "dirpath", None)
         if isinstance(folder, (str, os.PathLike)) and folder:
             hold_run_folder(str(folder), f"{type(callback).__name__}.dirpath")
