@@ -186,7 +186,7 @@ def check_resume(checkpoint: dict[str, Any], hparams: dict[str, Any], trainer: A
         ResumeConfigError: naming each refused field, the checkpoint's and the given value.
     """
     saved = checkpoint.get("hyper_parameters")
-    if not saved or trainer is None or not trainer.ckpt_path:  # load_from_checkpoint builds from them
+    if not saved or not getattr(trainer, "ckpt_path", None):  # load_from_checkpoint builds from them
         return
     error = refusal(resume_differences(saved, hparams), str(trainer.ckpt_path))
     if error is not None:
