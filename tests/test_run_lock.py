@@ -90,3 +90,14 @@ def test_a_second_madpo_iter_run_on_a_held_replay_folder_fails(
         run_madpo_iter(trainer_factory, tmp_path)
     # nothing written there by the refused run
     assert not (tmp_path / "preference_replay").exists()
+
+
+def test_a_second_marlhf_run_training_in_a_held_reward_model_folder_fails(
+    trainer_factory, tmp_path, other_run
+):
+    from test_marlhf import fit, marlhf
+
+    child = other_run(tmp_path / "rm")
+    with pytest.raises(RunFolderBusy, match=rf"reward_model.reward_model_dir: .* pid {child.pid} "):
+        fit(trainer_factory, marlhf(tmp_path, epochs=1), 1)
+    assert not (tmp_path / "rm").exists()  # no pairs built, nothing written

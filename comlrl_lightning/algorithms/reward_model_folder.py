@@ -32,6 +32,7 @@ from comlrl_lightning.envs.reward_model import RewardModelReward
 from comlrl_lightning.infra.checkpoint_io import atomic_torch_save
 from comlrl_lightning.infra.resume_config import flatten
 from comlrl_lightning.infra.rng import collect_rng_states
+from comlrl_lightning.infra.run_lock import hold_run_folder
 
 _NOT_IN_RECIPE = ("reward_model_dir", "reward_batch_size", "log_task_reward")
 """Reward-model fields that do not change the trained model (where it lives, scoring batch, logging)."""
@@ -106,6 +107,7 @@ def reward_phase(
 
     Raises:
         ValueError: the folder's recorded recipe is not ``recipe``.
+        RunFolderBusy: another running process trains in the folder (``infra/run_lock.py``).
     """
     done = os.path.join(folder, "marlhf.json")
     if os.path.exists(done):
@@ -117,6 +119,7 @@ def reward_phase(
 
         model.load_state_dict(AutoModelForSequenceClassification.from_pretrained(folder).state_dict())
         return info
+    hold_run_folder(folder, "reward_model.reward_model_dir")  # one run trains in it (a finished one: shared)
     state_path = os.path.join(folder, "phase1_state.pt")
     if os.path.exists(state_path):
         saved = torch.load(state_path, weights_only=False)
