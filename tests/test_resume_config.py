@@ -179,3 +179,18 @@ def test_a_python_resume_with_another_group_size_is_refused(tmp_path):
     fit(tmp_path, 1)
     with pytest.raises(ResumeConfigError, match=r"model.rollout.num_generations: checkpoint 2, given 4"):
         fit(tmp_path, 2, ckpt_path=str(tmp_path / "last.ckpt"), num_generations=4)
+
+
+def test_a_magrpo_config_resumed_from_a_madpo_checkpoint_is_refused(tmp_path, monkeypatch, capsys):
+    os.chdir(ROOT)  # the case: it trained MADPO and exited 0
+    main(["fit", *experiment("toy_madpo.yaml"), *CLI, "--model.init_args.dpo.preference_mode=online",
+          "--data.init_args.num_train=4", "--model.init_args.sampling.max_new_tokens=4",
+          f"--trainer.default_root_dir={tmp_path}", "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+          f"--trainer.callbacks.dirpath={tmp_path}/ckpt", "--trainer.callbacks.save_last=true"])  # fmt: skip
+    no_model_loads(monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        resume(tmp_path / "ckpt" / "last.ckpt", tmp_path / "resumed")
+    assert exit_info.value.code == 2
+    assert "model.class_path: checkpoint 'comlrl_lightning.MADPO', given 'comlrl_lightning.MAGRPO'" in (
+        capsys.readouterr().err
+    )
