@@ -13,12 +13,14 @@ from test_madpo_iter import _run as run_madpo_iter
 
 from comlrl_lightning import MAGRPO
 from comlrl_lightning.datamodules import LengthRatioDataModule
+from comlrl_lightning.infra import run_lock
 from comlrl_lightning.infra.run_lock import RunFolderBusy, hold_run_folder, lock_path, release_run_folders
 from comlrl_lightning.team.team import Team
 
-HOLD = (
-    "import sys; from comlrl_lightning.infra.run_lock import hold_run_folder; "
-    "hold_run_folder(sys.argv[1], 'test'); print('held', flush=True); sys.stdin.read()"
+HOLD = (  # run_lock.py loaded alone (no torch, no Lightning): another run's process, started in a blink
+    "import importlib.util, sys; spec = importlib.util.spec_from_file_location('run_lock', sys.argv[2]); "
+    "lock = importlib.util.module_from_spec(spec); spec.loader.exec_module(lock); "
+    "lock.hold_run_folder(sys.argv[1], 'test'); print('held', flush=True); sys.stdin.read()"
 )
 
 
@@ -29,7 +31,7 @@ def other_run():
 
     def start(folder):
         child = subprocess.Popen(
-            [sys.executable, "-c", HOLD, str(folder), "--marker"],
+            [sys.executable, "-c", HOLD, str(folder), run_lock.__file__, "--marker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert child.stdout.readline().strip() == "held"

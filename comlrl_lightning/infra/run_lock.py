@@ -15,6 +15,7 @@ taken over with a line naming that process. The locks are held until :func:`rele
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -22,7 +23,10 @@ import time
 from typing import Any
 
 from filelock import FileLock, Timeout
-from lightning.pytorch.utilities import rank_zero_info
+
+_log = logging.getLogger("lightning.pytorch.run_lock")
+"""Printed as Lightning's own lines are (its ``lightning.pytorch`` handler); only rank zero locks. No
+Lightning import: the module loads alone (a test's stand-in for another run)."""
 
 LOCK_SUFFIX = ".comlrl-lightning.lock"
 """The lock file of folder ``<parent>/<name>`` is ``<parent>/.<name>`` + this; its holder is recorded
@@ -93,9 +97,7 @@ def hold_run_folder(folder: str, what: str) -> None:
         ) from None
     previous = _read(record)
     if previous is not None:  # the lock was free but its record stayed: its holder died
-        rank_zero_info(
-            f"run lock: {path}: recovered the stale lock of {describe(previous)}, no longer running"
-        )
+        _log.info(f"run lock: {path}: recovered the stale lock of {describe(previous)}, no longer running")
     tmp = record + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(_holder(), f)
