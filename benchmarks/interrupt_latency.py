@@ -1,4 +1,5 @@
-"""How fast SIGTERM saves when it lands in a batch's updates, after the first agent stepped.
+"""How fast SIGTERM saves when it lands in a batch's updates, after the first agent stepped, and how
+fast it stops MARLHF's phase 1 (outside any batch).
 
 Runs a tiny MAGRPO team (``builtin:tiny-gpt2``, CPU) three ways in one process and prints:
 
@@ -9,8 +10,13 @@ Runs a tiny MAGRPO team (``builtin:tiny-gpt2``, CPU) three ways in one process a
 - the ratio finish / undo, and the cost of the copies: seconds spent copying over the batch time
   of a run without a signal (timed inside ``InterruptCheckpoint.on_before_optimizer_step``, so the
   ratio holds under load; whole-batch times of two runs on a shared machine differ more than that).
+- MARLHF phase 1 (``--phase1``): SIGTERM at the first reward call of the preference-pair build, the
+  reward taking ``--reward-s`` seconds per call (and one that hangs ``--hang-s``), and in the middle
+  of the second reward-model epoch: seconds from the signal to the end of ``fit``, with the phase
+  marked interruptible (``infra/interrupts.py``) and with that mark patched out (the behaviour
+  before it: the signal waited for every pair and the first epoch).
 
-    python benchmarks/interrupt_latency.py [--iterations 4 --new-tokens 32 --batches 4]
+    python benchmarks/interrupt_latency.py [--iterations 4 --new-tokens 32 --batches 4] [--phase1]
 
 Absolute times depend on the load; the script prints ``os.getloadavg()`` beside them.
 """
@@ -94,6 +100,89 @@ def _fit(args: argparse.Namespace, undo: bool, at: int) -> tuple[_Clock, float, 
     return clock, latency, saver.copy_s
 
 
+def _phase1(where: str, reward_s: float, mark: bool) -> float:
+    """Seconds from a SIGTERM in MARLHF's phase 1 (``where``: ``pairs``, at the first reward call of
+    the build, each call taking ``reward_s``; ``epoch``, inside the second reward-model epoch) to the
+    end of ``fit``; ``mark=False`` patches the interruptible mark out."""
+    import contextlib
+
+    from comlrl_lightning import MARLHF
+    from comlrl_lightning.algorithms import joint_reward_model, marlhf
+    from comlrl_lightning.envs.base import DecPOMDP
+
+    sent: list[float] = []
+
+    def term() -> None:
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def slow_reward(joint_actions, episodes, turn):
+        if where == "pairs" and not sent:
+            term()
+        time.sleep(reward_s)
+        return [float(len(b) > len(a)) for a, b in joint_actions]
+
+    scored, epochs, forwards = joint_reward_model.sequence_logits, [], []
+
+    def forward(*args, **kwargs):  # a reward-model forward: the second one of epoch 1 sends it
+        forwards.append(len(epochs))
+        if where == "epoch" and forwards.count(1) == 2 and not sent:
+            term()
+        return scored(*args, **kwargs)
+
+    pl.seed_everything(0)
+    module = MARLHF(
+        agents=["builtin:tiny-gpt2"] * 2,
+        rollout=dict(num_generations=2),
+        sampling=dict(max_new_tokens=8),
+        reward_model=dict(reward_num_train_epochs=3, reward_train_batch_size=2),
+        preference=dict(preference_num_candidates=3, preference_pairs_per_sample=2),
+        pair_source=dict(preference_num_prompts=4, preference_batch_size=2),
+    )
+    module.after_reward_epoch = epochs.append
+    data = LengthRatioDataModule(num_train=8, num_val=2, batch_size=2, seed=0)
+    data.env = DecPOMDP(data.env.formatters, slow_reward)
+    original = marlhf.interruptible
+    joint_reward_model.sequence_logits = forward
+    if not mark:
+        marlhf.interruptible = lambda *args: contextlib.nullcontext()
+    with tempfile.TemporaryDirectory() as folder:
+        trainer = pl.Trainer(
+            max_steps=MAGRPO.max_steps_for(1, 2),
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            default_root_dir=folder,
+            callbacks=[InterruptCheckpoint(dirpath=folder)],
+        )
+        try:
+            trainer.fit(module, data)
+        except SystemExit:
+            pass
+        finally:
+            marlhf.interruptible, joint_reward_model.sequence_logits = original, scored
+    return time.perf_counter() - sent[0]
+
+
+def main_phase1(args: argparse.Namespace) -> None:
+    cases = [
+        (f"pair build, {args.reward_s:g} s reward", "pairs", args.reward_s),
+        (f"pair build, reward hanging {args.hang_s:g} s", "pairs", args.hang_s),
+        ("reward-model epoch 2 of 3", "epoch", 0.0),
+    ]
+    print(f"load (1 min) before MARLHF phase 1: {os.getloadavg()[0]:.2f}")
+    for name, where, reward_s in cases:
+        marked, unmarked = _phase1(where, reward_s, True), _phase1(where, reward_s, False)
+        print(
+            f"SIGTERM in MARLHF phase 1, {name} -> fit ends: {marked:.3f} s marked interruptible, "
+            f"{unmarked:.3f} s unmarked (ratio {unmarked / max(marked, 1e-9):.1f}x); load {os.getloadavg()[0]:.2f}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -101,7 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--phase1", action="store_true", help="time MARLHF's phase 1 instead")
+    parser.add_argument("--reward-s", type=float, default=3.0, help="--phase1: seconds per reward call")
+    parser.add_argument("--hang-s", type=float, default=20.0, help="--phase1: the hanging reward's seconds")
     args = parser.parse_args(argv)
+    if args.phase1:
+        main_phase1(args)
+        return 0
     load = os.getloadavg()[0]
     _, undo_s, _ = _fit(args, undo=True, at=2)
     _, finish_s, _ = _fit(args, undo=False, at=2)

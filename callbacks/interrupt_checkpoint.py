@@ -6,6 +6,8 @@ import copy
 import os
 import signal
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
@@ -16,6 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from comlrl_lightning.infra.checkpoint_io import prepare_checkpoint_dir
 from comlrl_lightning.infra.rng import collect_rng_states
+from comlrl_lightning.infra.run_lock import release_run_folders
 
 EXIT_SIGTERM = 128 + signal.SIGTERM
 """Exit status after SIGTERM (the shell's convention: 128 + signal number)."""
@@ -47,6 +50,10 @@ class InterruptCheckpoint(pl.Callback):
       (no checkpoint: the step may be half done, some agents stepped and others not).
     - A signal before the first batch of this fit ends stops at once and saves nothing (nothing was
       trained; a resumed fit's own ``ckpt_path`` is still there).
+    - Long work outside any batch that a module marks with :meth:`interruptible_phase` (MARLHF's
+      phase 1: building the preference pairs, the reward-model epochs) is abandoned at once too:
+      once the phase's own resumable state is on disk (MARLHF: ``phase1_state.pt``) the checkpoint
+      is written as above and resumes it; before that nothing is trained and nothing is saved.
     - Other exceptions save nothing: a step that failed part-way is not a state to resume from.
     - At setup, rank zero checks that this folder and every ``ModelCheckpoint`` folder can be
       written (naming the path) and removes ``*.ckpt.tmp`` files left there by a killed atomic write
@@ -84,6 +91,7 @@ class InterruptCheckpoint(pl.Callback):
         self._pending = False  # a signal came while the work could not be abandoned
         self._aborted = False  # the handler raised: the live loop state is not a batch end
         self._last_batch_end: dict[str, Any] | None = None
+        self._phase: tuple[str, Callable[[], bool]] | None = None  # (what, whether it has saved state)
 
     @property
     def ckpt_path(self) -> str:
@@ -108,7 +116,8 @@ class InterruptCheckpoint(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # here, not in setup: Lightning snapshots the signal handlers after setup and puts that
         # snapshot back at its teardown, which would re-install these handlers after fit
-        self._exit_code, self._pending, self._aborted = EXIT_SIGTERM, False, False
+        self._exit_code, self._aborted, self._phase = EXIT_SIGTERM, False, None
+        self._pending = trainer.received_sigterm  # a signal in the sanity check: stop at once
         self._last_batch_end, self._undo, self._undo_schedulers = None, [], None
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -125,7 +134,10 @@ class InterruptCheckpoint(pl.Callback):
                 previous(num, frame)
             trainer._signal_connector.received_sigterm = True  # Lightning's own stop-at-batch-end flag
             if self._abandonable and trainer.world_size == 1:
-                self._stop(trainer, "abandoning the current batch (its updates undone) or validation")
+                what = (
+                    self._phase[0] if self._phase else "the current batch (its updates undone) or validation"
+                )
+                self._stop(trainer, f"abandoning {what}")
             self._pending = True
             rank_zero_info(
                 f"\n{signal.Signals(signum).name}: finishing the current batch's updates, then saving a "
@@ -136,8 +148,31 @@ class InterruptCheckpoint(pl.Callback):
 
     def _stop(self, trainer: pl.Trainer, what: str) -> None:
         self._aborted, self._abandonable = True, False
-        rank_zero_info(f"\nInterrupted: {what}; saving the state after the last trained batch")
+        then = (
+            "saving what resumes it, if anything"
+            if self._phase
+            else "saving the state after the last trained batch"
+        )
+        rank_zero_info(f"\nInterrupted: {what}; {then}")
         raise SIGTERMException(self._exit_code)
+
+    @contextmanager
+    def interruptible_phase(
+        self, trainer: pl.Trainer, what: str, saved: Callable[[], bool]
+    ) -> Iterator[None]:
+        """Work outside any training batch (``what``, named in messages) that an interrupt abandons at
+        once; ``saved()`` says whether the work's own resumable state is on disk by then (a checkpoint
+        is written only then). Single process only (ranks finish the work: see the class docstring).
+
+        Raises:
+            SIGTERMException: a signal came before or during the phase (the fit then stops).
+        """
+        self._phase = (what, saved)
+        if self._pending and trainer.world_size == 1:
+            self._stop(trainer, f"stopping before {what}")
+        self._abandonable = True
+        yield  # an exception leaves _phase set for on_exception
+        self._abandonable, self._phase = False, None
 
     # the phases in which an interrupt abandons the work at once: nothing of the training state moved
     def on_train_batch_start(
@@ -209,23 +244,26 @@ class InterruptCheckpoint(pl.Callback):
         self._abandonable = False
         self._restore_handlers()
         if not isinstance(exception, SIGTERMException):
+            release_run_folders()  # the fit is over: its folders are free (infra/run_lock.py)
             return
         exception.code = self._exit_code  # SIGTERMException is a SystemExit with status 0: say "stopped"
-        if self._aborted and self._last_batch_end is None:
-            rank_zero_info(
-                "Interrupted before the first batch of this fit ended: nothing trained, nothing saved"
-            )
+        phase_saved = self._phase is not None and self._phase[1]()
+        if self._aborted and self._last_batch_end is None and not phase_saved:
+            where = f"in {self._phase[0]}" if self._phase else "before the first batch of this fit ended"
+            rank_zero_info(f"Interrupted {where}: nothing trained, nothing saved")
+            release_run_folders()
             return
         if self._aborted:
             self._undo_batch_updates(trainer)
         checkpoint = trainer._checkpoint_connector.dump_checkpoint()
-        if self._aborted:  # mid-batch or mid-validation: the counters and RNG of the batch end before
+        if self._aborted and self._last_batch_end is not None:  # the counters and RNG of the batch end before
             checkpoint.update(self._last_batch_end)
         trainer.strategy.save_checkpoint(checkpoint, self.ckpt_path)
         trainer.strategy.barrier("InterruptCheckpoint.on_exception")
         rank_zero_info(
             f"Interrupted: saved {self.ckpt_path}; resume with: fit ... --ckpt_path {self.ckpt_path}"
         )
+        release_run_folders()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore_handlers()

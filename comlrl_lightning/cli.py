@@ -45,6 +45,10 @@ class CoMLRLCLI(LightningCLI):
     - Every ``fit`` saves on SIGTERM / Ctrl+C: an :class:`~comlrl_lightning.callbacks.InterruptCheckpoint`
       (default arguments) is added when the config's ``trainer.callbacks`` lists none, whatever
       else it lists; ``fit --save_on_interrupt false`` leaves it out.
+    - ``--ckpt_path``: the given model config is compared with the checkpoint's before any model
+      loads (:mod:`~comlrl_lightning.infra.resume_config`): a field that cannot change on resume is
+      an error naming it, a safe change is applied with a line saying so;
+      ``--use_checkpoint_config true`` takes the checkpoint's model config instead.
     - After ``fit`` it prints where the logs are and the start -> end of the logged ``val/pass@k``
       (with a 95% Wilson interval over the validation problems), ``val/reward``, every reward term
       (``val/rewards/<name>/mean``) and ``reward``.
@@ -68,6 +72,14 @@ class CoMLRLCLI(LightningCLI):
             "(SIGTERM / Ctrl+C save <log_dir>/checkpoints/interrupted.ckpt)",
         )
 
+        parser.add_argument(
+            "--use_checkpoint_config",
+            type=bool,
+            default=False,
+            help="with --ckpt_path: build the model from the checkpoint's saved config, ignoring the "
+            "given model config (default: the given one, refused where it changes what cannot change)",
+        )
+
     def parse_arguments(self, parser: Any, args: Any) -> None:
         """Parse; a config error ends in one line naming the full key, the value, what is allowed
         and the closest allowed key or value (:func:`~comlrl_lightning.cli_errors.explain`), printed
@@ -89,6 +101,44 @@ class CoMLRLCLI(LightningCLI):
             print(f"error: {explain(str(err), options) or report[-1].strip()}", file=sys.stderr)
             raise SystemExit(2) from None
 
+    def _parse_ckpt_path(self) -> None:
+        """Lightning replaces the given model config with the checkpoint's here; only with
+        ``--use_checkpoint_config true`` (naming the given fields it ignores). Otherwise the given
+        config is built and compared in :meth:`after_instantiate_classes`."""
+        from comlrl_lightning.infra.resume_config import ignored_lines
+
+        sub = self.config.get("subcommand")
+        if not sub or not self.config[sub].get("use_checkpoint_config"):
+            return
+        given = self.config[sub].get("model")
+        super()._parse_ckpt_path()
+        for line in ignored_lines(given, self.config[sub].get("model")):
+            print(line, file=sys.stderr)
+
+    def after_instantiate_classes(self) -> None:
+        """``--ckpt_path`` without ``--use_checkpoint_config``: compare the built model's config with
+        the checkpoint's (no model is loaded yet); a refused change ends the command (status 2) with
+        the fields named, an applied one prints a line; so does each changed trainer or data setting
+        (recorded by :class:`~comlrl_lightning.infra.resume_config.RunConfigRecord`)."""
+        from comlrl_lightning.infra import resume_config as R
+
+        sub = self.subcommand
+        ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        if not ckpt_path or not os.path.isfile(ckpt_path):
+            return
+        hparams, run_config = R.saved_records(ckpt_path)
+        self._dump_config()
+        lines = R.run_lines(run_config, R.run_record(self.config_dump))
+        if not self.config[sub].get("use_checkpoint_config"):
+            differences = R.resume_differences(hparams, dict(self.model.hparams))
+            error = R.refusal(differences, ckpt_path)
+            if error is not None:
+                print(f"error: {error}", file=sys.stderr)
+                raise SystemExit(2)
+            lines = R.applied_lines(differences) + lines
+        for line in lines:
+            print(line, file=sys.stderr)
+
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Any:
         """Add an :class:`InterruptCheckpoint` to a fit (see the class docstring) and a progress bar
         without ``v_num`` (:mod:`~comlrl_lightning.callbacks.progress_bar`), each unless one is listed."""
@@ -105,6 +155,11 @@ class CoMLRLCLI(LightningCLI):
             and not any(isinstance(c, InterruptCheckpoint) for c in given)
         ):
             callbacks = [*callbacks, InterruptCheckpoint()]
+        if self.subcommand == "fit":  # the trainer and data settings, for a resumed fit to compare
+            from comlrl_lightning.infra.resume_config import RunConfigRecord, run_record
+
+            self._dump_config()
+            callbacks = [*callbacks, RunConfigRecord(run_record(self.config_dump))]
         if config.get("enable_progress_bar") is not False and not any(
             isinstance(c, ProgressBar) for c in given
         ):

@@ -43,3 +43,18 @@ def rows():
     from comlrl_lightning.tasks.coding.data import load_humaneval_rows
 
     return load_humaneval_rows()
+
+
+@pytest.fixture
+def lightning_log(caplog):
+    """``caplog`` that also sees ``rank_zero_info`` lines, even after a test made Lightning's logger stop
+    propagating (``caplog.text``)."""
+    import logging
+
+    logger = logging.getLogger("lightning.pytorch")
+    level = logger.level
+    logger.addHandler(caplog.handler)
+    logger.setLevel(logging.INFO)
+    yield caplog
+    logger.removeHandler(caplog.handler)
+    logger.setLevel(level)

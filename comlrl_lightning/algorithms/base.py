@@ -28,6 +28,7 @@ from comlrl_lightning.core.records import Turn
 from comlrl_lightning.core.rollout import Actors, RolloutPlan, compute_returns, rollout_tree
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.envs.reward_model import reward_models_of
+from comlrl_lightning.infra import resume_config, run_lock
 from comlrl_lightning.infra.placement import (
     optimizer_state_to_param_devices,
     place_module,
@@ -187,6 +188,11 @@ class CoMLRLModule(AgentOptimization):
                 "find_unused_parameters: use strategy='ddp_find_unused_parameters_true' "
                 "(or DDPStrategy(find_unused_parameters=True))"
             )
+        if stage == "fit":  # one run per checkpoint folder (infra/run_lock.py), before any model loads
+            run_lock.hold_checkpoint_folders(self.trainer)
+
+    def teardown(self, stage: str) -> None:
+        run_lock.release_run_folders()  # after an exception the locks stay with the process until it ends
 
     def configure_model(self) -> None:
         """Load every agent (and reference copy) and every reward model of the env's reward (listed
@@ -227,6 +233,7 @@ class CoMLRLModule(AgentOptimization):
         design (no dropout while they score); a module a user leaves in eval mode is still reported."""
         self._check_max_steps()
         self._place_team()
+        self._given_learning_rates = resume_config.capture_learning_rates(self.trainer)  # before a restore
         self.reference_models.train()
         self.reward_models.train()
 
@@ -335,7 +342,9 @@ class CoMLRLModule(AgentOptimization):
         starting the train DataLoader) may still draw from the global RNG. Restore the skip counters,
         and rewrite the loop state of a checkpoint written at an epoch end or after ``fit`` into
         the batch-end form Lightning resumes exactly from
-        (:func:`~comlrl_lightning.infra.resume.canonical_loop_state`, Lightning #19617)."""
+        (:func:`~comlrl_lightning.infra.resume.canonical_loop_state`, Lightning #19617).
+        Raises ``ResumeConfigError``: a resume changes a field that cannot change (``resume_config.py``)."""
+        resume_config.check_resume(checkpoint, dict(self.hparams), self._trainer)  # Python fits too
         self._resume_rng_states = checkpoint.get("rng_states")
         # the reward models are not saved (on_save_checkpoint): keep the ones configure_model loaded,
         # and ignore those an older checkpoint carries for a module that has none (no env given)
@@ -375,6 +384,7 @@ class CoMLRLModule(AgentOptimization):
         self.reference_models.eval()
         self.reward_models.eval()
         self._place_team()
+        resume_config.apply_given_learning_rates(self.trainer, getattr(self, "_given_learning_rates", None))
         states = getattr(self, "_resume_rng_states", None)
         if states is not None:
             set_rng_states(states)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from comlrl_lightning.core import metrics as M
-from comlrl_lightning.core.pairs import PreferencePair, write_pairs
+from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.reward_model import JOINT_RESPONSE_TEMPLATE, RewardModelReward, sequence_logits
 from comlrl_lightning.envs.reward_model import position_limit as position_limit  # moved there; kept here
@@ -240,10 +240,11 @@ def fit_reward_model(
     state_path: str | None = None,
     log: Callable[[dict[str, float], int], None] | None = None,
     after_epoch: Callable[[int], None] | None = None,
+    record: dict[str, Any] | None = None,
 ) -> RewardFitState:
     """Train ``model`` on ``state.pairs`` for the epochs ``state.epoch..reward_num_train_epochs − 1``
     (continuing from ``state``'s weights, optimizer, order and RNG when it has them), writing
-    ``state`` to ``state_path`` after each epoch (atomically).
+    ``state`` (and ``record``'s keys beside it) to ``state_path`` after each epoch (atomically).
 
     Each step: ``reward_train_batch_size`` pairs in the order of a generator seeded by
     ``reward_seed``, both sides scored with grad, :func:`bradley_terry_loss`, AdamW
@@ -320,7 +321,7 @@ def fit_reward_model(
         state.optimizer = optimizer.state_dict()
         state.generator, state.rng_states = gen.get_state(), collect_rng_states()
         if state_path is not None:
-            atomic_torch_save(vars(state), state_path)
+            atomic_torch_save({**vars(state), **(record or {})}, state_path)
         if after_epoch is not None:
             after_epoch(epoch)
     model.eval()
@@ -347,48 +348,3 @@ def save_reward_model(model: nn.Module, tok: Any, folder: str, info: dict[str, A
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(folder, "marlhf.json"))
-
-
-def reward_phase(
-    model: nn.Module,
-    tok: Any,
-    reward: RewardModelReward,
-    cfg: RewardModelConfig,
-    folder: str,
-    make_pairs: Callable[[], list[PreferencePair]],
-    log: Callable[[dict[str, float], int], None] | None = None,
-    after_epoch: Callable[[int], None] | None = None,
-    source: str = "",
-) -> dict[str, Any]:
-    """MARLHF's phase 1 in ``folder``: a finished model there (``marlhf.json``) is loaded into
-    ``model``; else the pairs (``make_pairs()``, or those of a saved ``phase1_state.pt``) train it
-    (:func:`fit_reward_model`, resuming that state), then it is saved (:func:`save_reward_model`, with
-    ``pairs.jsonl``) and the state file removed. Returns the folder's ``marlhf.json`` record."""
-    done = os.path.join(folder, "marlhf.json")
-    if os.path.exists(done):
-        from transformers import AutoModelForSequenceClassification
-
-        model.load_state_dict(AutoModelForSequenceClassification.from_pretrained(folder).state_dict())
-        with open(done, encoding="utf-8") as f:
-            return json.load(f)
-    state_path = os.path.join(folder, "phase1_state.pt")
-    if os.path.exists(state_path):
-        state = RewardFitState(**torch.load(state_path, weights_only=False))
-    else:
-        pairs = make_pairs()
-        state = RewardFitState(pairs=[p.to_json() for p in pairs], rng_states=collect_rng_states())
-        os.makedirs(folder, exist_ok=True)
-        atomic_torch_save(vars(state), state_path)
-    state = fit_reward_model(model, tok, reward, state, cfg, state_path, log=log, after_epoch=after_epoch)
-    write_pairs(os.path.join(folder, "pairs.jsonl"), [PreferencePair.from_json(d) for d in state.pairs])
-    info = {
-        "template": cfg.reward_template,
-        "max_length": reward.max_length,
-        "source": source,
-        "num_pairs": len(state.pairs),
-        "skipped_steps": state.skipped_steps,
-        "history": state.history,
-    }
-    save_reward_model(model, tok, folder, info)
-    os.remove(state_path)
-    return info

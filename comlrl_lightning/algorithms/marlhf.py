@@ -26,13 +26,15 @@ Saving and resuming: phase 1 writes its state after every epoch (the pairs, weig
 pair order and global RNG states) to ``<reward_model_dir>/phase1_state.pt``; a run started again
 with the same ``reward_model_dir`` (a checkpoint written during phase 1 records it) continues from
 the last epoch, bit-exact. The finished model is saved as an HF folder (``marlhf.json`` last, marking
-it done); a later run given that folder loads it instead of training again. The trained reward model
+it done); a later run given that folder loads it instead of training again, only when the config the
+folder records is its own (``reward_model_folder.py``: else an error names each difference). The trained reward model
 is the exception to "frozen reward-model weights are not written into checkpoints": a phase-2
 checkpoint keeps its weights (``reward_models.<j>.*``), so it resumes without the folder.
 
 Not supported: ``num_turns > 1``; no pairs (every candidate tied) is an error, not CoMLRL's silent return.
 
-A SIGTERM / Ctrl+C in phase 1 stops the fit once the current epoch is saved; a resumed run goes on.
+A SIGTERM / Ctrl+C in phase 1 (under ``InterruptCheckpoint``) abandons it at once: before the pairs
+are saved nothing is; after, the checkpoint resumes from the last finished reward-model epoch.
 """
 
 from __future__ import annotations
@@ -49,13 +51,10 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.algorithms.iac import IAC
-from comlrl_lightning.algorithms.joint_reward_model import (
-    RewardModelConfig,
-    load_reward_backbone,
-    reward_phase,
-)
+from comlrl_lightning.algorithms.joint_reward_model import RewardModelConfig, load_reward_backbone
 from comlrl_lightning.algorithms.maac import MAAC
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
+from comlrl_lightning.algorithms.reward_model_folder import reward_phase, reward_recipe
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.core.config import (
@@ -70,6 +69,7 @@ from comlrl_lightning.core.preference import PreferenceConfig
 from comlrl_lightning.core.preference_config import PairSourceConfig, collect_pairs, config_group
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.envs.reward_model import GOLD_KEY, GoldRewardProbe, RewardModelReward, position_limit
+from comlrl_lightning.infra.interrupts import interruptible
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.critics import ActorCriticRolloutConfig, CriticConfig, CriticSpec
 
@@ -89,8 +89,7 @@ _DEFAULTS = (RewardModelConfig(), PreferenceConfig(), PairSourceConfig())
 """The signature defaults (``--print_config`` lists every field); never mutated: ``__init__`` copies."""
 _HAVE = {"advantage": "the MAGRPO family", "critics": "iac, maac", "critic": "iac, maac"}
 _STATE_FILE = "phase1_state.pt"
-_DONE_FILE = "marlhf.json"
-_PAIRS_FILE = "pairs.jsonl"
+_PHASE1 = "MARLHF phase 1 (preference pairs, reward-model epochs)"
 
 
 class _ByAlgorithm(type(CoMLRLModule)):
@@ -281,19 +280,20 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
 
     def fit_reward_phase(self) -> None:
         """Phase 1 in :attr:`reward_model_dir`
-        (:func:`~comlrl_lightning.algorithms.joint_reward_model.reward_phase`)."""
-        rm = self.joint_reward_model
-        self.reward_info = reward_phase(
+        (:func:`~comlrl_lightning.algorithms.reward_model_folder.reward_phase`)."""
+        rm, folder = self.joint_reward_model, self.reward_model_dir
+        args = (
             self.reward_models[self._rm_index],
             rm._tokenizer,
             rm,
             self.reward_config,
-            self.reward_model_dir,
+            folder,
             self.preference_pairs,
-            log=self._log_reward,
-            after_epoch=self._after_reward_epoch,
-            source=self.reward_config.reward_model or self.specs[0].model,
         )
+        with interruptible(self.trainer, _PHASE1, lambda: os.path.exists(os.path.join(folder, _STATE_FILE))):
+            self.reward_info = reward_phase(
+                *args, self._log_reward, self._after_reward_epoch, reward_recipe(self)
+            )
         self._reward_ready = True
 
     def after_reward_epoch(self, epoch: int) -> None:

@@ -31,6 +31,7 @@ from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.preference import PreferenceConfig
 from comlrl_lightning.core.replay import PreferenceReplay, ReplayConfig
 from comlrl_lightning.envs.base import DecPOMDP
+from comlrl_lightning.infra.run_lock import hold_run_folder
 
 _GROUPS: dict[str, type] = {"rounds": RoundsConfig, "comparator": ComparatorConfig, "replay": ReplayConfig}
 
@@ -151,6 +152,7 @@ class RoundLoop:
         (``<default_root_dir>/preference_replay`` unless ``preference_replay_dir``).
 
         Raises:
+            RunFolderBusy: another running process holds the replay or history folder.
             ValueError: ``trainer.world_size > 1`` (a round's pairs, replay shards and history folders
                 are written by one process), or ``trainer.min_steps`` / ``min_epochs`` set (the module
                 ends the fit after the last round; Lightning ignores that stop until the minimum, and
@@ -173,8 +175,12 @@ class RoundLoop:
         root = self.trainer.default_root_dir
         if self.comparator is None:
             self.comparator = self._make_comparator(os.path.join(root, "policy_checkpoints"))
+        history = self.comparator_config.policy_checkpoint_dir or os.path.join(root, "policy_checkpoints")
+        if self.comparator_config.comparator_policy == "history":  # one run per folder (infra/run_lock.py)
+            hold_run_folder(history, "comparator.policy_checkpoint_dir")
+        directory = self.replay_config.preference_replay_dir or os.path.join(root, "preference_replay")
+        hold_run_folder(directory, "replay.preference_replay_dir")
         if self.replay is None:
-            directory = self.replay_config.preference_replay_dir or os.path.join(root, "preference_replay")
             self.replay = PreferenceReplay(self.replay_config, directory, self.seed, self.num_agents)
 
     def count_idle_step(self) -> None:
