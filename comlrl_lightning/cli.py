@@ -20,6 +20,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from comlrl_lightning.algorithms.base import CoMLRLModule
+from comlrl_lightning.cli_errors import config_error
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.evaluation import wilson_interval
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
@@ -134,8 +135,9 @@ class CoMLRLCLI(LightningCLI):
 
         jsonargparse re-raises such an error inside a union error whose text repeats it and ends in a
         dump of every init argument, chained to the original: the user would read the message three
-        times in two tracebacks and find a namespace last. Here the original error's own traceback is
-        printed alone and the command exits with status 1.
+        times in two tracebacks and find a namespace last. Here a bad-input error (one naming its field,
+        :func:`~comlrl_lightning.cli_errors.config_error`) is printed as its one line, any other as its
+        own traceback alone, and the command exits with status 1.
         """
         try:
             super().instantiate_classes()
@@ -143,9 +145,26 @@ class CoMLRLCLI(LightningCLI):
             root = err
             while root.__cause__ is not None:
                 root = root.__cause__
-            if root is err:
+            line = config_error(root)
+            if line is None and root is err:
                 raise
-            traceback.print_exception(type(root), root, root.__traceback__, chain=False, file=sys.stderr)
+            if line is None:
+                traceback.print_exception(type(root), root, root.__traceback__, chain=False, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr)
+            raise SystemExit(1) from None
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run it; a bad-input error raised on the way (a data file that is missing, found at setup) is
+        printed as its one line, without the traceback (:func:`~comlrl_lightning.cli_errors.config_error`),
+        exit status 1; any other error propagates with its traceback."""
+        try:
+            super()._run_subcommand(subcommand)
+        except (ValueError, TypeError, OSError) as err:
+            line = config_error(err)
+            if line is None:
+                raise
+            print(line, file=sys.stderr)
             raise SystemExit(1) from None
 
     def before_fit(self) -> None:
