@@ -573,6 +573,14 @@ def test_marlhf_checks_a_users_pair_file_before_any_model_loads(monkeypatch, tmp
         ({"dpo": {"train_batch_size": 0}}, "train_batch_size: got 0, must be an integer >= 1"),
         ({"dpo": {"max_grad_norm": 0}}, "max_grad_norm: got 0, must be > 0 or None"),
         ({"dpo": {"on_nonfinite": "zero"}}, "on_nonfinite: got 'zero', allowed: ['skip', 'stop']"),
+        (  # before the fix accepted and ignored
+            {"dpo": {"preference_mode": "online", "num_train_epochs": 5}},
+            "dpo.num_train_epochs: got 5, must be left out with preference_mode='online'",
+        ),
+        (
+            {"dpo": {"preference_mode": "online", "train_batch_size": 8}},
+            "dpo.train_batch_size: got 8, must be left out with preference_mode='online'",
+        ),
         (
             {"rollout": {"num_turns": 2}},
             "rollout.num_turns: got 2; MADPO pairs one-turn aligned joint actions",
