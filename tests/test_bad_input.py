@@ -875,3 +875,17 @@ def test_a_reward_model_that_fails_to_load_is_named_as_the_reward_model(tmp_path
     with pytest.raises(OSError, match=rf"^reward_model\.reward_model: cannot load '{tmp_path}/broken' \((OSError|"
                                       r"ValueError): "):  # fmt: skip
         load_reward_backbone(str(tmp_path / "broken"))
+
+
+def test_a_pair_whose_chosen_reward_is_below_the_rejected_one_is_refused_naming_its_line(
+    monkeypatch, tmp_path
+):
+    # before the fix it was accepted: the reward model (or DPO) then learnt to prefer the worse side
+    from comlrl_lightning import MARLHF
+
+    no_model_loads(monkeypatch)
+    good = {"prompts": ["p", "q"], "chosen": ["a", "b"], "rejected": ["c", "d"]}
+    path = jsonl(tmp_path, [good, {**good, "chosen_reward": 0.1, "rejected_reward": 0.9}], "pairs.jsonl")
+    with pytest.raises(ValueError, match=rf"^{path}:2: PreferencePair\.chosen_reward: got 0\.1, below "
+                                         r"rejected_reward=0\.9; chosen is the preferred joint action"):  # fmt: skip
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, pair_source=dict(pairs_path=path))
