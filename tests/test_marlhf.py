@@ -451,6 +451,39 @@ def test_rl_phase_logs_the_task_reward_of_its_joint_actions_beside_the_learned_o
         assert out.turn0_rewards.flatten().tolist() == pytest.approx(rm.score_texts(texts).tolist(), abs=1e-5)
 
 
+def test_a_failing_task_reward_that_is_only_logged_does_not_stop_the_rl_phase(
+    trainer_factory, tmp_path, monkeypatch
+):
+    # before the fix the probe's task-reward error ended the RL phase (it is logged, never trained on)
+    from comlrl_lightning.algorithms import marlhf as marlhf_module
+    from comlrl_lightning.core import metrics as M
+    from comlrl_lightning.envs.reward_model import GoldRewardProbe
+
+    def down(joint_actions, episodes, turn):
+        raise RuntimeError("sandbox down")
+
+    probes = []
+
+    class FailingGold(GoldRewardProbe):
+        def __init__(self, reward, gold):
+            super().__init__(reward, down)
+            probes.append(self)
+
+    monkeypatch.setattr(marlhf_module, "GoldRewardProbe", FailingGold)
+    pl.seed_everything(0)
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, separable_pairs(8))
+    m = marlhf(tmp_path, pairs_path=str(path))
+    m.reward_config.log_task_reward = True
+    rec = Record()
+    with pytest.warns(UserWarning, match=r"reward_model\.log_task_reward: the task reward raised RuntimeError: "
+                                         r"sandbox down \(1 failed call\(s\) so far\)"):  # fmt: skip
+        trainer = fit(trainer_factory, m, 3, callbacks=[rec])
+    assert len(rec.outputs) == 3 and trainer.global_step == 6  # every RL step ran (2 agents a batch)
+    assert len(probes) == 1 and probes[0].failures == 3  # one reward call a step, each counted
+    assert M.MARLHF_TASK_REWARD not in trainer.callback_metrics  # no made-up value logged
+
+
 def test_sigterm_in_the_reward_phase_stops_after_that_epoch_and_resumes_bit_exact(trainer_factory, tmp_path):
     # before the fix a SIGTERM during phase 1 was acted on only at the first RL batch: every remaining
     # reward-model epoch ran first (a preemption grace period can be shorter than that)

@@ -232,6 +232,12 @@ class RoundLoop:
         train = self.replay.select(r, current)
         self._last_counts = [len(current), len(train), self.replay.counts()[1]]
         self.log_counts()
+        if not train:  # ties never pair: a reward that scores every candidate alike forms none
+            rank_zero_warn(
+                f"{type(self).__name__}: round {r} formed 0 training pairs ({len(current)} built; ties "
+                f"never pair): it trains nothing; does the reward tell the preference.preference_num_"
+                "candidates joint responses of a prompt apart?"
+            )
         self._round_pairs, self._position = [], 0
         return train
 
@@ -254,6 +260,20 @@ class RoundLoop:
                 f"{self.rounds.num_rounds} (phase {self._phase!r}, position {self._position}): a trainer "
                 "limit (max_steps, max_epochs or max_time) stopped it before the last round; resume with "
                 "fit --ckpt_path <a checkpoint of this run> and a larger limit (or max_steps: -1)"
+            )
+
+    def refuse_if_nothing_trained(self) -> None:
+        """Raise (from the module's ``on_train_end``) when the rounds run so far formed no pair at all:
+        the fit trained nothing, which must not end as a success.
+
+        Raises:
+            RuntimeError: naming the rounds and the fields that decide the pairs."""
+        assert self.replay is not None
+        if self._round > 0 and self.replay.counts()[1] == 0:
+            raise RuntimeError(
+                f"preference.pair_selection: {type(self).__name__} formed 0 preference pairs in {self._round} "
+                f"round(s), so it trained nothing (ties never pair: the reward scored every joint response "
+                "of a prompt alike); check the reward, or raise preference.preference_num_candidates"
             )
 
     def log_counts(self) -> None:
