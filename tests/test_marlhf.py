@@ -409,6 +409,16 @@ def test_gold_reward_probe_keeps_the_learned_values_and_reports_the_task_reward_
         RewardModelConfig(log_task_reward="yes").check()
 
 
+def logging_task_reward(tmp_path, on):
+    """A seeded MARLHF on a file of separable pairs, ``reward_model.log_task_reward`` set to ``on``."""
+    pl.seed_everything(0)
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, separable_pairs(8))
+    m = marlhf(tmp_path, pairs_path=str(path))
+    m.reward_config.log_task_reward = on
+    return m
+
+
 @pytest.mark.parametrize("on", [True, False])
 def test_rl_phase_logs_the_task_reward_of_its_joint_actions_beside_the_learned_one(
     trainer_factory, tmp_path, on
@@ -422,11 +432,7 @@ def test_rl_phase_logs_the_task_reward_of_its_joint_actions_beside_the_learned_o
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self.rows.append((outputs, list(batch), dict(trainer.callback_metrics)))
 
-    pl.seed_everything(0)
-    path = tmp_path / "pairs.jsonl"
-    write_pairs(path, separable_pairs(8))
-    m = marlhf(tmp_path, pairs_path=str(path))
-    m.reward_config.log_task_reward = on
+    m = logging_task_reward(tmp_path, on)
     logged = Logged()
     fit(trainer_factory, m, 2, callbacks=[logged])
     assert len(logged.rows) == 2
@@ -470,11 +476,7 @@ def test_a_failing_task_reward_that_is_only_logged_does_not_stop_the_rl_phase(
             probes.append(self)
 
     monkeypatch.setattr(marlhf_module, "GoldRewardProbe", FailingGold)
-    pl.seed_everything(0)
-    path = tmp_path / "pairs.jsonl"
-    write_pairs(path, separable_pairs(8))
-    m = marlhf(tmp_path, pairs_path=str(path))
-    m.reward_config.log_task_reward = True
+    m = logging_task_reward(tmp_path, True)
     rec = Record()
     with pytest.warns(UserWarning, match=r"reward_model\.log_task_reward: the task reward raised RuntimeError: "
                                          r"sandbox down \(1 failed call\(s\) so far\)"):  # fmt: skip
