@@ -2,6 +2,7 @@
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -573,14 +574,6 @@ def test_marlhf_checks_a_users_pair_file_before_any_model_loads(monkeypatch, tmp
         ({"dpo": {"train_batch_size": 0}}, "train_batch_size: got 0, must be an integer >= 1"),
         ({"dpo": {"max_grad_norm": 0}}, "max_grad_norm: got 0, must be > 0 or None"),
         ({"dpo": {"on_nonfinite": "zero"}}, "on_nonfinite: got 'zero', allowed: ['skip', 'stop']"),
-        (  # before the fix accepted and ignored
-            {"dpo": {"preference_mode": "online", "num_train_epochs": 5}},
-            "dpo.num_train_epochs: got 5, must be left out with preference_mode='online'",
-        ),
-        (
-            {"dpo": {"preference_mode": "online", "train_batch_size": 8}},
-            "dpo.train_batch_size: got 8, must be left out with preference_mode='online'",
-        ),
         (
             {"rollout": {"num_turns": 2}},
             "rollout.num_turns: got 2; MADPO pairs one-turn aligned joint actions",
@@ -604,6 +597,21 @@ def test_madpo_refuses_bad_values_naming_the_field_before_any_model_loads(monkey
     with pytest.raises(ValueError) as e:
         MADPO(agents=["builtin:tiny-gpt2"] * 2, **groups)
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("field,value", [("num_train_epochs", 5), ("train_batch_size", 8)])
+def test_madpo_warns_that_online_mode_ignores_the_one_shot_knobs(monkeypatch, field, value):
+    # before the fix they were accepted and ignored without a word
+    from comlrl_lightning import MADPO
+
+    no_model_loads(monkeypatch)
+    with pytest.warns(
+        UserWarning, match=rf"^dpo\.{field}: got {value}, which preference_mode='online' ignores"
+    ):
+        MADPO(agents=["builtin:tiny-gpt2"] * 2, dpo={"preference_mode": "online", field: value})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MADPO(agents=["builtin:tiny-gpt2"] * 2, dpo={"preference_mode": "one_shot", field: value})
 
 
 # ------------------------------------------------------------------ iterative MADPO
