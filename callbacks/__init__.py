@@ -6,10 +6,12 @@
 - :class:`AgentCheckpoint`: each agent as a Hugging Face folder, atomically, last k kept.
 - :class:`InterruptCheckpoint`: SIGTERM / Ctrl+C save a resumable checkpoint and exit non-zero.
 - :class:`RichProgress` / :class:`TQDMProgress`: Lightning's progress bars without ``v_num``.
+- :class:`FitSummary`: the start -> end of the key scalars when ``fit`` ends (resumed runs too).
 """
 
 from comlrl_lightning.callbacks.agent_checkpoint import AgentCheckpoint
 from comlrl_lightning.callbacks.completion_logger import CompletionLogger
+from comlrl_lightning.callbacks.fit_summary import FitSummary
 from comlrl_lightning.callbacks.gradient_checkpointing import GradientCheckpointing
 from comlrl_lightning.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from comlrl_lightning.callbacks.progress_bar import RichProgress, TQDMProgress
@@ -18,6 +20,7 @@ from comlrl_lightning.callbacks.reward_logger import RewardLogger
 __all__ = [
     "AgentCheckpoint",
     "CompletionLogger",
+    "FitSummary",
     "GradientCheckpointing",
     "InterruptCheckpoint",
     "RewardLogger",

@@ -20,16 +20,12 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from comlrl_lightning.algorithms.base import CoMLRLModule
+from comlrl_lightning.callbacks.fit_summary import summary_line as summary_line  # moved there; kept here
 from comlrl_lightning.cli_errors import config_error
-from comlrl_lightning.core import metrics as M
-from comlrl_lightning.core.evaluation import wilson_interval
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.infra.memory import release_freed_memory
 from comlrl_lightning.infra.quiet import silence_start_up_noise
 
-_SUMMARY_KEYS = ("val/pass@*", "val/final/pass@*", M.VAL_REWARD, "val/rewards/*", M.REWARD)
-"""The scalars printed after ``fit`` (start and end value); a trailing ``*`` matches any ending
-(``val/rewards/*``: each reward term, e.g. ``val/rewards/coop_code/<term>/mean``)."""
 DEFAULT_SAVE_DIR = "runs"
 """Where loggers without a ``save_dir`` write when ``trainer.default_root_dir`` is not given."""
 SAVE_DIR_MARK = "<trainer.default_root_dir, else runs>"
@@ -46,9 +42,9 @@ class CoMLRLCLI(LightningCLI):
     - Every ``fit`` saves on SIGTERM / Ctrl+C: an :class:`~comlrl_lightning.callbacks.InterruptCheckpoint`
       (default arguments) is added when the config's ``trainer.callbacks`` lists none, whatever
       else it lists; ``fit --save_on_interrupt false`` leaves it out.
-    - After ``fit`` it prints where the logs are and the start -> end of the logged ``val/pass@k``
-      (with a 95% Wilson interval over the validation problems), ``val/reward``, every reward term
-      (``val/rewards/<name>/mean``) and ``reward``.
+    - After ``fit`` the module's :class:`~comlrl_lightning.callbacks.FitSummary` prints where the logs
+      are and the start -> end of ``val/pass@k`` (with a 95% Wilson interval over the validation
+      problems), ``val/reward``, every reward term (``val/rewards/<name>/mean``) and ``reward``.
 
     The agent count of the model and the formatter count of the data are checked in
     ``MAGRPO.setup``, before any model loads.
@@ -188,38 +184,6 @@ class CoMLRLCLI(LightningCLI):
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-
-    def after_fit(self) -> None:
-        if not self.trainer.is_global_zero:
-            return
-        log_dir = self.trainer.log_dir
-        print(
-            f"\nTensorBoard logs: {log_dir}\n  view them with: tensorboard --logdir {os.path.dirname(log_dir or '.')}"
-        )
-        n = _num_val_problems(self.trainer, self.datamodule)
-        for key, values in _scalar_history(log_dir, _SUMMARY_KEYS).items():
-            print(f"  {summary_line(key, values, n)}")
-
-
-def summary_line(key: str, values: list[float], num_problems: int | None) -> str:
-    """``key: start -> end (points)``; a ``pass@k`` adds each end's 95% Wilson interval over
-    ``num_problems`` validation problems (:func:`~comlrl_lightning.core.evaluation.wilson_interval`)."""
-    first, last = values[0], values[-1]
-    text = f"{key}: {first:.3f} -> {last:.3f} ({last - first:+.3f}, {len(values)} points)"
-    if "pass@" in key and num_problems and all(0.0 <= v <= 1.0 for v in (first, last)):
-        ci = [f"[{lo:.3f}, {hi:.3f}]" for lo, hi in (wilson_interval(v, num_problems) for v in (first, last))]
-        text += f"; 95% interval over {num_problems} problems: {ci[0]} -> {ci[1]}"
-    return text
-
-
-def _num_val_problems(trainer: Any, datamodule: Any) -> int | None:
-    """Problems one validation pass scores: the validation rows, capped by ``limit_val_batches``."""
-    rows = getattr(datamodule, "val_rows", None)
-    if rows is None:
-        return None
-    n, batches = len(rows), sum(getattr(trainer, "num_val_batches", None) or [0])
-    size = getattr(datamodule, "val_batch_size", None)
-    return min(n, batches * size) if batches and size else n
 
 
 def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, list[float]]:

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_warn
@@ -232,6 +233,14 @@ class CoMLRLModule(AgentOptimization):
 
     def on_train_epoch_start(self) -> None:
         self._place_team()
+
+    def configure_callbacks(self) -> list[Callback]:
+        """A :class:`~comlrl_lightning.callbacks.FitSummary` when the trainer has none, so every fit
+        (the CLI's or a Python ``trainer.fit``) ends with the start -> end of its key scalars."""
+        from comlrl_lightning.callbacks.fit_summary import FitSummary
+
+        has = self._trainer is not None and any(isinstance(c, FitSummary) for c in self.trainer.callbacks)
+        return [] if has else [FitSummary()]
 
     def stop_if_signalled(self) -> None:
         """Raise Lightning's ``SIGTERMException`` if the trainer noted a SIGTERM (with
