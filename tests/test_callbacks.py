@@ -425,3 +425,40 @@ def test_the_progress_bar_shows_no_v_num_and_no_negative_epoch_count(tmp_path):
     rich = RichProgress()
     rich._trainer = trainer
     assert rich._get_train_description(1).strip() == "Epoch 1"  # Lightning's: "Epoch 1/-2"
+
+
+@pytest.mark.parametrize("bar_cls", ["RichProgress", "TQDMProgress"])
+def test_the_progress_bar_total_is_the_batches_the_epoch_really_runs(tmp_path, bar_cls):
+    # before the fix a 2-agent fit stopped by max_steps showed e.g. "3/8" batches (Lightning: the epoch's
+    # batches, capped only with max_epochs=-1 and then by optimizer steps, two a batch here)
+    import comlrl_lightning.callbacks as C
+
+    bar = getattr(C, bar_cls)()
+
+    class Totals(pl.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_epoch_end(self, trainer, pl_module):  # the bar's total, and the batches the epoch ran
+            shown = (bar.progress.tasks[bar.train_progress_bar_id] if bar_cls == "RichProgress"
+                     else bar.train_progress_bar).total  # fmt: skip
+            self.seen.append((shown, trainer.fit_loop.epoch_loop.batch_progress.current.completed))
+
+    totals = Totals()
+    trainer = pl.Trainer(accelerator="cpu", max_steps=MAGRPO.max_steps_for(5, 2), callbacks=[bar, totals],
+                         logger=False, enable_model_summary=False, enable_checkpointing=False,
+                         limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(tiny_magrpo(max_new_tokens=4), LengthRatioDataModule(num_train=8, num_val=2, batch_size=2))
+    assert totals.seen == [(4, 4), (1, 1)]  # 4 batches an epoch, 5 in all: each total is what ran
+
+
+def test_a_round_loop_shows_its_round_not_an_epoch_of_max_epochs():
+    from comlrl_lightning import MADPOIter
+    from comlrl_lightning.callbacks import RichProgress
+
+    bar = RichProgress()
+    module = MADPOIter(agents=["builtin:tiny-gpt2"] * 2, rounds=dict(num_rounds=3))
+    bar._trainer = SimpleNamespace(lightning_module=module, max_epochs=1000)
+    assert bar._get_train_description(1).strip() == "Round 1/3"  # Lightning's: "Epoch 1/999"
+    module._round = 3  # every round done
+    assert bar._get_train_description(7).strip() == "Round 3/3"
