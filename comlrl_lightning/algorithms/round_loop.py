@@ -263,13 +263,14 @@ class RoundLoop:
             )
 
     def refuse_if_nothing_trained(self) -> None:
-        """Raise (from the module's ``on_train_end``) when the rounds run so far formed no pair at all:
-        the fit trained nothing, which must not end as a success.
+        """Raise (from the module's ``on_train_end``) when every round ran and none formed a pair: the
+        fit trained nothing, which must not end as a success (a fit a trainer limit cut short is
+        reported by :meth:`warn_if_unfinished` and each empty round's warning instead).
 
         Raises:
             RuntimeError: naming the rounds and the fields that decide the pairs."""
         assert self.replay is not None
-        if self._round > 0 and self.replay.counts()[1] == 0:
+        if self._round >= self.rounds.num_rounds and self.replay.counts()[1] == 0:
             raise RuntimeError(
                 f"preference.pair_selection: {type(self).__name__} formed 0 preference pairs in {self._round} "
                 f"round(s), so it trained nothing (ties never pair: the reward scored every joint response "
