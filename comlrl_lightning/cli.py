@@ -164,9 +164,13 @@ class CoMLRLCLI(LightningCLI):
             raise SystemExit(1) from None
 
     def before_fit(self) -> None:
-        """``--validate_before_fit``: validate once; SIGTERM / Ctrl+C there stop at once (nothing is
-        trained yet, so nothing is saved), with status 143 / 130."""
+        """``--validate_before_fit``: validate once (not on a resume: ``--ckpt_path`` given); SIGTERM /
+        Ctrl+C there stop at once (nothing is trained yet, so nothing is saved), with status 143 / 130."""
         if not self.config["fit"].get("validate_before_fit"):
+            return
+        if self.config["fit"].get(
+            "ckpt_path"
+        ):  # a resumed run: its step-0 validation is in the first run's logs
             return
         previous = {}
 
@@ -212,11 +216,14 @@ def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, lis
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning`` (``args``: default
-    ``sys.argv[1:]``)."""
+    ``sys.argv[1:]``). The working directory goes on ``sys.path`` (first) when it is not there, as
+    ``python -m`` puts it, so a config can name a reward in a module of the working directory."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     release_freed_memory()  # freed activations and gradients leave the resident set (infra/memory.py)
     silence_start_up_noise()  # again: ahead of any warning filter set since the import
     argv = sys.argv[1:] if args is None else args
+    if not {"", os.getcwd()} & set(sys.path):  # as `python -m` does: a reward module here imports
+        sys.path.insert(0, os.getcwd())
     if argv and argv[0] == "coordinate":  # not a Trainer function: the coordinator owns its round loop
         from comlrl_lightning.coordinator.cli import main as coordinate
 

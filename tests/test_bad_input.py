@@ -231,6 +231,20 @@ def test_any_three_argument_reward_is_accepted_from_yaml_whatever_its_annotation
     assert f"reward: user_rewards.{name}" in capsys.readouterr().out
 
 
+def test_a_reward_module_in_the_working_directory_is_importable_from_yaml(tmp_path, monkeypatch, capsys):
+    # before the fix the comlrl-lightning script (sys.path[0]: its bin folder) failed with "No module named ..."
+    import sys
+
+    (tmp_path / "cwd_rewards.py").write_text(REWARDS)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", str(ROOT / "configs" / "selfplay_grpo.yaml"), "--data.init_args.reward=cwd_rewards.plain",
+              "--print_config"])  # fmt: skip
+    assert info.value.code == 0, capsys.readouterr().err
+    assert "reward: cwd_rewards.plain" in capsys.readouterr().out
+
+
 def test_a_reward_of_the_wrong_arity_is_refused_from_yaml(tmp_path, monkeypatch, capsys):
     (tmp_path / "user_rewards.py").write_text(REWARDS)
     monkeypatch.syspath_prepend(str(tmp_path))
