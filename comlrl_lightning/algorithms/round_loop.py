@@ -21,7 +21,7 @@ import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from comlrl_lightning.comparator.candidates import build_candidates
 from comlrl_lightning.comparator.config import ComparatorConfig, RoundsConfig
@@ -194,6 +194,8 @@ class RoundLoop:
         if not self._round_open:  # also after a resume inside a build (current_copy copies again)
             self.comparator.begin_round(self._round)
             self._round_open = True
+            rank_zero_info(f"{type(self).__name__}: round {self._round + 1}/{self.rounds.num_rounds}: building its "
+                           f"pairs (current vs {self.comparator_config.comparator_policy})")  # fmt: skip
         loader = self.trainer.train_dataloader
         dataset, size = loader.dataset, max(int(getattr(loader, "batch_size", 1) or 1), 1)
         walk = len(dataset)
