@@ -7,6 +7,7 @@
 - :class:`InterruptCheckpoint`: SIGTERM / Ctrl+C save a resumable checkpoint and exit non-zero.
 - :class:`RichProgress` / :class:`TQDMProgress`: Lightning's progress bars without ``v_num``.
 - :class:`FitSummary`: the start -> end of the key scalars when ``fit`` ends (resumed runs too).
+- :class:`TeamFirstLayout`: TensorBoard's CUSTOM SCALARS tab, the team's reward first.
 """
 
 from comlrl_lightning.callbacks.agent_checkpoint import AgentCheckpoint
@@ -16,6 +17,7 @@ from comlrl_lightning.callbacks.gradient_checkpointing import GradientCheckpoint
 from comlrl_lightning.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from comlrl_lightning.callbacks.progress_bar import RichProgress, TQDMProgress
 from comlrl_lightning.callbacks.reward_logger import RewardLogger
+from comlrl_lightning.callbacks.scalar_layout import TeamFirstLayout
 
 __all__ = [
     "AgentCheckpoint",
@@ -26,4 +28,5 @@ __all__ = [
     "RewardLogger",
     "RichProgress",
     "TQDMProgress",
+    "TeamFirstLayout",
 ]

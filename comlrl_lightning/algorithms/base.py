@@ -235,12 +235,15 @@ class CoMLRLModule(AgentOptimization):
         self._place_team()
 
     def configure_callbacks(self) -> list[Callback]:
-        """A :class:`~comlrl_lightning.callbacks.FitSummary` when the trainer has none, so every fit
-        (the CLI's or a Python ``trainer.fit``) ends with the start -> end of its key scalars."""
+        """A :class:`~comlrl_lightning.callbacks.FitSummary` and a
+        :class:`~comlrl_lightning.callbacks.TeamFirstLayout`, each when the trainer has none, so every
+        fit (the CLI's or a Python ``trainer.fit``) ends with the start -> end of its key scalars and
+        its TensorBoard shows the team's curves first."""
         from comlrl_lightning.callbacks.fit_summary import FitSummary
+        from comlrl_lightning.callbacks.scalar_layout import TeamFirstLayout
 
-        has = self._trainer is not None and any(isinstance(c, FitSummary) for c in self.trainer.callbacks)
-        return [] if has else [FitSummary()]
+        have = self.trainer.callbacks if self._trainer is not None else []
+        return [cls() for cls in (FitSummary, TeamFirstLayout) if not any(isinstance(c, cls) for c in have)]
 
     def stop_if_signalled(self) -> None:
         """Raise Lightning's ``SIGTERMException`` if the trainer noted a SIGTERM (with
