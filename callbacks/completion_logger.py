@@ -80,10 +80,11 @@ def completion_report(out: dict[str, Any], max_rows: int, max_chars: int | None)
     Columns :data:`COLUMNS`; one row per agent of each joint action (episode-major, joint actions in
     order, agents in order). ``prompt`` is the agent's user turn (the formatter's prompt, without
     the chat template), shown in the episode's first joint action only; ``reward`` is the joint
-    action's shared reward, on each of its rows. Cell text is HTML-escaped, ``|`` cannot end a
-    cell, line breaks become ``<br>``; a completion is a ``<pre>`` block (monospace, its indentation
-    kept, not wrapped) whose markdown characters (``*``, ``_``, backticks, brackets) are entities, so
-    markdown cannot format code (TensorBoard renders the table as HTML, full width).
+    action's shared reward, on each of its rows. Every cell is a ``<pre>`` block (monospace, its
+    indentation kept, never wrapped: TensorBoard breaks table text at any character, so a wide code
+    cell would squeeze every other column to one character): HTML-escaped, ``|`` cannot end it, line
+    breaks become ``<br>``, markdown's characters (``*``, ``_``, backticks, brackets) are entities so
+    markdown cannot format code. A table wider than its card scrolls sideways.
 
     Args:
         out: the dict ``MAGRPO.training_step`` returns (``user_prompts`` (else ``prompts``),
@@ -120,15 +121,15 @@ def completion_report(out: dict[str, Any], max_rows: int, max_chars: int | None)
             for i in range(n):
                 prompt = (prompts[i][e] if e < len(prompts[i]) else "") if a == 0 else ""
                 completion = completions[i][e * k + int(joint[a, i])]
-                cells = [
+                texts = [
                     str(e),
                     str(a),
                     "0",
                     f"agent_{i}",
-                    _cell(_cut(prompt, max_chars)),
-                    _cell(_cut(completion, max_chars), code=True),
-                    f"{float(rewards[e, a]):.4g}",
+                    _cut(prompt, max_chars),
+                    _cut(completion, max_chars),
                 ]
+                cells = [_cell(t) for t in [*texts, f"{float(rewards[e, a]):.4g}"]]
                 lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -141,11 +142,9 @@ _MARKDOWN = str.maketrans({c: f"&#{ord(c)};" for c in "*_`[]\\~"})
 """Markdown's inline markup characters as HTML entities: ``__init__`` stays ``__init__`` in code."""
 
 
-def _cell(text: str, code: bool = False) -> str:
-    """``text`` as one table cell: escaped, no ``|``, ``<br>`` line breaks; ``code``: a ``<pre>`` block
-    (spaces kept, no markdown formatting)."""
+def _cell(text: str) -> str:
+    """``text`` as one table cell: a ``<pre>`` block (spaces kept, no markdown formatting), escaped, no
+    ``|``, ``<br>`` line breaks; ``""`` for no text."""
     # every line boundary markdown could end a table row at (\r, \x0b, \x85, \u2028, ...), not only \n
-    rows = [html.escape(r).replace("|", "&#124;") for r in text.splitlines()] or [""]
-    if code:
-        return "<pre>" + "<br>".join(r.translate(_MARKDOWN) for r in rows) + "</pre>" if text else ""
-    return "<br>".join(rows)
+    rows = [html.escape(r).replace("|", "&#124;").translate(_MARKDOWN) for r in text.splitlines()]
+    return "<pre>" + "<br>".join(rows) + "</pre>" if text else ""

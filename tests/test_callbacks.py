@@ -187,12 +187,12 @@ def test_completion_report_is_a_table_of_episode_turn_agent_prompt_completion_re
     assert "im_start" not in text
     rows = table_rows(text)
     assert len(rows) == 3 * 2  # max_rows joint actions, one row per agent
-    assert rows[0] == ["0", "0", "0", "agent_0", "helper for<br>q0", "<pre>x&#124;y</pre>", "0.1"]
-    assert rows[1] == ["0", "0", "0", "agent_1", "main q0", "<pre>" + "A" * 20 + "…</pre>", "0.1"]
+    rows = [[cell.removeprefix("<pre>").removesuffix("</pre>") for cell in row] for row in rows]  # every cell
+    assert rows[0] == ["0", "0", "0", "agent&#95;0", "helper for<br>q0", "x&#124;y", "0.1"]
+    assert rows[1] == ["0", "0", "0", "agent&#95;1", "main q0", "A" * 20 + "…", "0.1"]
     # the prompt only in the episode's first joint action; a completion keeps its indentation, escaped
-    assert rows[2] == ["0", "1", "0", "agent_0", "", "<pre>if a:<br>    b&lt;2</pre>",
-                       "0.2"]  # fmt: skip
-    assert rows[4][:5] == ["1", "0", "0", "agent_0", "helper for q1"] and rows[4][6] == "0.3"
+    assert rows[2] == ["0", "1", "0", "agent&#95;0", "", "if a:<br>    b&lt;2", "0.2"]
+    assert rows[4][:5] == ["1", "0", "0", "agent&#95;0", "helper for q1"] and rows[4][6] == "0.3"
 
 
 def test_tensorboards_own_renderer_makes_the_report_an_html_table():
@@ -220,7 +220,7 @@ def test_a_completion_is_shown_in_full_as_unformatted_monospace_code():
     out = fake_output([0.5, 1.0], [[1, 2], [3, 4]], [[False] * 2] * 2, texts=[[code, "b"], ["c", "d"]])
     assert CompletionLogger().max_chars is None
     rendered = markdown_to_safe_html(completion_report(out, 10, CompletionLogger().max_chars))
-    cell = rendered.split("<td><pre>")[1].split("</pre></td>")[0]
+    cell = rendered.split("<td><pre>")[6].split("</pre></td>")[0]  # episode, joint action, turn, agent, prompt
     assert html.unescape(cell.replace("<br>", "\n")) == code  # every character, indentation included
     assert "<strong>" not in rendered and "<em>" not in rendered and "<code>" not in rendered
 
@@ -245,7 +245,7 @@ def test_completion_logger_writes_text_on_the_batch_axis_from_rank_zero(tmp_path
     assert [e.step for e in events] == [1, 3]  # batches 2 and 4, scalars' x-axis
     text = events[0].tensor_proto.string_val[0].decode()
     rows = table_rows(text)
-    assert [r[5] for r in rows] == ["<pre>a0-0</pre>", "<pre>a1-0</pre>"] and rows[0][6] == "0"  # max_rows=1
+    assert [r[5] for r in rows] == ["<pre>a0-0</pre>", "<pre>a1-0</pre>"] and rows[0][6] == "<pre>0</pre>"  # max_rows=1
     with pytest.raises(ValueError, match="every_n_steps"):
         CompletionLogger(every_n_steps=0)
 
