@@ -220,7 +220,8 @@ def test_a_completion_is_shown_in_full_as_unformatted_monospace_code():
     out = fake_output([0.5, 1.0], [[1, 2], [3, 4]], [[False] * 2] * 2, texts=[[code, "b"], ["c", "d"]])
     assert CompletionLogger().max_chars is None
     rendered = markdown_to_safe_html(completion_report(out, 10, CompletionLogger().max_chars))
-    cell = rendered.split("<td><pre>")[6].split("</pre></td>")[0]  # episode, joint action, turn, agent, prompt
+    # the sixth cell of the first row: episode, joint action, turn, agent, prompt, completion
+    cell = rendered.split("<td><pre>")[6].split("</pre></td>")[0]
     assert html.unescape(cell.replace("<br>", "\n")) == code  # every character, indentation included
     assert "<strong>" not in rendered and "<em>" not in rendered and "<code>" not in rendered
 
@@ -245,7 +246,8 @@ def test_completion_logger_writes_text_on_the_batch_axis_from_rank_zero(tmp_path
     assert [e.step for e in events] == [1, 3]  # batches 2 and 4, scalars' x-axis
     text = events[0].tensor_proto.string_val[0].decode()
     rows = table_rows(text)
-    assert [r[5] for r in rows] == ["<pre>a0-0</pre>", "<pre>a1-0</pre>"] and rows[0][6] == "<pre>0</pre>"  # max_rows=1
+    assert [r[5] for r in rows] == ["<pre>a0-0</pre>", "<pre>a1-0</pre>"]  # max_rows=1
+    assert rows[0][6] == "<pre>0</pre>"
     with pytest.raises(ValueError, match="every_n_steps"):
         CompletionLogger(every_n_steps=0)
 
