@@ -7,8 +7,9 @@ import logging
 import lightning.pytorch as pl
 from test_madpo import _madpo
 from test_madpo_iter import BATCH, TRAIN, _module
-from test_marlhf import fit, marlhf
+from test_marlhf import fit, marlhf, separable_pairs
 
+from comlrl_lightning.core.pairs import write_pairs
 from comlrl_lightning.datamodules import LengthRatioDataModule
 
 
@@ -22,6 +23,16 @@ def test_marlhf_phase_one_says_it_starts(trainer_factory, tmp_path, caplog):
         fit(trainer_factory, marlhf(tmp_path, epochs=1), 1)
     assert ("MARLHF phase 1: building preference pairs from 4 prompts x 3 joint responses, then training the "
             "reward model (the RL phase follows)") in infos(caplog)  # fmt: skip
+
+
+def test_marlhf_phase_one_from_a_pair_file_says_it_starts(trainer_factory, tmp_path, caplog):
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, separable_pairs(8))
+    pl.seed_everything(0)
+    with caplog.at_level(logging.INFO):
+        fit(trainer_factory, marlhf(tmp_path, epochs=1, pairs_path=str(path)), 1)
+    assert (f"MARLHF phase 1: 8 preference pairs read from {path}; training the reward model (the RL phase "
+            "follows)") in infos(caplog)  # fmt: skip
 
 
 def test_one_shot_madpo_says_it_builds_its_pairs(trainer_factory, caplog):

@@ -65,7 +65,10 @@ def collect_pairs(
         ValueError: as :func:`~comlrl_lightning.core.pairs.read_pairs` (a bad line, another agent count).
     """
     if cfg.pairs_path is not None:
-        return read_pairs(cfg.pairs_path, num_agents)
+        pairs = read_pairs(cfg.pairs_path, num_agents)
+        rank_zero_info(f"MARLHF phase 1: {len(pairs)} preference pairs read from {cfg.pairs_path}; training the "
+                       "reward model (the RL phase follows)")  # fmt: skip
+        return pairs
     if rows is None:
         raise RuntimeError(
             "building preference pairs needs a DecPOMDPDataModule (its train_rows), or pairs_path"
