@@ -320,7 +320,9 @@ def test_toy_marlhf_config_trains_the_reward_model_then_the_agents_from_the_cli(
     )
     (done,) = tmp_path.rglob("reward_model/marlhf.json")
     assert (done.parent / "model.safetensors").exists() and (done.parent / "pairs.jsonl").exists()
-    (events,) = tmp_path.rglob("events.out.tfevents.*")
+    (events,) = {
+        p.parent for p in tmp_path.rglob("events.out.tfevents.*")
+    }  # validation before fit: a file too
     acc = EventAccumulator(str(events))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
