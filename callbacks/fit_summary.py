@@ -66,7 +66,8 @@ class FitSummary(pl.Callback):
         self.keys = tuple(keys)
         self.history: dict[str, list[float]] = {}
         """Scalar -> its recorded values, oldest first (saved in checkpoints)."""
-        self._seen: dict[str, int] = {}  # id() of the last tensor recorded per training scalar
+        # the last value object recorded per training scalar (kept alive, so its id is not reused)
+        self._seen: dict[str, Any] = {}
 
     def _matches(self, key: str) -> bool:
         return any(key.startswith(p[:-1]) if p.endswith("*") else key == p for p in self.keys)
@@ -76,9 +77,9 @@ class FitSummary(pl.Callback):
             if key.startswith("val/") != held_out or not self._matches(key):
                 continue
             if not held_out:  # callback_metrics keeps the last value: record a newly logged one only
-                if self._seen.get(key) == id(value):
+                if self._seen.get(key) is value:
                     continue
-                self._seen[key] = id(value)
+                self._seen[key] = value
             v = float(value)
             if math.isfinite(v):
                 self.history.setdefault(key, []).append(v)

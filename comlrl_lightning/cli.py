@@ -168,9 +168,8 @@ class CoMLRLCLI(LightningCLI):
         Ctrl+C there stop at once (nothing is trained yet, so nothing is saved), with status 143 / 130."""
         if not self.config["fit"].get("validate_before_fit"):
             return
-        if self.config["fit"].get(
-            "ckpt_path"
-        ):  # a resumed run: its step-0 validation is in the first run's logs
+        # a resumed run: its step-0 validation is in the first run's logs
+        if self.config["fit"].get("ckpt_path"):
             return
         previous = {}
 
