@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 run: setup  ## the main job on the embedded default config
 	$(VENV)/bin/comlrl-lightning fit $(call BLOCKS,$(CONFIG)) --config $(CONFIG)
 
-toy: setup  ## the CPU toy task (two tiny agents, ~30 s)
+toy: setup  ## the CPU toy task (two tiny agents; ~2 min on 2 busy cores, see the README)
 	$(VENV)/bin/comlrl-lightning fit $(call BLOCKS,configs/toy_length_ratio.yaml) --config configs/toy_length_ratio.yaml
 
 coordinate: setup  ## proposer and reviser, one trainer each, alternating on HumanEval (CPU)

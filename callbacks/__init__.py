@@ -6,21 +6,27 @@
 - :class:`AgentCheckpoint`: each agent as a Hugging Face folder, atomically, last k kept.
 - :class:`InterruptCheckpoint`: SIGTERM / Ctrl+C save a resumable checkpoint and exit non-zero.
 - :class:`RichProgress` / :class:`TQDMProgress`: Lightning's progress bars without ``v_num``.
+- :class:`FitSummary`: the start -> end of the key scalars when ``fit`` ends (resumed runs too).
+- :class:`TeamFirstLayout`: TensorBoard's CUSTOM SCALARS tab, the team's reward first.
 """
 
 from comlrl_lightning.callbacks.agent_checkpoint import AgentCheckpoint
 from comlrl_lightning.callbacks.completion_logger import CompletionLogger
+from comlrl_lightning.callbacks.fit_summary import FitSummary
 from comlrl_lightning.callbacks.gradient_checkpointing import GradientCheckpointing
 from comlrl_lightning.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from comlrl_lightning.callbacks.progress_bar import RichProgress, TQDMProgress
 from comlrl_lightning.callbacks.reward_logger import RewardLogger
+from comlrl_lightning.callbacks.scalar_layout import TeamFirstLayout
 
 __all__ = [
     "AgentCheckpoint",
     "CompletionLogger",
+    "FitSummary",
     "GradientCheckpointing",
     "InterruptCheckpoint",
     "RewardLogger",
     "RichProgress",
     "TQDMProgress",
+    "TeamFirstLayout",
 ]

@@ -19,8 +19,9 @@ class CompletionLogger(pl.Callback):
     prompt as the formatter wrote it, not the rendered chat template), its completion and the joint
     action's shared reward (:func:`completion_report`). Rows run over episodes, then joint actions
     (aligned: sample ``j`` of every agent; cross: the Cartesian product, as in
-    :func:`comlrl_lightning.core.advantages.joint_action_indices`). Prompts and completions are
-    cut to ``max_chars`` characters (``…`` marks a cut).
+    :func:`comlrl_lightning.core.advantages.joint_action_indices`). A completion is shown in full
+    (unless ``max_chars`` is given), as preformatted monospace text whose column is as wide as its
+    longest line: code reads as code.
 
     The text goes to every :class:`TensorBoardLogger` in ``trainer.loggers`` (``add_text``), from
     rank zero only, at the same x-axis value as the step's scalars: the count of batches trained
@@ -31,7 +32,8 @@ class CompletionLogger(pl.Callback):
     Args:
         every_n_steps: log every this many batches (≥ 1).
         max_rows: at most this many joint actions per log (≥ 1).
-        max_chars: at most this many characters per prompt/completion (≥ 1).
+        max_chars: at most this many characters per prompt/completion (≥ 1; ``…`` marks a cut);
+            None (default): the full text.
         tag: TensorBoard text tag.
 
     Raises:
@@ -39,12 +41,16 @@ class CompletionLogger(pl.Callback):
     """
 
     def __init__(
-        self, every_n_steps: int = 25, max_rows: int = 8, max_chars: int = 300, tag: str = "completions"
+        self,
+        every_n_steps: int = 25,
+        max_rows: int = 8,
+        max_chars: int | None = None,
+        tag: str = "completions",
     ) -> None:
         super().__init__()
         bounds = {"every_n_steps": every_n_steps, "max_rows": max_rows, "max_chars": max_chars}
         for name, value in bounds.items():
-            if value < 1:
+            if value is not None and value < 1:
                 raise ValueError(f"CompletionLogger.{name}: got {value}, must be >= 1")
         self.every_n_steps, self.max_rows, self.max_chars, self.tag = every_n_steps, max_rows, max_chars, tag
 
@@ -68,21 +74,23 @@ COLUMNS = ("episode", "joint action", "turn", "agent", "prompt", "completion", "
 """The columns of :func:`completion_report`'s table."""
 
 
-def completion_report(out: dict[str, Any], max_rows: int, max_chars: int) -> str:
+def completion_report(out: dict[str, Any], max_rows: int, max_chars: int | None) -> str:
     """A markdown table of turn 0 of one training step's output dict, for TensorBoard's TEXT tab.
 
     Columns :data:`COLUMNS`; one row per agent of each joint action (episode-major, joint actions in
     order, agents in order). ``prompt`` is the agent's user turn (the formatter's prompt, without
     the chat template), shown in the episode's first joint action only; ``reward`` is the joint
-    action's shared reward, on each of its rows. Cell text is HTML-escaped, ``|`` cannot end a
-    cell, line breaks become ``<br>`` and a completion keeps its indentation (TensorBoard renders
-    the table as HTML, full width).
+    action's shared reward, on each of its rows. Every cell is a ``<pre>`` block (monospace, its
+    indentation kept, never wrapped: TensorBoard breaks table text at any character, so a wide code
+    cell would squeeze every other column to one character): HTML-escaped, ``|`` cannot end it, line
+    breaks become ``<br>``, markdown's characters (``*``, ``_``, backticks, brackets) are entities so
+    markdown cannot format code. A table wider than its card scrolls sideways.
 
     Args:
         out: the dict ``MAGRPO.training_step`` returns (``user_prompts`` (else ``prompts``),
             ``completions``, ``turn0_rewards`` ``[E, J]``, ``num_generations``).
         max_rows: at most this many joint actions in all; max_chars: cut each prompt and
-            completion to this many characters (``…`` marks a cut).
+            completion to this many characters (``…`` marks a cut); None: no cut.
 
     Returns:
         Markdown text: a header row, a separator row, ``N`` rows per joint action shown.
@@ -113,28 +121,30 @@ def completion_report(out: dict[str, Any], max_rows: int, max_chars: int) -> str
             for i in range(n):
                 prompt = (prompts[i][e] if e < len(prompts[i]) else "") if a == 0 else ""
                 completion = completions[i][e * k + int(joint[a, i])]
-                cells = [
+                texts = [
                     str(e),
                     str(a),
                     "0",
                     f"agent_{i}",
-                    _cell(_cut(prompt, max_chars)),
-                    _cell(_cut(completion, max_chars), code=True),
-                    f"{float(rewards[e, a]):.4g}",
+                    _cut(prompt, max_chars),
+                    _cut(completion, max_chars),
                 ]
+                cells = [_cell(t) for t in [*texts, f"{float(rewards[e, a]):.4g}"]]
                 lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def _cut(text: str, max_chars: int) -> str:
-    return text[:max_chars] + "…" if len(text) > max_chars else text
+def _cut(text: str, max_chars: int | None) -> str:
+    return text[:max_chars] + "…" if max_chars is not None and len(text) > max_chars else text
 
 
-def _cell(text: str, code: bool = False) -> str:
-    """``text`` as one table cell: escaped, no ``|``, ``<br>`` line breaks; ``code``: leading spaces kept."""
+_MARKDOWN = str.maketrans({c: f"&#{ord(c)};" for c in "*_`[]\\~"})
+"""Markdown's inline markup characters as HTML entities: ``__init__`` stays ``__init__`` in code."""
+
+
+def _cell(text: str) -> str:
+    """``text`` as one table cell: a ``<pre>`` block (spaces kept, no markdown formatting), escaped, no
+    ``|``, ``<br>`` line breaks; ``""`` for no text."""
     # every line boundary markdown could end a table row at (\r, \x0b, \x85, \u2028, ...), not only \n
-    rows = [html.escape(r).replace("|", "&#124;") for r in text.splitlines()] or [""]
-    if code:
-        rows = ["&nbsp;" * (len(r) - len(r.lstrip(" "))) + r.lstrip(" ") for r in rows]
-        return "<code>" + "<br>".join(rows) + "</code>" if text else ""
-    return "<br>".join(rows)
+    rows = [html.escape(r).replace("|", "&#124;").translate(_MARKDOWN) for r in text.splitlines()]
+    return "<pre>" + "<br>".join(rows) + "</pre>" if text else ""

@@ -20,15 +20,12 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from comlrl_lightning.algorithms.base import CoMLRLModule
-from comlrl_lightning.core import metrics as M
-from comlrl_lightning.core.evaluation import wilson_interval
+from comlrl_lightning.callbacks.fit_summary import summary_line as summary_line  # moved there; kept here
+from comlrl_lightning.cli_errors import config_error
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.infra.memory import release_freed_memory
 from comlrl_lightning.infra.quiet import silence_start_up_noise
 
-_SUMMARY_KEYS = ("val/pass@*", "val/final/pass@*", M.VAL_REWARD, "val/rewards/*", M.REWARD)
-"""The scalars printed after ``fit`` (start and end value); a trailing ``*`` matches any ending
-(``val/rewards/*``: each reward term, e.g. ``val/rewards/coop_code/<term>/mean``)."""
 DEFAULT_SAVE_DIR = "runs"
 """Where loggers without a ``save_dir`` write when ``trainer.default_root_dir`` is not given."""
 SAVE_DIR_MARK = "<trainer.default_root_dir, else runs>"
@@ -49,9 +46,9 @@ class CoMLRLCLI(LightningCLI):
       loads (:mod:`~comlrl_lightning.infra.resume_config`): a field that cannot change on resume is
       an error naming it, a safe change is applied with a line saying so;
       ``--use_checkpoint_config true`` takes the checkpoint's model config instead.
-    - After ``fit`` it prints where the logs are and the start -> end of the logged ``val/pass@k``
-      (with a 95% Wilson interval over the validation problems), ``val/reward``, every reward term
-      (``val/rewards/<name>/mean``) and ``reward``.
+    - After ``fit`` the module's :class:`~comlrl_lightning.callbacks.FitSummary` prints where the logs
+      are and the start -> end of ``val/pass@k`` (with a 95% Wilson interval over the validation
+      problems), ``val/reward``, every reward term (``val/rewards/<name>/mean``) and ``reward``.
 
     The agent count of the model and the formatter count of the data are checked in
     ``MAGRPO.setup``, before any model loads.
@@ -189,8 +186,9 @@ class CoMLRLCLI(LightningCLI):
 
         jsonargparse re-raises such an error inside a union error whose text repeats it and ends in a
         dump of every init argument, chained to the original: the user would read the message three
-        times in two tracebacks and find a namespace last. Here the original error's own traceback is
-        printed alone and the command exits with status 1.
+        times in two tracebacks and find a namespace last. Here a bad-input error (one naming its field,
+        :func:`~comlrl_lightning.cli_errors.config_error`) is printed as its one line, any other as its
+        own traceback alone, and the command exits with status 1.
         """
         try:
             super().instantiate_classes()
@@ -198,15 +196,35 @@ class CoMLRLCLI(LightningCLI):
             root = err
             while root.__cause__ is not None:
                 root = root.__cause__
-            if root is err:
+            line = config_error(root)
+            if line is None and root is err:
                 raise
-            traceback.print_exception(type(root), root, root.__traceback__, chain=False, file=sys.stderr)
+            if line is None:
+                traceback.print_exception(type(root), root, root.__traceback__, chain=False, file=sys.stderr)
+            else:
+                print(line, file=sys.stderr)
+            raise SystemExit(1) from None
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run it; a bad-input error raised on the way (a data file that is missing, found at setup) is
+        printed as its one line, without the traceback (:func:`~comlrl_lightning.cli_errors.config_error`),
+        exit status 1; any other error propagates with its traceback."""
+        try:
+            super()._run_subcommand(subcommand)
+        except (ValueError, TypeError, OSError) as err:
+            line = config_error(err)
+            if line is None:
+                raise
+            print(line, file=sys.stderr)
             raise SystemExit(1) from None
 
     def before_fit(self) -> None:
-        """``--validate_before_fit``: validate once; SIGTERM / Ctrl+C there stop at once (nothing is
-        trained yet, so nothing is saved), with status 143 / 130."""
+        """``--validate_before_fit``: validate once (not on a resume: ``--ckpt_path`` given); SIGTERM /
+        Ctrl+C there stop at once (nothing is trained yet, so nothing is saved), with status 143 / 130."""
         if not self.config["fit"].get("validate_before_fit"):
+            return
+        # a resumed run: its step-0 validation is in the first run's logs
+        if self.config["fit"].get("ckpt_path"):
             return
         previous = {}
 
@@ -224,38 +242,6 @@ class CoMLRLCLI(LightningCLI):
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-
-    def after_fit(self) -> None:
-        if not self.trainer.is_global_zero:
-            return
-        log_dir = self.trainer.log_dir
-        print(
-            f"\nTensorBoard logs: {log_dir}\n  view them with: tensorboard --logdir {os.path.dirname(log_dir or '.')}"
-        )
-        n = _num_val_problems(self.trainer, self.datamodule)
-        for key, values in _scalar_history(log_dir, _SUMMARY_KEYS).items():
-            print(f"  {summary_line(key, values, n)}")
-
-
-def summary_line(key: str, values: list[float], num_problems: int | None) -> str:
-    """``key: start -> end (points)``; a ``pass@k`` adds each end's 95% Wilson interval over
-    ``num_problems`` validation problems (:func:`~comlrl_lightning.core.evaluation.wilson_interval`)."""
-    first, last = values[0], values[-1]
-    text = f"{key}: {first:.3f} -> {last:.3f} ({last - first:+.3f}, {len(values)} points)"
-    if "pass@" in key and num_problems and all(0.0 <= v <= 1.0 for v in (first, last)):
-        ci = [f"[{lo:.3f}, {hi:.3f}]" for lo, hi in (wilson_interval(v, num_problems) for v in (first, last))]
-        text += f"; 95% interval over {num_problems} problems: {ci[0]} -> {ci[1]}"
-    return text
-
-
-def _num_val_problems(trainer: Any, datamodule: Any) -> int | None:
-    """Problems one validation pass scores: the validation rows, capped by ``limit_val_batches``."""
-    rows = getattr(datamodule, "val_rows", None)
-    if rows is None:
-        return None
-    n, batches = len(rows), sum(getattr(trainer, "num_val_batches", None) or [0])
-    size = getattr(datamodule, "val_batch_size", None)
-    return min(n, batches * size) if batches and size else n
 
 
 def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, list[float]]:
@@ -284,11 +270,14 @@ def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, lis
 
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``comlrl-lightning`` and ``python -m comlrl_lightning`` (``args``: default
-    ``sys.argv[1:]``)."""
+    ``sys.argv[1:]``). The working directory goes on ``sys.path`` (first) when it is not there, as
+    ``python -m`` puts it, so a config can name a reward in a module of the working directory."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     release_freed_memory()  # freed activations and gradients leave the resident set (infra/memory.py)
     silence_start_up_noise()  # again: ahead of any warning filter set since the import
     argv = sys.argv[1:] if args is None else args
+    if not {"", os.getcwd()} & set(sys.path):  # as `python -m` does: a reward module here imports
+        sys.path.insert(0, os.getcwd())
     if argv and argv[0] == "coordinate":  # not a Trainer function: the coordinator owns its round loop
         from comlrl_lightning.coordinator.cli import main as coordinate
 

@@ -191,7 +191,9 @@ def test_actor_critic_cli_fit_logs_critic_metrics(tmp_path, config):
                       "--trainer.log_every_n_steps=1", "--trainer.callbacks=[]")  # fmt: skip
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(events[0])
+    acc = EventAccumulator(
+        os.path.dirname(events[0])
+    )  # the run's folder: validation before fit writes a file too
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {

@@ -2,6 +2,7 @@
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -230,6 +231,20 @@ def test_any_three_argument_reward_is_accepted_from_yaml_whatever_its_annotation
     assert f"reward: user_rewards.{name}" in capsys.readouterr().out
 
 
+def test_a_reward_module_in_the_working_directory_is_importable_from_yaml(tmp_path, monkeypatch, capsys):
+    # before the fix the comlrl-lightning script (sys.path[0]: its bin folder) failed with "No module named ..."
+    import sys
+
+    (tmp_path / "cwd_rewards.py").write_text(REWARDS)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--config", str(ROOT / "configs" / "selfplay_grpo.yaml"), "--data.init_args.reward=cwd_rewards.plain",
+              "--print_config"])  # fmt: skip
+    assert info.value.code == 0, capsys.readouterr().err
+    assert "reward: cwd_rewards.plain" in capsys.readouterr().out
+
+
 def test_a_reward_of_the_wrong_arity_is_refused_from_yaml(tmp_path, monkeypatch, capsys):
     (tmp_path / "user_rewards.py").write_text(REWARDS)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -310,8 +325,88 @@ def test_an_init_error_is_printed_once_with_the_message_last(monkeypatch, capsys
     err = capsys.readouterr().err
     message = "top_k: got -1, must be an integer >= 0 or None"
     assert err.count(message) == 1
-    assert err.strip().splitlines()[-1].startswith(f"ValueError: {message}")
-    assert "Namespace(" not in err and "direct cause" not in err
+    # the group's own check names its bare field; the CLI adds the group jsonargparse was building
+    assert err.strip().splitlines()[-1].startswith(f"ValueError: sampling.{message}")
+    assert "Namespace(" not in err and "direct cause" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "config,args,line",
+    [
+        ("toy_length_ratio.yaml", ["--model.init_args.rollout.num_generation=3"], "model.init_args.rollout."
+         "num_generation: no such key of comlrl_lightning.MAGRPO; did you mean 'rollout.num_generations'?"),
+        ("toy_length_ratio.yaml", "rollout:\n      num_generation: 3", "model.init_args.rollout.num_generation: "
+         "no such key of comlrl_lightning.MAGRPO; did you mean 'rollout.num_generations'?"),
+        ("toy_length_ratio.yaml", ["--model.init_args.num_generations=3"], "model.init_args.num_generations: no "
+         "such key of comlrl_lightning.MAGRPO; did you mean 'rollout.num_generations'?"),
+        ("toy_centralized_magrpo.yaml", ["--model.init_args.num_agents=2"], "model.init_args.num_agents: no such "
+         "key of comlrl_lightning.CentralizedMAGRPO; one model plays every role: the role count is 'num_roles'"),
+        ("toy_marlhf_iterative.yaml", "pair_source:\n      pairs_path: x.jsonl", "model.init_args.pair_source."
+         "pairs_path: no such key of comlrl_lightning.MARLHFIter (no group 'pair_source'); its groups: "
+         "['comparator', 'preference', 'replay', 'reward_model', 'rl_phase', 'rounds']"),
+        ("toy_marlhf_iterative.yaml", ["--model.init_args.pair_source.pairs_path=x.jsonl"], "model.init_args."
+         "pair_source.pairs_path: no such key of comlrl_lightning.MARLHFIter (no group 'pair_source')"),
+        ("toy_length_ratio.yaml", ["--model.init_args.log_completions=true"], "model.init_args.log_completions: no "
+         "such key of comlrl_lightning.MAGRPO; completions are logged by a callback: trainer.callbacks lists "
+         "comlrl_lightning.callbacks.CompletionLogger"),
+        ("toy_length_ratio.yaml", ["--model.init_args.sampling.top_k=abc"], "model.init_args.sampling.top_k: got "
+         "'abc'; allowed: an integer or null"),
+        ("toy_length_ratio.yaml", ["--model.init_args.val_sampling=maybe"], "model.init_args.val_sampling: got "
+         "'maybe'; allowed: true or false"),
+        ("toy_length_ratio.yaml", ["--trainer.max_steps=many"], "trainer.max_steps: got 'many'; allowed: an "
+         "integer"),
+    ],
+    ids=["nested-cli", "nested-yaml", "group-missing", "centralized-num-agents", "marlhf-iter-pair-source-yaml",
+         "marlhf-iter-pair-source-cli", "log-completions", "optional-int", "bool", "trainer-int"],
+)  # fmt: skip
+def test_a_bad_key_or_value_names_the_given_value_and_suggests_only_a_valid_key(
+    tmp_path, monkeypatch, capsys, config, args, line
+):
+    # before the fix: nested typos got "ambiguous option" / "Group ... does not accept", the rejected key
+    # itself was suggested (num_agents, pair_source.pairs_path), log_completions was pointed at
+    # loss.mask_truncated_completions, and union / optional fields said "- Expected a <class 'int'>"
+    no_model_loads(monkeypatch)
+    os.chdir(ROOT)
+    if isinstance(args, str):
+        (tmp_path / "c.yaml").write_text("model:\n  init_args:\n    " + args + "\n")
+        args = ["--config", str(tmp_path / "c.yaml")]
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *experiment(config), *args])
+    assert info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: {line}")
+    if "did you mean" in last:  # only a key the class accepts
+        rejected = line.split(": no such key")[0].removeprefix("model.init_args.")
+        assert last.split("did you mean '")[1].rstrip("'?") != rejected
+
+
+@pytest.mark.parametrize(
+    "args,line",
+    [
+        (["--model.init_args.rollout.num_generations=1"], "ValueError: rollout.num_generations: got 1, must be >= 2"),
+        (["--data.init_args.dataset=nope.jsonl"], "FileNotFoundError: data.dataset: no file or folder"),
+        (["--data.init_args.formatters=[\"{nope}\"]"], "ValueError: data.formatters[0]"),
+    ],
+    ids=["num-generations-1", "missing-data-file", "formatter-field-at-setup"],
+)  # fmt: skip
+def test_a_bad_input_error_ends_the_output_without_a_traceback(monkeypatch, capsys, args, line):
+    # before the fix both ended after a 30-line traceback (instantiation, and the datamodule's setup in fit)
+    no_model_loads(monkeypatch)
+    os.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *experiment("toy_grpo.yaml"), *args])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(line)
+    assert "Traceback" not in err
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    from comlrl_lightning.cli_errors import config_error
+
+    assert config_error(ValueError("data.dataset: no file")) == "ValueError: data.dataset: no file"
+    assert config_error(ValueError("too many values to unpack (expected 2)")) is None
+    assert config_error(KeyError("data.dataset: x")) is None  # not a bad-input type
 
 
 # ------------------------------------------------------------------ rewards, coordinator (before any model loads)
@@ -516,6 +611,21 @@ def test_madpo_refuses_bad_values_naming_the_field_before_any_model_loads(monkey
     with pytest.raises(ValueError) as e:
         MADPO(agents=["builtin:tiny-gpt2"] * 2, **groups)
     assert message in str(e.value)
+
+
+@pytest.mark.parametrize("field,value", [("num_train_epochs", 5), ("train_batch_size", 8)])
+def test_madpo_warns_that_online_mode_ignores_the_one_shot_knobs(monkeypatch, field, value):
+    # before the fix they were accepted and ignored without a word
+    from comlrl_lightning import MADPO
+
+    no_model_loads(monkeypatch)
+    with pytest.warns(
+        UserWarning, match=rf"^dpo\.{field}: got {value}, which preference_mode='online' ignores"
+    ):
+        MADPO(agents=["builtin:tiny-gpt2"] * 2, dpo={"preference_mode": "online", field: value})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MADPO(agents=["builtin:tiny-gpt2"] * 2, dpo={"preference_mode": "one_shot", field: value})
 
 
 # ------------------------------------------------------------------ iterative MADPO
@@ -767,3 +877,37 @@ def test_iterative_trainers_refuse_a_minimum_length_before_any_model_loads(
         ValueError, match=rf"trainer.{name}: got {value}; {trainer_cls}\w* ends the fit after its last round"
     ):
         trainer.fit(model, LengthRatioDataModule(num_train=4, num_val=2, batch_size=2))
+
+
+def test_a_missing_reward_model_is_named_before_any_agent_loads(monkeypatch, tmp_path):
+    # before the fix it failed in configure_model, after both agents had loaded, as "agent model './x'"
+    from comlrl_lightning import MARLHF, MARLHFIter
+
+    no_model_loads(monkeypatch)
+    missing = str(tmp_path / "no_rm")
+    for cls in (MARLHF, MARLHFIter):
+        with pytest.raises(ValueError, match=rf"^reward_model\.reward_model: no local folder '{missing}'"):
+            cls(agents=["builtin:tiny-gpt2"] * 2, reward_model=dict(reward_model=missing))
+
+
+def test_a_reward_model_that_fails_to_load_is_named_as_the_reward_model(tmp_path):
+    from comlrl_lightning.algorithms.joint_reward_model import load_reward_backbone
+
+    (tmp_path / "broken").mkdir()  # exists (passes the pre-load check) but holds no config.json
+    with pytest.raises(OSError, match=rf"^reward_model\.reward_model: cannot load '{tmp_path}/broken' \((OSError|"
+                                      r"ValueError): "):  # fmt: skip
+        load_reward_backbone(str(tmp_path / "broken"))
+
+
+def test_a_pair_whose_chosen_reward_is_below_the_rejected_one_is_refused_naming_its_line(
+    monkeypatch, tmp_path
+):
+    # before the fix it was accepted: the reward model (or DPO) then learnt to prefer the worse side
+    from comlrl_lightning import MARLHF
+
+    no_model_loads(monkeypatch)
+    good = {"prompts": ["p", "q"], "chosen": ["a", "b"], "rejected": ["c", "d"]}
+    path = jsonl(tmp_path, [good, {**good, "chosen_reward": 0.1, "rejected_reward": 0.9}], "pairs.jsonl")
+    with pytest.raises(ValueError, match=rf"^{path}:2: PreferencePair\.chosen_reward: got 0\.1, below "
+                                         r"rejected_reward=0\.9; chosen is the preferred joint action"):  # fmt: skip
+        MARLHF(agents=["builtin:tiny-gpt2"] * 2, pair_source=dict(pairs_path=path))

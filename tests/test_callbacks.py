@@ -2,6 +2,7 @@
 
 import copy
 import glob
+import html
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -186,12 +187,12 @@ def test_completion_report_is_a_table_of_episode_turn_agent_prompt_completion_re
     assert "im_start" not in text
     rows = table_rows(text)
     assert len(rows) == 3 * 2  # max_rows joint actions, one row per agent
-    assert rows[0] == ["0", "0", "0", "agent_0", "helper for<br>q0", "<code>x&#124;y</code>", "0.1"]
-    assert rows[1] == ["0", "0", "0", "agent_1", "main q0", "<code>" + "A" * 20 + "…</code>", "0.1"]
+    rows = [[cell.removeprefix("<pre>").removesuffix("</pre>") for cell in row] for row in rows]  # every cell
+    assert rows[0] == ["0", "0", "0", "agent&#95;0", "helper for<br>q0", "x&#124;y", "0.1"]
+    assert rows[1] == ["0", "0", "0", "agent&#95;1", "main q0", "A" * 20 + "…", "0.1"]
     # the prompt only in the episode's first joint action; a completion keeps its indentation, escaped
-    assert rows[2] == ["0", "1", "0", "agent_0", "", "<code>if a:<br>&nbsp;&nbsp;&nbsp;&nbsp;b&lt;2</code>",
-                       "0.2"]  # fmt: skip
-    assert rows[4][:5] == ["1", "0", "0", "agent_0", "helper for q1"] and rows[4][6] == "0.3"
+    assert rows[2] == ["0", "1", "0", "agent&#95;0", "", "if a:<br>    b&lt;2", "0.2"]
+    assert rows[4][:5] == ["1", "0", "0", "agent&#95;0", "helper for q1"] and rows[4][6] == "0.3"
 
 
 def test_tensorboards_own_renderer_makes_the_report_an_html_table():
@@ -203,11 +204,26 @@ def test_tensorboards_own_renderer_makes_the_report_an_html_table():
     assert (
         rendered.startswith("<table>") and rendered.count("<tr>") == 1 + 2 * 2
     )  # header + N rows per joint action
-    assert "<td><code>&lt;b&gt;x&lt;/b&gt;</code></td>" in rendered  # a completion's HTML is shown, not run
-    assert (
-        "<td><code>a &#124; b</code></td>" in rendered and "<code>if a:<br>&nbsp;&nbsp;b</code>" in rendered
+    assert "<td><pre>&lt;b&gt;x&lt;/b&gt;</pre></td>" in rendered  # a completion's HTML is shown, not run
+    assert "<td><pre>a &#124; b</pre></td>" in rendered and "<pre>if a:<br>  b</pre>" in rendered
+    assert "<pre>c<br>d<br>e<br>f</pre>" in rendered  # any line boundary stays inside its cell
+
+
+def test_a_completion_is_shown_in_full_as_unformatted_monospace_code():
+    # before the fix the logger cut it at 300 characters, and markdown made __init__ bold and *args italic
+    from tensorboard.plugin_util import markdown_to_safe_html
+
+    code = (
+        "class A:\n    def __init__(self, *args, **kw):\n        self.x = [a_1 * 2 for a_1 in args]  # `x`\n"
     )
-    assert "<code>c<br>d<br>e<br>f</code>" in rendered  # any line boundary stays inside its cell
+    code += "\n".join(f"    v{i} = {i}" for i in range(60))  # ~700 characters
+    out = fake_output([0.5, 1.0], [[1, 2], [3, 4]], [[False] * 2] * 2, texts=[[code, "b"], ["c", "d"]])
+    assert CompletionLogger().max_chars is None
+    rendered = markdown_to_safe_html(completion_report(out, 10, CompletionLogger().max_chars))
+    # the sixth cell of the first row: episode, joint action, turn, agent, prompt, completion
+    cell = rendered.split("<td><pre>")[6].split("</pre></td>")[0]
+    assert html.unescape(cell.replace("<br>", "\n")) == code  # every character, indentation included
+    assert "<strong>" not in rendered and "<em>" not in rendered and "<code>" not in rendered
 
 
 def test_completion_report_cross_mode_pairs_every_sample_of_each_agent():
@@ -216,7 +232,7 @@ def test_completion_report_cross_mode_pairs_every_sample_of_each_agent():
     out["completions"] = [["a0", "a1"], ["b0", "b1"]]
     rows = table_rows(completion_report(out, 10, 100))
     pairs = [(rows[2 * r][5], rows[2 * r + 1][5]) for r in range(4)]
-    assert pairs == [(f"<code>{a}</code>", f"<code>{b}</code>") for a, b in
+    assert pairs == [(f"<pre>{a}</pre>", f"<pre>{b}</pre>") for a, b in
                      [("a0", "b0"), ("a0", "b1"), ("a1", "b0"), ("a1", "b1")]]  # fmt: skip
 
 
@@ -230,9 +246,8 @@ def test_completion_logger_writes_text_on_the_batch_axis_from_rank_zero(tmp_path
     assert [e.step for e in events] == [1, 3]  # batches 2 and 4, scalars' x-axis
     text = events[0].tensor_proto.string_val[0].decode()
     rows = table_rows(text)
-    assert [r[5] for r in rows] == ["<code>a0-0</code>", "<code>a1-0</code>"] and rows[0][
-        6
-    ] == "0"  # max_rows=1
+    assert [r[5] for r in rows] == ["<pre>a0-0</pre>", "<pre>a1-0</pre>"]  # max_rows=1
+    assert rows[0][6] == "<pre>0</pre>"
     with pytest.raises(ValueError, match="every_n_steps"):
         CompletionLogger(every_n_steps=0)
 
@@ -374,7 +389,9 @@ def test_toy_config_fit_writes_all_metrics_text_and_agent_folders(tmp_path):
     main(["fit", *args, "--trainer.max_steps=8", "--trainer.log_every_n_steps=1",
           f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.enable_progress_bar=false",
           "--model.init_args.sampling.max_new_tokens=16", "--data.init_args.batch_size=2"])  # fmt: skip
-    (events,) = glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)
+    (events,) = {
+        os.path.dirname(p) for p in glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)
+    }  # one run: its validation before fit and its fit write a file each
     acc = EventAccumulator(events, size_guidance={"tensors": 0, "scalars": 0})
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
@@ -404,7 +421,7 @@ def test_toy_config_fit_writes_all_metrics_text_and_agent_folders(tmp_path):
     assert not {t for t in tags if t.endswith("kl")}  # beta = 0
     assert [s.step for s in acc.Scalars("agent_1/grad_norm")] == [0, 1, 2, 3]  # 8 optimizer steps = 4 batches
     assert [e.step for e in acc.Tensors("completions/text_summary")] == [1, 3]
-    log_dir = Path(events).parent
+    log_dir = Path(events)
     assert sorted(os.listdir(log_dir / "agents")) == ["step_4"]
     assert sorted(os.listdir(log_dir / "agents" / "step_4")) == ["agent_0", "agent_1"]
     assert (log_dir / "checkpoints" / "last.ckpt").exists()
@@ -425,3 +442,61 @@ def test_the_progress_bar_shows_no_v_num_and_no_negative_epoch_count(tmp_path):
     rich = RichProgress()
     rich._trainer = trainer
     assert rich._get_train_description(1).strip() == "Epoch 1"  # Lightning's: "Epoch 1/-2"
+
+
+@pytest.mark.parametrize("bar_cls", ["RichProgress", "TQDMProgress"])
+def test_the_progress_bar_total_is_the_batches_the_epoch_really_runs(tmp_path, bar_cls):
+    # before the fix a 2-agent fit stopped by max_steps showed e.g. "3/8" batches (Lightning: the epoch's
+    # batches, capped only with max_epochs=-1 and then by optimizer steps, two a batch here)
+    import comlrl_lightning.callbacks as C
+
+    bar = getattr(C, bar_cls)()
+
+    class Totals(pl.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_epoch_end(self, trainer, pl_module):  # the bar's total, and the batches the epoch ran
+            shown = (bar.progress.tasks[bar.train_progress_bar_id] if bar_cls == "RichProgress"
+                     else bar.train_progress_bar).total  # fmt: skip
+            self.seen.append((shown, trainer.fit_loop.epoch_loop.batch_progress.current.completed))
+
+    totals = Totals()
+    trainer = pl.Trainer(accelerator="cpu", max_steps=MAGRPO.max_steps_for(5, 2), callbacks=[bar, totals],
+                         logger=False, enable_model_summary=False, enable_checkpointing=False,
+                         limit_val_batches=0, default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(tiny_magrpo(max_new_tokens=4), LengthRatioDataModule(num_train=8, num_val=2, batch_size=2))
+    assert totals.seen == [(4, 4), (1, 1)]  # 4 batches an epoch, 5 in all: each total is what ran
+
+
+def test_a_round_loop_shows_its_round_not_an_epoch_of_max_epochs():
+    from comlrl_lightning import MADPOIter
+    from comlrl_lightning.callbacks import RichProgress
+
+    bar = RichProgress()
+    module = MADPOIter(agents=["builtin:tiny-gpt2"] * 2, rounds=dict(num_rounds=3))
+    bar._trainer = SimpleNamespace(lightning_module=module, max_epochs=1000)
+    assert bar._get_train_description(1).strip() == "Round 1/3"  # Lightning's: "Epoch 1/999"
+    module._round = 3  # every round done
+    assert bar._get_train_description(7).strip() == "Round 3/3"
+
+
+def test_tensorboard_gets_a_custom_scalars_layout_with_the_team_first(tmp_path):
+    # before the fix TensorBoard opened on per-agent cards sorted by tag, the shared reward far below
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    tb = TensorBoardLogger(str(tmp_path), name="t")
+    trainer = pl.Trainer(accelerator="cpu", max_steps=MAGRPO.max_steps_for(1, 2), logger=tb, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, limit_val_batches=0)  # fmt: skip
+    trainer.fit(tiny_magrpo(max_new_tokens=4), LengthRatioDataModule(num_train=4, num_val=2, batch_size=2))
+    acc = EventAccumulator(tb.log_dir, size_guidance={"tensors": 0})
+    acc.Reload()
+    (event,) = acc.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(event.tensor_proto.string_val[0])
+    first = layout.category[0]
+    assert first.title == "1 team: the shared reward"
+    assert list(first.chart[0].multiline.tag) == ["^reward$", "^val/reward$"]
+    assert [c.title for c in layout.category][-2:] == [
+        "4 per agent",
+        "5 throughput",
+    ]  # per-agent curves after

@@ -31,7 +31,9 @@ def test_two_agent_toy_fit_writes_tensorboard_events(tmp_path):
     assert events
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(events[0])
+    acc = EventAccumulator(
+        os.path.dirname(events[0])
+    )  # the run's folder: validation before fit writes a file too
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"reward", "agent_0/loss", "agent_1/loss", "val/reward"} <= tags
@@ -58,7 +60,9 @@ def test_madpo_toy_fit_logs_trls_dpo_metrics_and_one_shot_stops_itself(tmp_path,
     )
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(events[0])
+    acc = EventAccumulator(
+        os.path.dirname(events[0])
+    )  # the run's folder: validation before fit writes a file too
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"rewards/margins", "rewards/accuracies", "logps/chosen", "agent_1/rewards/margins"} <= tags
@@ -188,3 +192,36 @@ def test_hparams_yaml_lists_the_agents(tmp_path):
     hparams = yaml.safe_load(open(path))
     assert [a["model"] for a in hparams["agents"]] == ["builtin:tiny-gpt2"] * 2
     assert hparams["rollout"]["num_generations"] == 4
+
+
+def test_every_shipped_fit_config_validates_at_step_zero():
+    # before the fix the toys did not, so "did it learn?" had no baseline in their logs
+    from experiments import subcommand
+
+    names = sorted(os.path.basename(p) for p in glob.glob(str(ROOT / "configs" / "*.yaml")))
+    fits = [n for n in names if subcommand(n) == "fit"]
+    assert len(fits) >= 19
+    assert [
+        n
+        for n in fits
+        if yaml.safe_load((ROOT / "configs" / n).read_text()).get("validate_before_fit") is not True
+    ] == []
+
+
+def test_a_resumed_fit_does_not_validate_its_fresh_weights_at_step_zero(tmp_path):
+    # validate_before_fit (now in every shipped config) on a resume would log the *initial* weights' val/reward
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    os.chdir(ROOT)
+    first = fit("toy_length_ratio.yaml", tmp_path / "a", "--trainer.max_steps=4", "--trainer.val_check_interval=2",
+                "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+                f"--trainer.callbacks.dirpath={tmp_path}/ckpt", "--trainer.callbacks.save_last=true")  # fmt: skip
+    resumed = fit("toy_length_ratio.yaml", tmp_path / "b", "--trainer.max_steps=8", "--trainer.val_check_interval=2",
+                  f"--ckpt_path={tmp_path}/ckpt/last.ckpt")  # fmt: skip
+    steps = []
+    for events in (first, resumed):
+        acc = EventAccumulator(str(Path(events[0]).parent))
+        acc.Reload()
+        steps.append([e.step for e in acc.Scalars("val/reward")])
+    assert steps[0][0] == 0  # the first run validates before fit
+    assert 0 not in steps[1] and steps[1]  # the resumed one does not, and still validates as it trains

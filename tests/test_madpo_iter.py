@@ -233,7 +233,9 @@ def test_the_toy_config_trains_two_rounds_from_the_cli(tmp_path):
             "--trainer.limit_val_batches=1",
         ]
     )
-    (events,) = glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)
+    (events,) = {
+        os.path.dirname(p) for p in glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)
+    }  # one run: its validation before fit and its fit write a file each
     acc = EventAccumulator(events)
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
@@ -247,28 +249,31 @@ def test_the_toy_config_trains_two_rounds_from_the_cli(tmp_path):
     assert acc.Scalars("iter/samples")[-1].value == 2 * 8 * (4 + 4)  # 2 rounds x 8 prompts x (K + K')
 
 
-def test_the_humaneval_config_trains_two_rounds_on_the_tiny_team(tmp_path):
+def test_the_humaneval_config_runs_two_rounds_on_the_tiny_team(tmp_path):
     from experiments import ROOT, experiment
 
     from comlrl_lightning.cli import main
 
     os.chdir(ROOT)
-    main(
-        [
-            "fit",
-            *experiment("humaneval_madpo_iterative.yaml"),
-            "--trainer.enable_progress_bar=false",
-            "--model.init_args.agents=[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]",
-            "--model.init_args.sampling.max_new_tokens=8",
-            "--model.init_args.sampling.max_prompt_length=256",
-            "--trainer.limit_train_batches=1",
-            "--data.init_args.max_val_samples=2",
-            "--data.init_args.val_batch_size=2",
-            "--validate_before_fit=false",
-            f"--trainer.logger.init_args.save_dir={tmp_path}",
-            f"--trainer.default_root_dir={tmp_path}",
-        ]
-    )
+    # the random tiny team's 8-token programs all fail every test: every candidate ties, no round forms a
+    # pair, and the fit says so at its end instead of ending as a success (the wiring is checked below)
+    with pytest.raises(RuntimeError, match=r"MADPOIter formed 0 preference pairs in 2 round\(s\)"):
+        main(
+            [
+                "fit",
+                *experiment("humaneval_madpo_iterative.yaml"),
+                "--trainer.enable_progress_bar=false",
+                "--model.init_args.agents=[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]",
+                "--model.init_args.sampling.max_new_tokens=8",
+                "--model.init_args.sampling.max_prompt_length=256",
+                "--trainer.limit_train_batches=1",
+                "--data.init_args.max_val_samples=2",
+                "--data.init_args.val_batch_size=2",
+                "--validate_before_fit=false",
+                f"--trainer.logger.init_args.save_dir={tmp_path}",
+                f"--trainer.default_root_dir={tmp_path}",
+            ]
+        )
     shards = sorted(p.name for p in (tmp_path / "preference_replay").iterdir())
     assert shards == ["round_0.jsonl", "round_1.jsonl"]
     # history k=1: the policy after round 1 is kept for a next round; the initial one was pruned
@@ -294,6 +299,9 @@ def test_the_learning_harness_row_spends_the_online_rows_sample_budget(monkeypat
     assert module.comparator_config.comparator_policy == "current_copy"
 
     monkeypatch.setattr(L, "SMOLLM2", "builtin:tiny-gpt2")
+    # the random tiny team forms no pair on HumanEval (every candidate ties), which ends a real fit in an
+    # error (test_rounds_that_form_no_pair_warn_each_round_and_fail_the_fit); here only the budget counts
+    monkeypatch.setattr(MADPOIter, "refuse_if_nothing_trained", lambda self: None)
     run = L.run_one("madpo_iter", L.TASK, 0, L.QUICK)
     samples = [h["samples"] for h in run["history"]]
     # quick: 3 rounds x 1 batch x 2 problems x (2 + 2) joint responses, 2 answers each
@@ -376,3 +384,25 @@ def test_sigterm_inside_a_build_or_training_step_resumes_bit_exact(
     for i in range(2):
         for (name, a), b in zip(resumed.agents[i].named_parameters(), reference.agents[i].parameters()):
             assert torch.equal(a, b), f"agent {i} {name}"
+
+
+def _same_score(joint_actions, episodes, turn):
+    return [0.5] * len(joint_actions)
+
+
+def test_rounds_that_form_no_pair_warn_each_round_and_fail_the_fit(trainer_factory, tmp_path):
+    # before the fix: a reward that scores every candidate alike formed 0 pairs, trained nothing, exited 0
+    from comlrl_lightning.datamodules import DecPOMDPDataModule
+
+    pl.seed_everything(0)
+    model = _module()
+    data = DecPOMDPDataModule([{"q": str(i)} for i in range(TRAIN + 2)], ["A {q}", "B {q}"], _same_score,
+                              batch_size=BATCH, val_fraction=0.3)  # fmt: skip
+    trainer = trainer_factory(max_steps=-1, max_epochs=100, default_root_dir=tmp_path)
+    with pytest.warns(
+        UserWarning, match=r"MADPOIter: round 0 formed 0 training pairs \(0 built; ties never pair\)"
+    ):
+        with pytest.raises(RuntimeError, match=r"^preference\.pair_selection: MADPOIter formed 0 preference pairs "
+                                               r"in 2 round\(s\), so it trained nothing"):  # fmt: skip
+            trainer.fit(model, data)
+    assert model.round == 2

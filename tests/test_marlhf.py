@@ -320,7 +320,9 @@ def test_toy_marlhf_config_trains_the_reward_model_then_the_agents_from_the_cli(
     )
     (done,) = tmp_path.rglob("reward_model/marlhf.json")
     assert (done.parent / "model.safetensors").exists() and (done.parent / "pairs.jsonl").exists()
-    (events,) = tmp_path.rglob("events.out.tfevents.*")
+    (events,) = {
+        p.parent for p in tmp_path.rglob("events.out.tfevents.*")
+    }  # validation before fit: a file too
     acc = EventAccumulator(str(events))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
@@ -409,6 +411,16 @@ def test_gold_reward_probe_keeps_the_learned_values_and_reports_the_task_reward_
         RewardModelConfig(log_task_reward="yes").check()
 
 
+def logging_task_reward(tmp_path, on):
+    """A seeded MARLHF on a file of separable pairs, ``reward_model.log_task_reward`` set to ``on``."""
+    pl.seed_everything(0)
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, separable_pairs(8))
+    m = marlhf(tmp_path, pairs_path=str(path))
+    m.reward_config.log_task_reward = on
+    return m
+
+
 @pytest.mark.parametrize("on", [True, False])
 def test_rl_phase_logs_the_task_reward_of_its_joint_actions_beside_the_learned_one(
     trainer_factory, tmp_path, on
@@ -422,11 +434,7 @@ def test_rl_phase_logs_the_task_reward_of_its_joint_actions_beside_the_learned_o
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self.rows.append((outputs, list(batch), dict(trainer.callback_metrics)))
 
-    pl.seed_everything(0)
-    path = tmp_path / "pairs.jsonl"
-    write_pairs(path, separable_pairs(8))
-    m = marlhf(tmp_path, pairs_path=str(path))
-    m.reward_config.log_task_reward = on
+    m = logging_task_reward(tmp_path, on)
     logged = Logged()
     fit(trainer_factory, m, 2, callbacks=[logged])
     assert len(logged.rows) == 2
@@ -449,6 +457,35 @@ def test_rl_phase_logs_the_task_reward_of_its_joint_actions_beside_the_learned_o
             for n, ja in enumerate(joint)
         ]
         assert out.turn0_rewards.flatten().tolist() == pytest.approx(rm.score_texts(texts).tolist(), abs=1e-5)
+
+
+def test_a_failing_task_reward_that_is_only_logged_does_not_stop_the_rl_phase(
+    trainer_factory, tmp_path, monkeypatch
+):
+    # before the fix the probe's task-reward error ended the RL phase (it is logged, never trained on)
+    from comlrl_lightning.algorithms import marlhf as marlhf_module
+    from comlrl_lightning.core import metrics as M
+    from comlrl_lightning.envs.reward_model import GoldRewardProbe
+
+    def down(joint_actions, episodes, turn):
+        raise RuntimeError("sandbox down")
+
+    probes = []
+
+    class FailingGold(GoldRewardProbe):
+        def __init__(self, reward, gold):
+            super().__init__(reward, down)
+            probes.append(self)
+
+    monkeypatch.setattr(marlhf_module, "GoldRewardProbe", FailingGold)
+    m = logging_task_reward(tmp_path, True)
+    rec = Record()
+    with pytest.warns(UserWarning, match=r"reward_model\.log_task_reward: the task reward raised RuntimeError: "
+                                         r"sandbox down \(1 failed call\(s\) so far\)"):  # fmt: skip
+        trainer = fit(trainer_factory, m, 3, callbacks=[rec])
+    assert len(rec.outputs) == 3 and trainer.global_step == 6  # every RL step ran (2 agents a batch)
+    assert len(probes) == 1 and probes[0].failures == 3  # one reward call a step, each counted
+    assert M.MARLHF_TASK_REWARD not in trainer.callback_metrics  # no made-up value logged
 
 
 def test_sigterm_in_the_reward_phase_stops_after_that_epoch_and_resumes_bit_exact(trainer_factory, tmp_path):

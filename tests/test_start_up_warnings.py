@@ -90,6 +90,12 @@ def test_a_shipped_config_fits_without_unexpected_warnings(tmp_path, caplog, nam
         cut = [w for w in caught if "a trainer limit (max_steps, max_epochs or max_time) stopped it" in w]
         assert len(cut) == 1, caught
         caught = [w for w in caught if w not in cut]
+    if name.startswith("humaneval") and "iterative" in name:  # the random tiny team ties on every candidate
+        empty = [
+            w for w in caught if re.search(r"round 0 formed 0 training pairs \(0 built; ties never pair\)", w)
+        ]
+        assert len(empty) == 1, caught
+        caught = [w for w in caught if w not in empty]
     assert unexpected(caught) == [], "\n".join(unexpected(caught))
     assert not [line for line in infos if "litlogger" in line]
 

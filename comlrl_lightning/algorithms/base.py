@@ -16,6 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities import rank_zero_warn
@@ -239,6 +240,15 @@ class CoMLRLModule(AgentOptimization):
 
     def on_train_epoch_start(self) -> None:
         self._place_team()
+
+    def configure_callbacks(self) -> list[Callback]:
+        """A ``FitSummary`` and a ``TeamFirstLayout`` (:mod:`~comlrl_lightning.callbacks`), each when the
+        trainer has none: every fit ends with its key scalars' start -> end, the team's curves first."""
+        from comlrl_lightning.callbacks.fit_summary import FitSummary
+        from comlrl_lightning.callbacks.scalar_layout import TeamFirstLayout
+
+        have = self.trainer.callbacks if self._trainer is not None else []
+        return [cls() for cls in (FitSummary, TeamFirstLayout) if not any(isinstance(c, cls) for c in have)]
 
     def stop_if_signalled(self) -> None:
         """Raise Lightning's ``SIGTERMException`` if the trainer noted a SIGTERM (with

@@ -27,7 +27,7 @@ Step counting: one optimizer, so ``global_step`` grows by ``num_iterations`` per
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
@@ -73,6 +73,12 @@ class CentralizedMAGRPO(MAGRPO):
             any :class:`MAGRPO` check; at ``setup``: an env whose formatter count is not ``num_roles``.
         TypeError: an adapter without callable ``build_prompt`` and ``parse_completion``.
     """
+
+    unknown_key_hints: ClassVar[dict[str, str]] = {
+        "num_agents": "one model plays every role: the role count is 'num_roles' (CoMLRL's num_agents)"
+    }
+    """Keys of other modules a config may carry here, with what to use instead (``comlrl-lightning``
+    prints the hint when the key is refused; :func:`comlrl_lightning.cli_errors.unknown_key`)."""
 
     def __init__(
         self,

@@ -6,8 +6,7 @@ The model is a Hugging Face ``AutoModelForSequenceClassification`` with ``num_la
 the backbone's folder (its ``score`` head new): the HF sequence classifier *is* a backbone with a
 linear head on the last non-pad token's last hidden state, so the trained model is saved as an
 ordinary HF folder (``save_pretrained``) that ``RewardModelReward(model=<folder>,
-kind="sequence_classification")`` (and TRL, and ``transformers.pipeline``) reloads unchanged. No
-second kind of reward model is needed.
+kind="sequence_classification")`` (and TRL, and ``transformers.pipeline``) reloads unchanged.
 
 The head has no bias (Llama, GPT-2, Qwen heads are ``Linear(h, 1, bias=False)``), where CoMLRL's
 ``reward_head`` is ``Linear(h, 1)``. A bias never changes the Bradley–Terry loss
@@ -43,6 +42,7 @@ from comlrl_lightning.envs.reward_model import JOINT_RESPONSE_TEMPLATE, RewardMo
 from comlrl_lightning.envs.reward_model import position_limit as position_limit  # moved there; kept here
 from comlrl_lightning.infra.checkpoint_io import atomic_torch_save
 from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
+from comlrl_lightning.team.agents import check_source
 
 
 @dataclass
@@ -110,6 +110,7 @@ class RewardModelConfig:
             not isinstance(self.reward_model, str) or not self.reward_model
         ):
             raise ValueError(f"reward_model: got {self.reward_model!r}, give a hub id, a folder or null")
+        check_source(self.reward_model, "reward_model.reward_model")  # before any agent loads
 
 
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
@@ -139,19 +140,23 @@ def load_reward_backbone(source: str) -> tuple[nn.Module, Any]:
     backbone. A causal LM (hub id, folder, ``builtin:<name>``, loaded as an agent is) gives its
     backbone weights to a new classifier whose ``score`` head is initialised from torch's global RNG;
     a folder that already holds a sequence classifier (a saved reward model) is loaded as it is. The
-    pad token (EOS when the tokenizer has none) is set on both; fp32."""
+    pad token (EOS when the tokenizer has none) is set on both; fp32.
+
+    Raises:
+        OSError: ``reward_model.reward_model: cannot load '<source>' (<why>)``."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from comlrl_lightning.team.agents import AgentSpec, load_agent, load_tokenizer
+    from comlrl_lightning.team.agents import AgentSpec, load_agent, load_errors_named, load_tokenizer
 
-    if os.path.isdir(source):
-        archs = getattr(AutoConfig.from_pretrained(source), "architectures", None) or []
-        if any(a.endswith("ForSequenceClassification") for a in archs):
-            tok = load_tokenizer(AgentSpec(source))
-            model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1)
-            model.config.pad_token_id = tok.pad_token_id
-            return model, tok
-    causal, tok = load_agent(AgentSpec(source))
+    with load_errors_named("reward_model.reward_model", source):
+        if os.path.isdir(source):
+            archs = getattr(AutoConfig.from_pretrained(source), "architectures", None) or []
+            if any(a.endswith("ForSequenceClassification") for a in archs):
+                tok = load_tokenizer(AgentSpec(source))
+                model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1)
+                model.config.pad_token_id = tok.pad_token_id
+                return model, tok
+        causal, tok = load_agent(AgentSpec(source))
     config = copy.deepcopy(causal.config)
     config.num_labels, config.pad_token_id = 1, tok.pad_token_id
     config.architectures = None

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.core import metrics as M
@@ -223,6 +223,8 @@ class MADPO(CoMLRLModule):
         loader = self.trainer.train_dataloader
         dataset, size = loader.dataset, max(int(getattr(loader, "batch_size", 1) or 1), 1)
         episodes = [dataset[i] for i in range(len(dataset))]
+        rank_zero_info(f"MADPO: building the one-shot preference pairs from {len(episodes)} training prompts x "
+                       f"{self.preference.preference_num_candidates} joint responses (no update until they are built)")  # fmt: skip
         self.pairs, self.pair_tokens = [], []
         for start in range(0, len(episodes), size):
             built = self._build(episodes[start : start + size])

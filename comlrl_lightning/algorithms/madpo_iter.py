@@ -183,6 +183,7 @@ class MADPOIter(RoundLoop, MADPO):
     def on_train_end(self) -> None:
         super().on_train_end()
         self.warn_if_unfinished()  # a trainer limit ended the fit before the last round
+        self.refuse_if_nothing_trained()  # every round formed 0 pairs: no success to report
 
     def _finish_build(self) -> None:
         """The round's shard, the replay's pick, and the switch to training (or the next round)."""

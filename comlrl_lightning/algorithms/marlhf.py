@@ -186,7 +186,7 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         self.pair_source = scfg
         self._joint_rm: RewardModelReward | None = None
         self._rm_index: int | None = None
-        self._rl_env: DecPOMDP | None = None
+        self._rl_env: tuple[DecPOMDP, DecPOMDP] | None = None  # (the task env, its learned-reward copy)
         self._reward_ready = False
         self._reward_dir: str | None = rcfg.reward_model_dir
         self.reward_info: dict[str, Any] = {}
@@ -243,12 +243,12 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
             return env
         if not self._reward_ready:
             raise RuntimeError("MARLHF: a training rollout before the reward model was trained")
-        if self._rl_env is None or self._rl_env.formatters is not env.formatters:
+        if self._rl_env is None or self._rl_env[0] is not env:  # one copy (and probe) per task env
             reward: Any = self.joint_reward_model
             if self.reward_config.log_task_reward:  # the task reward beside it, logged, never trained on
                 reward = GoldRewardProbe(reward, env.reward_fn)
-            self._rl_env = DecPOMDP(env.formatters, reward, env.transition_fn)
-        return self._rl_env
+            self._rl_env = (env, DecPOMDP(env.formatters, reward, env.transition_fn))
+        return self._rl_env[1]
 
     def training_step(self, batch: list[Episode], batch_idx: int) -> Any:
         """The RL module's step; with ``reward_model.log_task_reward`` also logs
@@ -257,7 +257,7 @@ class MARLHF(CoMLRLModule, metaclass=_ByAlgorithm):
         gold = (
             None if out is None else out.reward_components.get(f"{self.joint_reward_model.name}/{GOLD_KEY}")
         )
-        if gold is not None:
+        if gold is not None and not gold.float().isnan().all():  # all NaN: the task reward failed throughout
             mean = gold.float().nanmean().to(self.device)
             self.log(M.MARLHF_TASK_REWARD, mean, batch_size=out.num_episodes, sync_dist=True)
         return out

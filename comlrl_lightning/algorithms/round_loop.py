@@ -21,7 +21,7 @@ import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from comlrl_lightning.comparator.candidates import build_candidates
 from comlrl_lightning.comparator.config import ComparatorConfig, RoundsConfig
@@ -200,6 +200,8 @@ class RoundLoop:
         if not self._round_open:  # also after a resume inside a build (current_copy copies again)
             self.comparator.begin_round(self._round)
             self._round_open = True
+            rank_zero_info(f"{type(self).__name__}: round {self._round + 1}/{self.rounds.num_rounds}: building its "
+                           f"pairs (current vs {self.comparator_config.comparator_policy})")  # fmt: skip
         loader = self.trainer.train_dataloader
         dataset, size = loader.dataset, max(int(getattr(loader, "batch_size", 1) or 1), 1)
         walk = len(dataset)
@@ -238,6 +240,12 @@ class RoundLoop:
         train = self.replay.select(r, current)
         self._last_counts = [len(current), len(train), self.replay.counts()[1]]
         self.log_counts()
+        if not train:  # ties never pair: a reward that scores every candidate alike forms none
+            rank_zero_warn(
+                f"{type(self).__name__}: round {r} formed 0 training pairs ({len(current)} built; ties "
+                f"never pair): it trains nothing; does the reward tell the preference.preference_num_"
+                "candidates joint responses of a prompt apart?"
+            )
         self._round_pairs, self._position = [], 0
         return train
 
@@ -260,6 +268,21 @@ class RoundLoop:
                 f"{self.rounds.num_rounds} (phase {self._phase!r}, position {self._position}): a trainer "
                 "limit (max_steps, max_epochs or max_time) stopped it before the last round; resume with "
                 "fit --ckpt_path <a checkpoint of this run> and a larger limit (or max_steps: -1)"
+            )
+
+    def refuse_if_nothing_trained(self) -> None:
+        """Raise (from the module's ``on_train_end``) when every round ran and none formed a pair: the
+        fit trained nothing, which must not end as a success (a fit a trainer limit cut short is
+        reported by :meth:`warn_if_unfinished` and each empty round's warning instead).
+
+        Raises:
+            RuntimeError: naming the rounds and the fields that decide the pairs."""
+        assert self.replay is not None
+        if self._round >= self.rounds.num_rounds and self.replay.counts()[1] == 0:
+            raise RuntimeError(
+                f"preference.pair_selection: {type(self).__name__} formed 0 preference pairs in {self._round} "
+                f"round(s), so it trained nothing (ties never pair: the reward scored every joint response "
+                "of a prompt alike); check the reward, or raise preference.preference_num_candidates"
             )
 
     def log_counts(self) -> None:

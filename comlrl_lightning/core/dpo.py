@@ -20,6 +20,7 @@ Shapes: ``P`` pairs, ``N`` agents.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -79,9 +80,11 @@ class DPOConfig:
     preference_mode: PreferenceMode = "one_shot"
     """One of :data:`PREFERENCE_MODE`."""
     num_train_epochs: int = 20
-    """``one_shot``: passes over the pair set (>= 1). CoMLRL name and default."""
+    """``one_shot``: passes over the pair set (>= 1). CoMLRL name and default. Another value with
+    ``online`` is ignored, with a warning naming it."""
     train_batch_size: int = 2
-    """``one_shot``: pairs per update (>= 1). CoMLRL name (its default is ``rollout_buffer_size`` = 2)."""
+    """``one_shot``: pairs per update (>= 1). CoMLRL name (its default is ``rollout_buffer_size`` = 2).
+    Another value with ``online`` is ignored, with a warning naming it."""
     micro_batch_size: int | None = None
     """Pairs per forward/backward (gradients accumulate into one step per agent); None: all at once."""
     max_grad_norm: float | None = 1.0
@@ -108,6 +111,9 @@ class DPOConfig:
         for name in ("num_train_epochs", "train_batch_size"):
             v = getattr(self, name)
             need(name, v, isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1")
+            if self.preference_mode == "online" and v != type(self).__dataclass_fields__[name].default:
+                warnings.warn(f"dpo.{name}: got {v!r}, which preference_mode='online' ignores (each batch's "
+                              "pairs are trained on in one update; it applies to 'one_shot')", stacklevel=3)  # fmt: skip
         mb = self.micro_batch_size
         need("micro_batch_size", mb, mb is None or (isinstance(mb, int) and mb >= 1), ">= 1 or None")
         g = self.max_grad_norm

@@ -62,7 +62,8 @@ class PreferencePair:
         episode: the episode's dataset row (reward templates read its fields); may be empty.
 
     Raises:
-        ValueError: the three lists differ in length or are empty, or a reward is not finite.
+        ValueError: the three lists differ in length or are empty, a reward is not finite, or
+            ``chosen_reward < rejected_reward``.
     """
 
     prompts: list[str]
@@ -83,6 +84,12 @@ class PreferencePair:
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ValueError(f"PreferencePair.{name}: got {value!r}, must be finite or None")
+        if self.reward_gap is not None and self.reward_gap < 0:  # a swapped pair would train the wrong way
+            raise ValueError(
+                f"PreferencePair.chosen_reward: got {self.chosen_reward!r}, below rejected_reward="
+                f"{self.rejected_reward!r}; chosen is the preferred joint action: swap the two sides, or "
+                "leave both rewards out"
+            )
 
     @property
     def num_agents(self) -> int:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_info
+
 from comlrl_lightning.core.pairs import PreferencePair, read_pairs
 from comlrl_lightning.core.preference import PreferenceConfig, build_preference_pairs
 from comlrl_lightning.core.rollout import Actors
@@ -63,12 +65,17 @@ def collect_pairs(
         ValueError: as :func:`~comlrl_lightning.core.pairs.read_pairs` (a bad line, another agent count).
     """
     if cfg.pairs_path is not None:
-        return read_pairs(cfg.pairs_path, num_agents)
+        pairs = read_pairs(cfg.pairs_path, num_agents)
+        rank_zero_info(f"MARLHF phase 1: {len(pairs)} preference pairs read from {cfg.pairs_path}; training the "
+                       "reward model (the RL phase follows)")  # fmt: skip
+        return pairs
     if rows is None:
         raise RuntimeError(
             "building preference pairs needs a DecPOMDPDataModule (its train_rows), or pairs_path"
         )
     n = len(rows) if cfg.preference_num_prompts is None else min(cfg.preference_num_prompts, len(rows))
+    rank_zero_info(f"MARLHF phase 1: building preference pairs from {n} prompts x {preference.preference_num_candidates} "
+                   "joint responses, then training the reward model (the RL phase follows)")  # fmt: skip
     episodes = [Episode(i, dict(rows[i])) for i in range(n)]
     pairs: list[PreferencePair] = []
     for s in range(0, n, cfg.preference_batch_size):

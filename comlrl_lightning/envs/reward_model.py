@@ -24,7 +24,9 @@ forward (:func:`sequence_logits`). Its weights are the one reward model a Lightn
 
 from __future__ import annotations
 
+import math
 import string
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -290,20 +292,35 @@ class GoldRewardProbe:
     Args:
         reward: the reward the update uses (a reward function, e.g. a :class:`RewardModelReward`).
         gold: the task's reward (a :class:`~comlrl_lightning.envs.rewards.WeightedReward`, e.g. the
-            env's ``reward_fn``), called as ``gold(joint_actions, episodes, turn)``; it raises as it
-            raises (a failing task reward is not hidden).
+            env's ``reward_fn``), called as ``gold(joint_actions, episodes, turn)``. It is only logged,
+            so an error it raises does not stop training: the call's gold values are NaN (left out of
+            the logged mean), ``failures`` counts it, and a warning names it (at the 1st, 2nd, 4th, ...
+            failure). ``reward``'s errors propagate.
     """
 
     def __init__(self, reward: Any, gold: Any) -> None:
         self.reward, self.gold, self.name = reward, gold, reward_name(reward)
+        self.failures = 0
+        """Calls whose gold reward raised (their joint actions logged no task reward)."""
 
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int
     ) -> RewardResult:
         out = self.reward(joint_actions, episodes, turn)
         values, metrics = (out.values, dict(out.metrics)) if isinstance(out, RewardResult) else (out, {})
-        total = self.gold(joint_actions, episodes, turn).total
-        metrics[GOLD_KEY] = (total.mean(-1) if total.dim() == 2 else total).tolist()
+        try:
+            total = self.gold(joint_actions, episodes, turn).total
+            metrics[GOLD_KEY] = (total.mean(-1) if total.dim() == 2 else total).tolist()
+        except Exception as err:  # noqa: BLE001 - a logged-only value must not stop the RL phase
+            self.failures += 1
+            metrics[GOLD_KEY] = [math.nan] * len(joint_actions)
+            if self.failures & (self.failures - 1) == 0:
+                warnings.warn(
+                    f"reward_model.log_task_reward: the task reward raised {type(err).__name__}: {err} "
+                    f"({self.failures} failed call(s) so far); those joint actions log no marlhf/task_reward, "
+                    "and training goes on (the update uses the learned reward only)",
+                    stacklevel=2,
+                )
         return RewardResult(values, metrics)
 
 

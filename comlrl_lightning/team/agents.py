@@ -11,8 +11,10 @@ tokenizer, for heterogeneous-team tests) and the names in
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,9 +91,7 @@ def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
     if spec.learning_rate is not None and spec.learning_rate <= 0:
         raise ValueError(f"{where}.learning_rate: must be > 0, got {spec.learning_rate}")
     for key in ("model", "tokenizer"):
-        problem = _unavailable(getattr(spec, key))
-        if problem:
-            raise ValueError(f"{where}.{key}: {problem}")
+        check_source(getattr(spec, key), f"{where}.{key}")
     if spec.model.startswith(BUILTIN_PREFIX):
         name = spec.model[len(BUILTIN_PREFIX) :]
         from comlrl_lightning.team.builtin import BUILTIN_MODELS
@@ -99,6 +99,14 @@ def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
         known = sorted([*_TINY, *BUILTIN_MODELS])
         if name not in known:
             raise ValueError(f"{where}.model: unknown builtin {name!r}, known: {known}")
+
+
+def check_source(source: str | None, field: str) -> None:
+    """Raises ValueError ``"<field>: ..."`` when ``source`` (a model or tokenizer) cannot load, when
+    that is known without loading it (see :func:`_unavailable`); for agents and reward models alike."""
+    problem = _unavailable(source)
+    if problem:
+        raise ValueError(f"{field}: {problem}")
 
 
 def _unavailable(source: str | None) -> str | None:
@@ -125,6 +133,18 @@ def _unavailable(source: str | None) -> str | None:
             "use a builtin:<name>"
         )
     return None
+
+
+@contextlib.contextmanager
+def load_errors_named(field: str, source: str) -> Iterator[None]:
+    """Re-raises an OSError or ValueError of loading ``source`` in the block as
+    ``OSError("<field>: cannot load '<source>' (<why>)")``: a reward model is named as one, not as an agent."""
+    try:
+        yield
+    except (OSError, ValueError) as err:
+        cause = err.__cause__ or err  # load_agent's own OSError wraps transformers' error
+        why = (str(cause).strip().splitlines() or [""])[0]
+        raise OSError(f"{field}: cannot load {source!r} ({type(cause).__name__}: {why})") from err
 
 
 def _load_failed(spec: AgentSpec, source: str, err: Exception) -> OSError:
