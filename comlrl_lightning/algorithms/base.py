@@ -171,6 +171,8 @@ class CoMLRLModule(AgentOptimization):
                 f"{name}={expected}; give one formatter per agent"
             )
         strategy = self.trainer.strategy
+        if hasattr(strategy, "check_team"):  # the sharded strategy (fsdp2): refusals before any model loads
+            strategy.check_team(self)
         if self.placement.parallel_training == "mp" and not isinstance(strategy, SingleDeviceStrategy):
             raise ValueError(
                 f"parallel_training='mp' runs the team in one process; the trainer's strategy is "
