@@ -110,8 +110,11 @@ def gathered(model: nn.Module) -> Iterator[None]:
     saved = [group.post_forward_mesh_info for _, group in groups]
     for _, group in groups:
         group.post_forward_mesh_info = None
-    for unit in fsdp_modules(model):
-        unit.unshard()
+    # the gathered buffers are reused by later training steps: never let them be inference tensors
+    # (generate runs under inference_mode, and so may the caller: Lightning's validation loop)
+    with torch.inference_mode(False):
+        for unit in fsdp_modules(model):
+            unit.unshard()
     try:
         yield
     finally:
@@ -119,8 +122,9 @@ def gathered(model: nn.Module) -> Iterator[None]:
             # the root does not reshard after forward once initialised (FSDP2's default)
             root_default = state._is_root and state._auto_reshard_after_forward
             group.post_forward_mesh_info = None if root_default else info
-        for unit in fsdp_modules(model):
-            unit.reshard()
+        with torch.inference_mode(False):
+            for unit in fsdp_modules(model):
+                unit.reshard()
 
 
 class ShardedTeamStrategy(ModelParallelStrategy):
