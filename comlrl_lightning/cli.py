@@ -254,6 +254,12 @@ def main(args: list[str] | None = None) -> None:
         },
         args=args,  # None: parsed from sys.argv
     )
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # a clean exit under torchrun: a worker leaving with its process group up can abort
+        # ("terminate called without an active exception") and leave the other node's agent waiting
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -3,9 +3,11 @@ torchrun and the kill -9 test start the ranks themselves).
 
     python tests/sharded_fit.py OUT --algo magrpo|iac --strategy fsdp2|auto --devices 2 --batch-size 2
         [--num-nodes 1] [--max-batches 3] [--ckpt-every 0] [--resume PATH] [--die-after 0]
+        [--real-generate] [--export] [--val]
 
 Completions are a seeded function of each prompt's text (``fake_generate``), so a 2-rank run and a
-1-process run on the same global batch roll out the same joint actions and take the same steps.
+1-process run on the same global batch roll out the same joint actions and take the same steps;
+``--real-generate`` samples with the agents (gathered per rollout) instead.
 Rank 0 writes ``OUT/weights.pt``: every agent's and critic's full (gathered) parameters, fp32 CPU.
 """
 
@@ -23,6 +25,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 import comlrl_lightning.team.team as team_mod
 from comlrl_lightning import IAC, MAGRPO, CriticSpec
+from comlrl_lightning.callbacks import AgentCheckpoint
 from comlrl_lightning.core.generation import Generation, completion_mask_from_ids, tokenize_prompts
 from comlrl_lightning.datamodules import LengthRatioDataModule
 
@@ -71,6 +74,14 @@ class Die(pl.Callback):
             os.kill(os.getpid(), 9)
 
 
+class RankSeed(pl.Callback):
+    """Each rank samples from its own stream (seed 1000 + rank): identical streams would give the
+    ranks correlated noise, and would hide a resume that hands rank 0's RNG state to every rank."""
+
+    def on_fit_start(self, trainer, pl_module):
+        torch.manual_seed(1000 + trainer.global_rank)
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -84,6 +95,8 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--resume", default=None)
     ap.add_argument("--die-after", type=int, default=0)
     ap.add_argument("--real-generate", action="store_true")
+    ap.add_argument("--export", action="store_true", help="AgentCheckpoint at the end: OUT/agents/step_<n>")
+    ap.add_argument("--val", action="store_true", help="one validation batch at each epoch end")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if not args.real_generate:
@@ -97,16 +110,18 @@ def main(argv: list[str]) -> None:
         model = IAC(agents=NO_DROPOUT, num_agents=2, rollout={"num_generations": 2}, sampling={"max_new_tokens": 8},
                     learning_rate=1e-2, critics=CriticSpec(model="builtin:tiny-gpt2", model_kwargs=NO_DROPOUT["model_kwargs"]),
                     critic={"advantage_normalization": False, "critic_learning_rate": 1e-2})  # fmt: skip
-    callbacks: list[pl.Callback] = []
+    callbacks: list[pl.Callback] = [RankSeed()] if args.real_generate else []
     if args.ckpt_every:
         callbacks.append(ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"), every_n_train_steps=args.ckpt_every * model.steps_per_batch,
                                          save_top_k=-1, save_last=False))  # fmt: skip
     if args.die_after:
         callbacks.append(Die(args.die_after))
+    if args.export:
+        callbacks.append(AgentCheckpoint(dirpath=os.path.join(args.out, "agents"), every_n_steps=0))
     trainer = pl.Trainer(
         strategy=args.strategy, accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes,
         max_steps=args.max_batches * model.steps_per_batch, logger=False, enable_checkpointing=bool(args.ckpt_every),
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=1 if args.val else 0,
         callbacks=callbacks, default_root_dir=args.out,
     )  # fmt: skip
     trainer.fit(model, LengthRatioDataModule(batch_size=args.batch_size, num_train=16), ckpt_path=args.resume)
@@ -119,6 +134,8 @@ def main(argv: list[str]) -> None:
         weights["_global_step"] = torch.tensor(trainer.global_step)
         weights["_world_size"] = torch.tensor(trainer.world_size)
         torch.save(weights, os.path.join(args.out, "weights.pt"))
+    if torch.distributed.is_initialized():  # a clean exit: torchrun's agents wait on every worker
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -120,3 +120,71 @@ def test_two_rank_fit_equals_one_process(tmp_path, algo):
     assert close / total > 0.999
     # a control: one process on half the batch (what a rank sees alone) lands far outside the tolerance
     assert _max_diff(one, half)[0] > 20 * ATOL
+
+
+# ------------------------------------------------------------------ checkpoints
+def _ckpt(out: Path, step: int) -> Path:
+    (found,) = (out / "ckpt").glob(f"*step={step}.ckpt")
+    return found
+
+
+@pytest.mark.slow
+def test_kill_9_mid_fit_then_resume_is_bit_exact_and_checkpoints_change_world_size(tmp_path):
+    """Two ranks, real sampled rollouts and a validation batch at the epoch end, 4 batches per epoch,
+    a sharded checkpoint every 2 batches. Run A trains 6 batches. Run B is SIGKILLed (both ranks)
+    after batch 3, then resumes from its batch-2 checkpoint to batch 6: every parameter equals A's
+    bit for bit. A's HF export equals its gathered weights. A's epoch-end checkpoint (batch 4) resumes
+    under one process; its mid-epoch one (batch 2) is refused there, naming both world sizes."""
+    common = ["--real-generate", "--val", "--max-batches", "6", "--ckpt-every", "2"]
+    a = _fit(tmp_path / "a", *common, "--export")
+    out_b = tmp_path / "b"
+    out_b.mkdir()
+    killed = subprocess.run([sys.executable, str(FIT), str(out_b), *common, "--die-after", "3"], env=_env(),
+                            capture_output=True, text=True, timeout=240, cwd=out_b, start_new_session=True)  # fmt: skip
+    assert killed.returncode == -9 and not (out_b / "weights.pt").exists(), killed.stderr[-2000:]
+    assert sorted(p.name for p in (out_b / "ckpt").iterdir()) == ["epoch=0-step=4.ckpt"]  # batch 2 only
+    b = _fit(out_b, *common, "--resume", str(_ckpt(out_b, 4)))
+    assert int(a["_global_step"]) == int(b["_global_step"]) == 12
+    names = [k for k in a if not k.startswith("_")]
+    assert names and all(torch.equal(a[k], b[k]) for k in names), [
+        k for k in names if not torch.equal(a[k], b[k])
+    ]
+    # the full-state export of each agent is a Hugging Face folder holding the trained weights
+    from transformers import AutoModelForCausalLM
+
+    for i in range(2):
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path / "a" / "agents" / "step_6" / f"agent_{i}")
+        assert all(torch.equal(p, a[f"agent{i}.{n}"]) for n, p in hf.named_parameters())
+    # world size 2 -> 1: the epoch-end checkpoint loads (DCP reshards), the mid-epoch one is refused
+    one = _fit(tmp_path / "one", *common, "--devices", "1", "--resume", str(_ckpt(tmp_path / "a", 8)))
+    assert int(one["_world_size"]) == 1 and int(one["_global_step"]) == 12
+    proc = subprocess.run([sys.executable, str(FIT), str(tmp_path / "one"), *common, "--devices", "1", "--resume",
+                           str(_ckpt(tmp_path / "a", 4))], env=_env(), capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert proc.returncode != 0
+    assert "written mid-epoch under world_size=2, resumed under world_size=1" in proc.stderr
+
+
+# ------------------------------------------------------------------ multi-node-shaped launch
+@pytest.mark.slow
+def test_torchrun_two_nodes_of_one_process_runs_the_same_fit(tmp_path):
+    """``torchrun --nnodes 2 --nproc_per_node 1`` twice on one machine (loopback, static rendezvous):
+    Lightning reads the torchelastic environment (num_nodes=2, devices=1) and the fit equals the
+    two-rank fit that Lightning's own launcher runs."""
+    port = _free_port()
+    out = tmp_path / "nodes"
+    out.mkdir()
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                          "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port),
+                          str(FIT), str(out), "--devices", "1", "--num-nodes", "2"],
+                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out)
+        for node in range(2)
+    ]  # fmt: skip
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-3000:]
+    nodes = torch.load(out / "weights.pt")
+    two = _fit(tmp_path / "two")
+    assert int(nodes["_world_size"]) == 2
+    diff, where = _max_diff(nodes, two)
+    assert diff == 0.0, f"{where}: {diff}"

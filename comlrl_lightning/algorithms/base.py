@@ -36,7 +36,12 @@ from comlrl_lightning.infra.placement import (
     visible_gpus,
 )
 from comlrl_lightning.infra.resume import canonical_loop_state
-from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
+from comlrl_lightning.infra.rng import (
+    all_ranks_rng_states,
+    collect_rng_states,
+    set_rng_states,
+    this_ranks_rng_states,
+)
 from comlrl_lightning.infra.strategy import AgentParallelStrategy
 from comlrl_lightning.team.agents import AgentSpec, validate_spec
 from comlrl_lightning.team.team import Team
@@ -308,8 +313,9 @@ class CoMLRLModule(AgentOptimization):
 
     # ------------------------------------------------------------------ checkpoint
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Add the global RNG states (python, numpy, torch CPU/CUDA) as ``checkpoint["rng_states"]``,
-        after checking every agent's weights are finite.
+        """Add the global RNG states (python, numpy, torch CPU/CUDA) as ``checkpoint["rng_states"]``
+        (every rank's as ``"rng_states_per_rank"`` under several processes), after checking every
+        agent's weights are finite.
 
         Sampling draws from torch's global RNG, so exact resume needs them (Lightning saves agents,
         optimizers, schedulers, loops and the datamodule's data position itself).
@@ -326,6 +332,7 @@ class CoMLRLModule(AgentOptimization):
                         "refusing to write a checkpoint with non-finite weights"
                     )
         checkpoint["rng_states"] = collect_rng_states()
+        checkpoint["rng_states_per_rank"] = all_ranks_rng_states(checkpoint["rng_states"])
         checkpoint["skipped_steps"] = self.skip_counts()
         state = checkpoint.get("state_dict", {})
         for key in [k for k in state if k.startswith(_REWARD_MODELS)]:  # frozen: reloaded from their source
@@ -338,7 +345,7 @@ class CoMLRLModule(AgentOptimization):
         and rewrite the loop state of a checkpoint written at an epoch end or after ``fit`` into
         the batch-end form Lightning resumes exactly from
         (:func:`~comlrl_lightning.infra.resume.canonical_loop_state`, Lightning #19617)."""
-        self._resume_rng_states = checkpoint.get("rng_states")
+        self._resume_rng_states = this_ranks_rng_states(checkpoint)
         # the reward models are not saved (on_save_checkpoint): keep the ones configure_model loaded,
         # and ignore those an older checkpoint carries for a module that has none (no env given)
         state = checkpoint.get("state_dict")

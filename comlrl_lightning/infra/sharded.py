@@ -21,8 +21,9 @@ What the module sees:
   generate different numbers of tokens (benchmarks/sharded_generation.py measures both options).
 
 Checkpoints are Lightning's for this strategy: a folder written with torch distributed checkpoint
-(one shard file per rank plus ``meta.pt``), which loads under another world size (DCP reshards);
-a mid-epoch checkpoint needs the same world size (see ``check_resume``).
+(one shard file per rank plus ``meta.pt``) and ``sharding.json``; it loads under another world size
+(DCP reshards), except a mid-epoch one (:func:`check_resume`). ``AgentCheckpoint`` exports each
+agent's full weights as a Hugging Face folder (:func:`full_state_dict`).
 
 Config::
 
@@ -35,9 +36,11 @@ Config::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -90,6 +93,17 @@ def shard_model(model: nn.Module, mesh: Any, mp_policy: Any, reshard_after_forwa
     fully_shard(model, **kw)
 
 
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """``model``'s full (unsharded) state dict on CPU for a Hugging Face export; None when ``model``
+    is not sharded (save it as it is). A collective: every rank must call it; rank 0 gets the
+    tensors, the other ranks an empty dict. Memory: the whole model in host RAM on rank 0."""
+    if not fsdp_modules(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
 @contextmanager
 def gathered(model: nn.Module) -> Iterator[None]:
     """All-gather ``model``'s full weights on every rank for the body (one collective per block),
@@ -125,6 +139,33 @@ def gathered(model: nn.Module) -> Iterator[None]:
         with torch.inference_mode(False):
             for unit in fsdp_modules(model):
                 unit.reshard()
+
+
+SHARDING_FILE = "sharding.json"
+"""Written by rank 0 into a sharded checkpoint folder: ``{"world_size": int, "mid_epoch": bool}``."""
+
+
+def check_resume(path: Path, world_size: int) -> None:
+    """Refuse a sharded checkpoint that cannot resume exactly under ``world_size`` ranks.
+
+    A checkpoint folder loads under any world size (torch distributed checkpoint reshards), but a
+    mid-epoch one holds a data position per rank (each rank's share of the epoch's permutation), so it
+    needs the world size it was written under; an epoch-end one (or a single-file checkpoint) does not.
+
+    Raises:
+        ValueError: a mid-epoch checkpoint written under another world size, naming both.
+    """
+    info_file = path / SHARDING_FILE
+    if not path.is_dir() or not info_file.is_file():
+        return
+    info = json.loads(info_file.read_text())
+    if info.get("mid_epoch") and info.get("world_size") != world_size:
+        raise ValueError(
+            f"ckpt_path {path}: written mid-epoch under world_size={info['world_size']}, resumed under "
+            f"world_size={world_size}; each rank's position in the epoch only holds under the same world "
+            f"size: resume with {info['world_size']} ranks (trainer.devices × trainer.num_nodes), or from "
+            "a checkpoint written at an epoch end"
+        )
 
 
 class ShardedTeamStrategy(ModelParallelStrategy):
@@ -260,6 +301,28 @@ class ShardedTeamStrategy(ModelParallelStrategy):
         team = getattr(module, "team", None)
         if team is not None:
             team.rollout_context = rollout_context or gathered
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """Lightning's (a torch distributed checkpoint folder, or one file with
+        ``save_distributed_checkpoint=False``), plus ``sharding.json`` in a folder: the world size and
+        whether it was written mid-epoch, read by :meth:`load_checkpoint` before any tensor."""
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        mid_epoch = False
+        if trainer is not None and trainer.num_training_batches not in (0, float("inf")):
+            done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            mid_epoch = bool(done % trainer.num_training_batches)
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(filepath))
+        if self.global_rank == 0 and path.is_dir():
+            info = {"world_size": self.world_size, "mid_epoch": mid_epoch}
+            (path / SHARDING_FILE).write_text(json.dumps(info))
+        self.barrier()
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        """Lightning's loading (DCP reshards every parameter and optimizer state to this world size),
+        after :func:`check_resume`."""
+        check_resume(Path(self.broadcast(checkpoint_path)), self.world_size)
+        return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
