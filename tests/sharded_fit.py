@@ -97,6 +97,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--real-generate", action="store_true")
     ap.add_argument("--export", action="store_true", help="AgentCheckpoint at the end: OUT/agents/step_<n>")
     ap.add_argument("--val", action="store_true", help="one validation batch at each epoch end")
+    ap.add_argument("--precision", default="32-true")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if not args.real_generate:
@@ -119,7 +120,7 @@ def main(argv: list[str]) -> None:
     if args.export:
         callbacks.append(AgentCheckpoint(dirpath=os.path.join(args.out, "agents"), every_n_steps=0))
     trainer = pl.Trainer(
-        strategy=args.strategy, accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes,
+        strategy=args.strategy, accelerator="cpu", precision=args.precision, devices=args.devices, num_nodes=args.num_nodes,
         max_steps=args.max_batches * model.steps_per_batch, logger=False, enable_checkpointing=bool(args.ckpt_every),
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=1 if args.val else 0,
         callbacks=callbacks, default_root_dir=args.out,

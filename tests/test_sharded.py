@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from comlrl_lightning import MAGRPO, ShardedTeamStrategy
+from comlrl_lightning import IAC, MAGRPO, CriticSpec, ShardedTeamStrategy
 from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.infra.sharded import block_names
 
@@ -80,6 +80,13 @@ def test_setup_refuses_what_sharding_cannot_serve_before_any_model_loads(kwargs,
     assert len(model.agents) == 0
 
 
+def test_a_value_head_on_an_agents_trunk_is_refused_before_any_model_loads():
+    model = IAC(agents="builtin:tiny-gpt2", num_agents=2, critics=CriticSpec(model=None))
+    with pytest.raises(ValueError, match=r"critics\[0\].model: got None \(a value head on agent 0's trunk\)"):
+        _setup_with(model, ShardedTeamStrategy())
+    assert len(model.agents) == 0 and len(model.critics) == 0
+
+
 def test_threads_and_bad_mixed_precision_are_refused():
     model = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, num_generations=2)
     model.concurrent_agents = True
@@ -87,6 +94,21 @@ def test_threads_and_bad_mixed_precision_are_refused():
         _setup_with(model, ShardedTeamStrategy())
     with pytest.raises(ValueError, match=r"mixed_precision: got 'fp8', allowed: \['auto', 'bf16', 'none'\]"):
         ShardedTeamStrategy(mixed_precision="fp8")
+
+
+def test_mixed_precision_policy_follows_the_trainer_precision():
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    strategy = ShardedTeamStrategy()
+    strategy.precision_plugin = MixedPrecision("bf16-mixed", "cpu")
+    policy = strategy.mp_policy()
+    assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    strategy.precision_plugin = Precision()  # 32-true
+    assert strategy.mp_policy() is None
+    assert ShardedTeamStrategy(mixed_precision="bf16").mp_policy().param_dtype == torch.bfloat16
+    off = ShardedTeamStrategy(mixed_precision="none")
+    off.precision_plugin = MixedPrecision("bf16-mixed", "cpu")
+    assert off.mp_policy() is None
 
 
 def test_registered_name_and_blocks_come_from_no_split_modules():

@@ -243,7 +243,8 @@ class ShardedTeamStrategy(ModelParallelStrategy):
         Raises:
             ValueError: naming the field and value: ``parallel_training='mp'`` or ``agent_devices``
                 (one device per agent in one process) ; an ``AgentSpec.device``; agents sharing
-                weights (``share_weights_with``); ``concurrent_agents=True`` (agent threads would
+                weights (``share_weights_with``); a critic that is a value head on its agent's trunk
+                (``critics[c].model: null``); ``concurrent_agents=True`` (agent threads would
                 interleave collectives).
         """
         placement = getattr(module, "placement", None)
@@ -268,6 +269,13 @@ class ShardedTeamStrategy(ModelParallelStrategy):
                     f"agents[{i}].share_weights_with: got {spec.share_weights_with} with strategy 'fsdp2'; "
                     "shared weights are not sharded yet (allowed: null): use strategy "
                     "'ddp_find_unused_parameters_true' or separate agents"
+                )
+        for c, spec in enumerate(getattr(module, "critic_specs", None) or []):
+            if not spec.separate:
+                raise ValueError(
+                    f"critics[{c}].model: got None (a value head on agent {c}'s trunk) with strategy 'fsdp2'; "
+                    "the head reads the trunk outside the agent's sharded forward: give the critic a model "
+                    "of its own (critics[c].model)"
                 )
         if getattr(module, "concurrent_agents", None):
             raise ValueError(
