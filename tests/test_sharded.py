@@ -210,3 +210,48 @@ def test_torchrun_two_nodes_of_one_process_runs_the_same_fit(tmp_path):
     assert int(nodes["_world_size"]) == 2
     diff, where = _max_diff(nodes, two)
     assert diff == 0.0, f"{where}: {diff}"
+
+
+# ------------------------------------------------------------------ YAML forms (one process, world size 1)
+@pytest.mark.parametrize(
+    "strategy",
+    ["fsdp2", {"class_path": "comlrl_lightning.infra.sharded.ShardedTeamStrategy",
+               "init_args": {"reshard_after_forward": False}}],
+)  # fmt: skip
+def test_cli_accepts_both_strategy_forms(tmp_path, monkeypatch, strategy):
+    """``trainer.strategy: fsdp2`` and the class_path form build the strategy from YAML; every agent
+    and reference model is sharded (a 1-rank mesh here), with the configured reshard setting."""
+    import yaml
+
+    from comlrl_lightning.cli import main
+
+    for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "RANK"):
+        monkeypatch.delenv(key, raising=False)  # Lightning sets them for its process group; undone after
+    seen = []
+    real = ShardedTeamStrategy.shard_team
+
+    def record(self, module, rollout_context=None):
+        real(self, module, rollout_context)
+        models = [*module.agents, *module.reference_models]
+        seen.append(
+            (
+                self.reshard_after_forward,
+                all(type(p).__name__ == "DTensor" for m in models for p in m.parameters()),
+            )
+        )
+
+    monkeypatch.setattr(ShardedTeamStrategy, "shard_team", record)
+    config = {
+        "trainer": {"strategy": strategy, "accelerator": "cpu", "devices": 1, "max_steps": 2, "logger": False,
+                    "enable_progress_bar": False, "enable_checkpointing": False, "limit_val_batches": 0,
+                    "default_root_dir": str(tmp_path)},
+        "model": {"class_path": "comlrl_lightning.MAGRPO",
+                  "init_args": {"agents": [{"model": "builtin:tiny-gpt2"}] * 2, "rollout": {"num_generations": 2},
+                                "sampling": {"max_new_tokens": 8}, "loss": {"beta": 0.1}}},
+        "data": {"class_path": "comlrl_lightning.datamodules.LengthRatioDataModule",
+                 "init_args": {"num_train": 8, "batch_size": 2}},
+    }  # fmt: skip
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    main(["fit", "--config", str(path)])
+    assert seen == [(isinstance(strategy, str), True)]
