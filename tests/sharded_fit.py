@@ -3,7 +3,7 @@ torchrun and the kill -9 test start the ranks themselves).
 
     python tests/sharded_fit.py OUT --algo magrpo|iac --strategy fsdp2|auto --devices 2 --batch-size 2
         [--num-nodes 1] [--max-batches 3] [--ckpt-every 0] [--resume PATH] [--die-after 0]
-        [--real-generate] [--export] [--val]
+        [--real-generate] [--export] [--val] [--precision 32-true] [--accelerator cpu]
 
 Completions are a seeded function of each prompt's text (``fake_generate``), so a 2-rank run and a
 1-process run on the same global batch roll out the same joint actions and take the same steps;
@@ -98,6 +98,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--export", action="store_true", help="AgentCheckpoint at the end: OUT/agents/step_<n>")
     ap.add_argument("--val", action="store_true", help="one validation batch at each epoch end")
     ap.add_argument("--precision", default="32-true")
+    ap.add_argument("--accelerator", default="cpu", help="gpu: benchmarks/gpu_check.py's sharded part")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if not args.real_generate:
@@ -120,7 +121,7 @@ def main(argv: list[str]) -> None:
     if args.export:
         callbacks.append(AgentCheckpoint(dirpath=os.path.join(args.out, "agents"), every_n_steps=0))
     trainer = pl.Trainer(
-        strategy=args.strategy, accelerator="cpu", precision=args.precision, devices=args.devices, num_nodes=args.num_nodes,
+        strategy=args.strategy, accelerator=args.accelerator, precision=args.precision, devices=args.devices, num_nodes=args.num_nodes,
         max_steps=args.max_batches * model.steps_per_batch, logger=False, enable_checkpointing=bool(args.ckpt_every),
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=1 if args.val else 0,
         callbacks=callbacks, default_root_dir=args.out,
