@@ -255,3 +255,36 @@ def test_cli_accepts_both_strategy_forms(tmp_path, monkeypatch, strategy):
     path.write_text(yaml.safe_dump(config))
     main(["fit", "--config", str(path)])
     assert seen == [(isinstance(strategy, str), True)]
+
+
+# ------------------------------------------------------------------ the rollout gather (a 1-rank gloo group)
+def test_gathered_holds_full_weights_inside_and_leaves_trainable_shards_even_under_inference_mode(
+    monkeypatch,
+):
+    """Inside ``gathered`` the agent's parameters are plain full tensors through several forwards;
+    after it they are shards again, and a training forward/backward still works although the
+    gather ran inside ``inference_mode`` (as in Lightning's validation loop): FSDP2 would otherwise
+    keep inference tensors in buffers that training reuses."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from comlrl_lightning.infra.sharded import gathered, shard_model
+    from comlrl_lightning.team.agents import AgentSpec, load_agent
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model, _ = load_agent(AgentSpec(model="builtin:tiny-gpt2"))
+        shard_model(model, init_device_mesh("cpu", (1,)), None, True)
+        ids = torch.tensor([[5, 6, 7, 8]])
+        with torch.inference_mode(), gathered(model):
+            for _ in range(2):
+                model(ids)
+                assert not any(isinstance(p, DTensor) for p in model.parameters())
+        assert all(isinstance(p, DTensor) for p in model.parameters())
+        model(ids, labels=ids).loss.backward()
+        assert all(p.grad is not None for p in model.parameters())
+    finally:
+        dist.destroy_process_group()

@@ -40,6 +40,7 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
 
 
 @contextmanager
-def gathered(model: nn.Module) -> Iterator[None]:
+def gathered(model: nn.Module, reshard_after_forward: bool = True) -> Iterator[None]:
     """All-gather ``model``'s full weights on every rank for the body (one collective per block),
     keep them through every forward inside it, and reshard after.
 
@@ -113,31 +114,27 @@ def gathered(model: nn.Module) -> Iterator[None]:
     not generate the same number of tokens. Memory: one agent's full parameters (in their
     ``param_dtype``) on top of the shards while the body runs. A model that is not sharded passes
     through unchanged. Every rank must enter it for the same model (it is a collective).
+
+    Args:
+        model: a model sharded by :func:`shard_model` (its outermost unit is the model itself).
+        reshard_after_forward: what the blocks go back to afterwards (the value they were sharded
+            with); the model's own unit goes back to FSDP2's root default, no reshard after forward.
     """
-    groups = [
-        (state, group)
-        for state in (unit._get_fsdp_state() for unit in fsdp_modules(model))
-        for group in state._fsdp_param_groups
-    ]
-    # FSDP2 reshards after every forward unless a group's post-forward mesh is None (what
-    # set_reshard_after_forward(False) sets); keep each group's own value to put back after
-    saved = [group.post_forward_mesh_info for _, group in groups]
-    for _, group in groups:
-        group.post_forward_mesh_info = None
+    units = fsdp_modules(model)
+    for unit in units:  # public FSDP2 calls only: keep gathered weights through every forward
+        unit.set_reshard_after_forward(False, recurse=False)
     # the gathered buffers are reused by later training steps: never let them be inference tensors
     # (generate runs under inference_mode, and so may the caller: Lightning's validation loop)
     with torch.inference_mode(False):
-        for unit in fsdp_modules(model):
+        for unit in units:
             unit.unshard()
     try:
         yield
     finally:
-        for (state, group), info in zip(groups, saved):
-            # the root does not reshard after forward once initialised (FSDP2's default)
-            root_default = state._is_root and state._auto_reshard_after_forward
-            group.post_forward_mesh_info = None if root_default else info
+        for unit in units:
+            unit.set_reshard_after_forward(reshard_after_forward and unit is not model, recurse=False)
         with torch.inference_mode(False):
-            for unit in fsdp_modules(model):
+            for unit in units:
                 unit.reshard()
 
 
@@ -308,7 +305,9 @@ class ShardedTeamStrategy(ModelParallelStrategy):
                 )
         team = getattr(module, "team", None)
         if team is not None:
-            team.rollout_context = rollout_context or gathered
+            team.rollout_context = rollout_context or partial(
+                gathered, reshard_after_forward=self.reshard_after_forward
+            )
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
         """Lightning's (a torch distributed checkpoint folder, or one file with
