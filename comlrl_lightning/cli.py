@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import traceback
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
@@ -25,6 +26,7 @@ from comlrl_lightning.core.evaluation import wilson_interval
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.infra.memory import release_freed_memory
 from comlrl_lightning.infra.quiet import silence_start_up_noise
+from comlrl_lightning.infra.sharded import ShardedTeamStrategy, check_resume
 
 _SUMMARY_KEYS = ("val/pass@*", "val/final/pass@*", M.VAL_REWARD, "val/rewards/*", M.REWARD)
 """The scalars printed after ``fit`` (start and end value); a trailing ``*`` matches any ending
@@ -149,8 +151,13 @@ class CoMLRLCLI(LightningCLI):
             raise SystemExit(1) from None
 
     def before_fit(self) -> None:
-        """``--validate_before_fit``: validate once; SIGTERM / Ctrl+C there stop at once (nothing is
+        """Under ``strategy: fsdp2``, refuse a ``--ckpt_path`` that cannot resume under this world size
+        (:func:`~comlrl_lightning.infra.sharded.check_resume`) before any model loads. Then
+        ``--validate_before_fit``: validate once; SIGTERM / Ctrl+C there stop at once (nothing is
         trained yet, so nothing is saved), with status 143 / 130."""
+        ckpt_path = self.config["fit"].get("ckpt_path")
+        if ckpt_path and isinstance(self.trainer.strategy, ShardedTeamStrategy):
+            check_resume(Path(ckpt_path), self.trainer.world_size)
         if not self.config["fit"].get("validate_before_fit"):
             return
         previous = {}

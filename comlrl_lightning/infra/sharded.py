@@ -148,6 +148,8 @@ def check_resume(path: Path, world_size: int) -> None:
     A checkpoint folder loads under any world size (torch distributed checkpoint reshards), but a
     mid-epoch one holds a data position per rank (each rank's share of the epoch's permutation), so it
     needs the world size it was written under; an epoch-end one (or a single-file checkpoint) does not.
+    Called by the CLI's ``before_fit`` (before any model loads) and by
+    :meth:`ShardedTeamStrategy.load_checkpoint` (a ``trainer.fit(ckpt_path=...)`` from Python).
 
     Raises:
         ValueError: a mid-epoch checkpoint written under another world size, naming both.
