@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import tiny_cli_config
 
 from comlrl_lightning import IAC, MAGRPO, CriticSpec, ShardedTeamStrategy
 from comlrl_lightning.datamodules import LengthRatioDataModule
@@ -213,24 +214,6 @@ def test_torchrun_two_nodes_of_one_process_runs_the_same_fit(tmp_path):
 
 
 # ------------------------------------------------------------------ YAML forms (one process, world size 1)
-def _cli_config(tmp_path: Path, strategy) -> Path:
-    import yaml
-
-    config = {
-        "trainer": {"strategy": strategy, "accelerator": "cpu", "devices": 1, "max_steps": 2, "logger": False,
-                    "enable_progress_bar": False, "enable_checkpointing": False, "limit_val_batches": 0,
-                    "default_root_dir": str(tmp_path)},
-        "model": {"class_path": "comlrl_lightning.MAGRPO",
-                  "init_args": {"agents": [{"model": "builtin:tiny-gpt2"}] * 2, "rollout": {"num_generations": 2},
-                                "sampling": {"max_new_tokens": 8}, "loss": {"beta": 0.1}}},
-        "data": {"class_path": "comlrl_lightning.datamodules.LengthRatioDataModule",
-                 "init_args": {"num_train": 8, "batch_size": 2}},
-    }  # fmt: skip
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def test_cli_refuses_a_mid_epoch_checkpoint_of_another_world_size_before_any_model_loads(
     tmp_path, monkeypatch
 ):
@@ -244,7 +227,7 @@ def test_cli_refuses_a_mid_epoch_checkpoint_of_another_world_size_before_any_mod
     ckpt.mkdir()
     (ckpt / "sharding.json").write_text('{"world_size": 2, "mid_epoch": true}')
     with pytest.raises(ValueError, match="written mid-epoch under world_size=2, resumed under world_size=1"):
-        main(["fit", "--config", str(_cli_config(tmp_path, "fsdp2")), "--ckpt_path", str(ckpt)])
+        main(["fit", "--config", tiny_cli_config(tmp_path, "fsdp2", devices=1), "--ckpt_path", str(ckpt)])
 
 
 @pytest.mark.parametrize(
@@ -273,8 +256,7 @@ def test_cli_accepts_both_strategy_forms(tmp_path, monkeypatch, strategy):
         )
 
     monkeypatch.setattr(ShardedTeamStrategy, "shard_team", record)
-    path = _cli_config(tmp_path, strategy)
-    main(["fit", "--config", str(path)])
+    main(["fit", "--config", tiny_cli_config(tmp_path, strategy, devices=1)])
     assert seen == [(isinstance(strategy, str), True)]
 
 
