@@ -1,6 +1,6 @@
 """The prepared GPU check (``make gpu-check``): placement, learning and speed on one GPU, <= 5 min.
 
-    python benchmarks/gpu_check.py --out DIR [--job-seconds 120] [--only tests,main_job,bench,generation]
+    python benchmarks/gpu_check.py --out DIR [--job-seconds 120] [--only tests,main_job,bench,generation,sharded]
 
 Parts, each recorded as ``ran`` / ``skipped`` (with the reason) / ``failed`` (with the error):
 
@@ -13,10 +13,14 @@ Parts, each recorded as ``ran`` / ``skipped`` (with the reason) / ``failed`` (wi
 (c) ``bench``: ``benchmarks/gpu_bench.py --quick``: step time against the floor, CoMLRL and TRL.
 (d) ``generation``: tokens/s of K·B rows of SmolLM2 (or, without the GGUF, a SmolLM2-shaped Llama
     built from a config over the GPT-2 vocabulary) for each ``generation_backend`` of ``SamplingConfig``.
+(e) ``sharded``: ``strategy: fsdp2`` on ``min(2, GPUs)`` ranks (nccl), bf16-mixed (FSDP2's
+    ``MixedPrecisionPolicy``), sampled rollouts, a sharded checkpoint after batch 2 and an HF export:
+    ``tests/sharded_fit.py`` for 4 batches, then again resumed from that checkpoint; reports the wall
+    time of each and the largest weight difference between them (0 when resume is exact on the GPU).
 
 Writes ``DIR/gpu_check.json``, ``DIR/gpu_check.md`` and, when CUDA ran, ``DIR/gpu_results.md``: the GPU
 section that ``benchmarks/run.py`` includes in RESULTS.md once it is copied to ``benchmarks/``.
-Exit status 1 if a part failed. ``--cpu-dry-run`` runs parts (b)-(d) on the CPU at toy sizes to check the
+Exit status 1 if a part failed. ``--cpu-dry-run`` runs parts (b)-(e) on the CPU at toy sizes to check the
 code path; its numbers mean nothing and it never writes ``gpu_results.md``.
 """
 
@@ -41,7 +45,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-PARTS = ("tests", "main_job", "bench", "generation")
+PARTS = ("tests", "main_job", "bench", "generation", "sharded")
 SMOLLM2 = "builtin:smollm2-135m-instruct"
 # SmolLM2-135M's shape (30 layers, width 576, GQA 9/3, tied embeddings) on the GPT-2 vocabulary.
 SMOLLM2_SHAPE = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -213,6 +217,38 @@ def part_generation(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+# --------------------------------------------------------------------------- (e) sharded (fsdp2)
+def part_sharded(out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    device = _device(args)
+    devices = 2 if device == "cpu" else min(2, torch.cuda.device_count())
+    fit = [sys.executable, str(ROOT / "tests" / "sharded_fit.py")]
+    common = ["--strategy", "fsdp2", "--devices", str(devices), "--accelerator", "gpu" if device == "cuda" else "cpu",
+              "--precision", "bf16-mixed", "--real-generate", "--max-batches", "4", "--ckpt-every", "2"]  # fmt: skip
+    res: dict[str, Any] = {"devices": devices, "precision": "bf16-mixed"}
+    weights = {}
+    for name, extra in (("full", ["--export"]), ("resumed", None)):
+        run_dir = out / f"sharded_{name}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if extra is None:  # resume from the full run's sharded checkpoint after batch 2
+            (ckpt,) = (out / "sharded_full" / "ckpt").glob(f"*step={2 * 2}.ckpt")
+            extra = ["--resume", str(ckpt)]
+        t = time.perf_counter()
+        proc = subprocess.run([*fit, str(run_dir), *common, *extra], check=False, capture_output=True, text=True,
+                              timeout=args.bench_timeout, cwd=run_dir)  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"sharded_fit.py ({name}) exited {proc.returncode}: {proc.stderr[-1500:]}")
+        res[f"{name}_s"] = time.perf_counter() - t
+        weights[name] = torch.load(run_dir / "weights.pt")
+    names = [k for k in weights["full"] if not k.startswith("_")]
+    res["resume_max_abs_diff"] = max(
+        (weights["full"][k] - weights["resumed"][k]).abs().max().item() for k in names
+    )
+    res["exported"] = sorted(p.name for p in (out / "sharded_full" / "agents").glob("step_*/agent_*"))
+    return res
+
+
 # --------------------------------------------------------------------------- reports
 def render(report: dict[str, Any]) -> str:
     lines = (
@@ -226,7 +262,7 @@ def render(report: dict[str, Any]) -> str:
         part = report["parts"].get(name)
         if part is None:
             continue
-        head = f"**({'abcd'[PARTS.index(name)]}) {name}**: {part['status']}"
+        head = f"**({'abcde'[PARTS.index(name)]}) {name}**: {part['status']}"
         if part["status"] != "ran":
             lines += [f"{head}: {part['reason']}", ""]
             continue
@@ -255,6 +291,12 @@ def render(report: dict[str, Any]) -> str:
                         f"| {b} | {v['tokens_per_s']:.0f} | {v['median_s']:.2f} | {v['warmup_s']:.2f} |"
                     )
             lines.append(f"\nFastest: `{r['fastest']}`.")
+        elif name == "sharded":
+            lines.append(
+                f"- fsdp2 on {r['devices']} rank(s), {r['precision']}: 4 batches in {r['full_s']:.0f} s; resumed "
+                f"from batch 2 in {r['resumed_s']:.0f} s; largest weight difference resumed vs uninterrupted "
+                f"{r['resume_max_abs_diff']:.3g}; HF export: {', '.join(r['exported'])}"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -280,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)  # the main job's child process
     ap.add_argument(
-        "--cpu-dry-run", action="store_true", help="parts (b)-(d) on CPU at toy sizes; writes no GPU results"
+        "--cpu-dry-run", action="store_true", help="parts (b)-(e) on CPU at toy sizes; writes no GPU results"
     )
     ap.add_argument("--tests-timeout", type=int, default=300)
     ap.add_argument("--bench-timeout", type=int, default=240)
@@ -310,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         "main_job": part_main_job,
         "bench": part_bench,
         "generation": part_generation,
+        "sharded": part_sharded,
     }
     for name in only:
         print(f"[gpu-check] {name} ...", flush=True)

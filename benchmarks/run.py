@@ -11,7 +11,8 @@ SmolLM2-135M row with the floor), ``credit`` (credit-assignment modes on a three
 seeds; ``benchmarks/credit.py``), ``main_job`` (the main job's training batches without and with
 ``stop_after_code_block``, back to back; ``benchmarks/main_job.py``, ~10 min), ``learning`` (held-out
 success of two SmolLM2 agents before and after MAGRPO/IAC/MAAC, several seeds; ``benchmarks/learning.py``,
-``make learn``; resumes from ``benchmarks/learning_runs.jsonl``). ``--only X --write`` replaces section X in ``results.json`` and
+``make learn``; resumes from ``benchmarks/learning_runs.jsonl``), ``sharded`` (``strategy: fsdp2`` on 2 gloo ranks
+against 1 process: per-rank bytes, step time, the two rollout options; ``benchmarks/sharded.py``). ``--only X --write`` replaces section X in ``results.json`` and
 regenerates RESULTS.md from every recorded section. Within a section every system trains on the same batch in turn
 (A B A B ...), from the same initial weights, in this one process; numbers are medians after two
 warm-up steps, ratios come from the same run.
@@ -52,7 +53,17 @@ from bench_lib import (  # noqa: E402
 
 from comlrl_lightning.core.generation import has_chat_template, render_prompt  # noqa: E402
 
-SECTIONS = ("vs_comlrl", "vs_trl", "memory", "scaling", "smollm2", "credit", "main_job", "learning")
+SECTIONS = (
+    "vs_comlrl",
+    "vs_trl",
+    "memory",
+    "scaling",
+    "smollm2",
+    "credit",
+    "main_job",
+    "learning",
+    "sharded",
+)
 
 
 def _r(x: float, nd: int = 3) -> str:
@@ -272,7 +283,8 @@ PLOTS = {"vs_comlrl": _plot_vs_comlrl,
 RUNNERS = {"vs_comlrl": vs_comlrl, "vs_trl": vs_trl, "memory": memory, "scaling": scaling, "smollm2": smollm2,
            "credit": lambda quick, base=None: __import__("credit").section(quick),
            "main_job": lambda quick, base=None: __import__("main_job").section(quick),
-           "learning": lambda quick, base=None: __import__("learning").section(quick)}  # fmt: skip
+           "learning": lambda quick, base=None: __import__("learning").section(quick),
+           "sharded": lambda quick, base=None: __import__("sharded").section(quick)}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- report
@@ -448,6 +460,8 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
         extra_sections += f"\n## The main job: stopping at the code block\n\n{__import__('main_job').render(res['main_job'])}\n"
     if "learning" in res:
         extra_sections += f"\n## Learning you can see: held-out success of a pretrained team\n\n{__import__('learning').render(res['learning'])}\n"
+    if "sharded" in res:
+        extra_sections += f"\n## Sharded agents (fsdp2): memory, step time, rollout\n\n{__import__('sharded').render(res['sharded'])}\n"
     comlrl_plot = (
         f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n"
         if "reward_curves" in res.get("vs_comlrl", {})

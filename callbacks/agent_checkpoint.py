@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from comlrl_lightning.core.value_head import ValueModel, save_value_head
 from comlrl_lightning.infra.checkpoint_io import fsync_dir
+from comlrl_lightning.infra.sharded import full_state_dict
 
 
 class AgentCheckpoint(pl.Callback):
@@ -109,6 +110,9 @@ class AgentCheckpoint(pl.Callback):
             previous step folders are untouched.
         """
         self._last_saved_batches = batches
+        critics = getattr(pl_module, "critics", None)
+        # sharded models (fsdp2): every rank gathers the full weights, rank zero writes them
+        states = [full_state_dict(m) for m in [*pl_module.agents, *(critics or [])]]
         if not trainer.is_global_zero:
             return None
         assert self.dirpath is not None, "setup() sets dirpath"
@@ -117,8 +121,9 @@ class AgentCheckpoint(pl.Callback):
             pl_module.agents,
             pl_module.tokenizers,
             final,
-            getattr(pl_module, "critics", None),
+            critics,
             getattr(pl_module, "critic_tokenizers", None),
+            states,
         )
         if final in self.saved:
             self.saved.remove(final)
@@ -136,10 +141,17 @@ class AgentCheckpoint(pl.Callback):
 
 
 def save_agents(
-    models: Any, tokenizers: Any, path: str, critics: Any = None, critic_tokenizers: Any = None
+    models: Any,
+    tokenizers: Any,
+    path: str,
+    critics: Any = None,
+    critic_tokenizers: Any = None,
+    states: Any = None,
 ) -> None:
     """Atomically write ``path/agent_<i>/`` (``save_pretrained`` model and tokenizer) for every agent,
-    and ``path/critic_<c>/`` for every critic (see :class:`AgentCheckpoint`).
+    and ``path/critic_<c>/`` for every critic (see :class:`AgentCheckpoint`). ``states``: per agent,
+    then per critic, its full state dict when its parameters are shards
+    (:func:`~comlrl_lightning.infra.sharded.full_state_dict`), else None.
 
     The folder is built in a temporary directory in the same parent, fsynced, then moved into
     place with ``os.replace``; an existing ``path`` is replaced.
@@ -150,19 +162,21 @@ def save_agents(
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=parent)
+    states = list(states or [None] * (len(models) + len(critics or [])))
     try:
         with _no_hf_progress_bars():
             for i, (model, tokenizer) in enumerate(zip(models, tokenizers)):
                 agent_dir = os.path.join(tmp, f"agent_{i}")
-                model.save_pretrained(agent_dir)
+                model.save_pretrained(agent_dir, state_dict=states[i])
                 if tokenizer is not None:
                     tokenizer.save_pretrained(agent_dir)
             for c, critic in enumerate(critics or []):
-                critic_dir = os.path.join(tmp, f"critic_{c}")
+                critic_dir, state = os.path.join(tmp, f"critic_{c}"), states[len(models) + c]
                 if isinstance(critic, ValueModel):
-                    critic.save_pretrained(critic_dir, critic_tokenizers[c] if critic_tokenizers else None)
+                    tok = critic_tokenizers[c] if critic_tokenizers else None
+                    critic.save_pretrained(critic_dir, tok, state_dict=state)
                 else:  # a head on agent c's trunk: the trunk is agent_<c>/
-                    save_value_head(critic, critic_dir)
+                    save_value_head(critic, critic_dir, state)
         _fsync_tree(tmp)
         if os.path.exists(path):  # os.replace cannot replace a non-empty directory: swap it out first
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".old", dir=parent)

@@ -25,6 +25,7 @@ from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
 from comlrl_lightning.envs.rewards import RewardFunction, RewardOutput, RewardProcessor, WeightedReward
 from comlrl_lightning.infra.quiet import silence_start_up_noise
+from comlrl_lightning.infra.sharded import ShardedTeamStrategy  # registers 'fsdp2'
 from comlrl_lightning.infra.strategy import (
     AgentParallelStrategy,  # registers the 'agent_parallel' strategy name
 )
@@ -48,6 +49,7 @@ __all__ = [
     "RewardProcessor",
     "WeightedReward",
     "AgentParallelStrategy",
+    "ShardedTeamStrategy",
     "CoMLRLModule",
     "Team",
     "RolloutConfig",

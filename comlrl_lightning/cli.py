@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import traceback
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
@@ -25,6 +26,7 @@ from comlrl_lightning.cli_errors import config_error
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.infra.memory import release_freed_memory
 from comlrl_lightning.infra.quiet import silence_start_up_noise
+from comlrl_lightning.infra.sharded import ShardedTeamStrategy, check_resume
 
 DEFAULT_SAVE_DIR = "runs"
 """Where loggers without a ``save_dir`` write when ``trainer.default_root_dir`` is not given."""
@@ -219,8 +221,13 @@ class CoMLRLCLI(LightningCLI):
             raise SystemExit(1) from None
 
     def before_fit(self) -> None:
-        """``--validate_before_fit``: validate once (not on a resume: ``--ckpt_path`` given); SIGTERM /
+        """Under ``strategy: fsdp2``, refuse a ``--ckpt_path`` that cannot resume under this world size
+        (:func:`~comlrl_lightning.infra.sharded.check_resume`) before any model loads. Then
+        ``--validate_before_fit``: validate once (not on a resume: ``--ckpt_path`` given); SIGTERM /
         Ctrl+C there stop at once (nothing is trained yet, so nothing is saved), with status 143 / 130."""
+        ckpt_path = self.config["fit"].get("ckpt_path")
+        if ckpt_path and isinstance(self.trainer.strategy, ShardedTeamStrategy):
+            check_resume(Path(ckpt_path), self.trainer.world_size)
         if not self.config["fit"].get("validate_before_fit"):
             return
         # a resumed run: its step-0 validation is in the first run's logs
@@ -298,6 +305,12 @@ def main(args: list[str] | None = None) -> None:
         },
         args=args,  # None: parsed from sys.argv
     )
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # a clean exit under torchrun: a worker leaving with its process group up can abort
+        # ("terminate called without an active exception") and leave the other node's agent waiting
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,26 @@ def tiny_trainer(max_steps: int, **kwargs) -> pl.Trainer:
     return pl.Trainer(max_steps=max_steps, **defaults)
 
 
+def tiny_cli_config(tmp_path, strategy, **trainer) -> str:
+    """A ``fit --config`` YAML (written into ``tmp_path``): MAGRPO, two tiny-gpt2 agents with reference
+    models, 2 steps on the length-ratio task under ``strategy``; ``trainer`` adds trainer fields."""
+    import yaml
+
+    config = {
+        "trainer": {"strategy": strategy, "accelerator": "cpu", "max_steps": 2, "logger": False,
+                    "enable_progress_bar": False, "enable_checkpointing": False, "limit_val_batches": 0,
+                    "default_root_dir": str(tmp_path), **trainer},
+        "model": {"class_path": "comlrl_lightning.MAGRPO",
+                  "init_args": {"agents": [{"model": "builtin:tiny-gpt2"}] * 2, "rollout": {"num_generations": 2},
+                                "sampling": {"max_new_tokens": 8}, "loss": {"beta": 0.1}}},
+        "data": {"class_path": "comlrl_lightning.datamodules.LengthRatioDataModule",
+                 "init_args": {"num_train": 8, "batch_size": 2}},
+    }  # fmt: skip
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
 @pytest.fixture
 def trainer_factory():
     return tiny_trainer

@@ -224,14 +224,15 @@ def test_gpu_check_without_cuda_skips_each_gpu_part_with_its_reason_and_writes_b
     import json
 
     check = _gpu_check()
-    assert check.main(["--out", str(tmp_path), "--only", "main_job,bench,generation"]) == 0
+    assert check.main(["--out", str(tmp_path), "--only", "main_job,bench,generation,sharded"]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert {n: p["status"] for n, p in report["parts"].items()} == dict.fromkeys(
-        ("main_job", "bench", "generation"), "skipped"
+        ("main_job", "bench", "generation", "sharded"), "skipped"
     )
     assert all("no CUDA device" in p["reason"] for p in report["parts"].values())
     md = (tmp_path / "gpu_check.md").read_text()
     assert "**(b) main_job**: skipped: no CUDA device" in md and "**(d) generation**: skipped" in md
+    assert "**(e) sharded**: skipped: no CUDA device" in md
     assert not (tmp_path / "gpu_results.md").exists(), "no GPU numbers may be written without a GPU"
 
 
@@ -245,8 +246,13 @@ def test_gpu_check_report_renders_each_ran_part_and_names_the_fastest_backend():
     report = {"device": "NVIDIA H200", "date": "d", "wall_s": 250.0, "versions": {"torch": "2.11"},
               "parts": {"main_job": {"status": "ran", "wall_s": 130.0, "result": job},
                         "generation": {"status": "ran", "wall_s": 40.0, "result": gen},
-                        "bench": {"status": "failed", "reason": "RuntimeError: x", "wall_s": 1.0}}}  # fmt: skip
+                        "bench": {"status": "failed", "reason": "RuntimeError: x", "wall_s": 1.0},
+                        "sharded": {"status": "ran", "wall_s": 60.0, "result": {
+                            "devices": 1, "precision": "bf16-mixed", "full_s": 30.0, "resumed_s": 25.0,
+                            "resume_max_abs_diff": 0.0, "exported": ["agent_0", "agent_1"]}}}}  # fmt: skip
     text = check.render(report)
+    assert "- fsdp2 on 1 rank(s), bf16-mixed: 4 batches in 30 s; resumed from batch 2 in 25 s; largest weight " \
+           "difference resumed vs uninterrupted 0; HF export: agent_0, agent_1" in text  # fmt: skip
     assert "- 12 batches in 130 s (bf16-true, K=4, 256 new tokens)" in text
     assert "- `val/reward`: first 0.500, last 0.900 (2 points)" in text
     assert (

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
-import yaml
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
@@ -512,6 +511,8 @@ def test_heterogeneous_team_each_agent_uses_its_own_tokenizer_and_template(monke
     ],
 )  # fmt: skip
 def test_cli_accepts_both_strategy_forms(tmp_path, monkeypatch, strategy):
+    from conftest import tiny_cli_config
+
     from comlrl_lightning.cli import main
 
     seen = []
@@ -522,19 +523,7 @@ def test_cli_accepts_both_strategy_forms(tmp_path, monkeypatch, strategy):
         seen.append((self.agent_devices, self.reference_devices, self.plan.agents))
 
     monkeypatch.setattr(AgentParallelStrategy, "model_to_device", record)
-    config = {
-        "trainer": {"strategy": strategy, "accelerator": "cpu", "max_steps": 2, "logger": False,
-                    "enable_progress_bar": False, "enable_checkpointing": False, "limit_val_batches": 0,
-                    "default_root_dir": str(tmp_path)},
-        "model": {"class_path": "comlrl_lightning.MAGRPO",
-                  "init_args": {"agents": [{"model": "builtin:tiny-gpt2"}] * 2, "rollout": {"num_generations": 2},
-                                "sampling": {"max_new_tokens": 8}, "loss": {"beta": 0.1}}},
-        "data": {"class_path": "comlrl_lightning.datamodules.LengthRatioDataModule",
-                 "init_args": {"num_train": 8, "batch_size": 2}},
-    }  # fmt: skip
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    main(["fit", "--config", str(path)])
+    main(["fit", "--config", tiny_cli_config(tmp_path, strategy)])
     if isinstance(strategy, str):
         assert seen == [(None, None, [CPU, CPU])]
     else:

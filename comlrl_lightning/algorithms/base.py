@@ -15,14 +15,13 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
-from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import nn
 
+from comlrl_lightning.algorithms.checkpointing import CheckpointHooks
 from comlrl_lightning.algorithms.optimization import AgentOptimization
 from comlrl_lightning.core.evaluation import repeat_episodes, validation_metrics
 from comlrl_lightning.core.records import Turn
@@ -37,17 +36,15 @@ from comlrl_lightning.infra.placement import (
     resolve_devices,
     visible_gpus,
 )
-from comlrl_lightning.infra.resume import canonical_loop_state
-from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
+from comlrl_lightning.infra.rng import (
+    set_rng_states,
+)
 from comlrl_lightning.infra.strategy import AgentParallelStrategy
 from comlrl_lightning.team.agents import AgentSpec, validate_spec
 from comlrl_lightning.team.team import Team
 
-_REWARD_MODELS = "reward_models."
-"""The state-dict prefix of :attr:`CoMLRLModule.reward_models` (left out of checkpoints)."""
 
-
-class CoMLRLModule(AgentOptimization):
+class CoMLRLModule(CheckpointHooks, AgentOptimization):
     """Base LightningModule of a cooperative multi-agent algorithm (manual optimisation).
 
     Args:
@@ -173,6 +170,8 @@ class CoMLRLModule(AgentOptimization):
                 f"{name}={expected}; give one formatter per agent"
             )
         strategy = self.trainer.strategy
+        if hasattr(strategy, "check_team"):  # the sharded strategy (fsdp2): refusals before any model loads
+            strategy.check_team(self)
         if self.placement.parallel_training == "mp" and not isinstance(strategy, SingleDeviceStrategy):
             raise ValueError(
                 f"parallel_training='mp' runs the team in one process; the trainer's strategy is "
@@ -320,71 +319,6 @@ class CoMLRLModule(AgentOptimization):
     def num_turns(self) -> int:
         """Turns per episode (1 unless the algorithm rolls out more)."""
         return 1
-
-    # ------------------------------------------------------------------ checkpoint
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Add the global RNG states (python, numpy, torch CPU/CUDA) as ``checkpoint["rng_states"]``,
-        after checking every agent's weights are finite.
-
-        Sampling draws from torch's global RNG, so exact resume needs them (Lightning saves agents,
-        optimizers, schedulers, loops and the datamodule's data position itself).
-
-        Raises:
-            FloatingPointError: an agent's parameter holds NaN/inf (named with the agent); a checkpoint
-                of such weights could only poison the run resumed from it.
-        """
-        for who, model in self.trained_modules():
-            for name, p in model.named_parameters():
-                if not torch.isfinite(p).all():
-                    raise FloatingPointError(
-                        f"{who}: parameter {name!r} holds NaN/inf at {self._batch_position()}; "
-                        "refusing to write a checkpoint with non-finite weights"
-                    )
-        checkpoint["rng_states"] = collect_rng_states()
-        checkpoint["skipped_steps"] = self.skip_counts()
-        state = checkpoint.get("state_dict", {})
-        for key in [k for k in state if k.startswith(_REWARD_MODELS)]:  # frozen: reloaded from their source
-            del state[key]
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep the saved RNG states until :meth:`on_train_start` applies them: code that runs between
-        checkpoint loading and the first batch (``configure_optimizers``, callbacks' ``on_fit_start``,
-        starting the train DataLoader) may still draw from the global RNG. Restore the skip counters,
-        and rewrite the loop state of a checkpoint written at an epoch end or after ``fit`` into
-        the batch-end form Lightning resumes exactly from
-        (:func:`~comlrl_lightning.infra.resume.canonical_loop_state`, Lightning #19617).
-        Raises ``ResumeConfigError``: a resume changes a field that cannot change (``resume_config.py``)."""
-        resume_config.check_resume(checkpoint, dict(self.hparams), self._trainer)  # Python fits too
-        self._resume_rng_states = checkpoint.get("rng_states")
-        # the reward models are not saved (on_save_checkpoint): keep the ones configure_model loaded,
-        # and ignore those an older checkpoint carries for a module that has none (no env given)
-        state = checkpoint.get("state_dict")
-        if state is not None:
-            own = self.reward_models.state_dict(prefix=_REWARD_MODELS)
-            for key in [k for k in state if k.startswith(_REWARD_MODELS) and k not in own]:
-                del state[key]
-            for key, value in own.items():
-                state[key] = value
-        canonical_loop_state(checkpoint)  # epoch-end / after-fit checkpoints resume exactly (infra/resume.py)
-        for name, saved in checkpoint.get("skipped_steps", {}).items():
-            counts = self.skip_counts().get(name)
-            if counts is None or len(saved) != len(counts):  # e.g. an IAC checkpoint in MAGRPO (strict=False)
-                rank_zero_warn(
-                    f"checkpoint: skipped_steps[{name!r}] has {len(saved)} entries, this module has "
-                    f"{0 if counts is None else len(counts)}; those counters start at 0"
-                )
-                continue
-            counts[:] = saved
-
-    def trained_modules(self) -> list[tuple[str, torch.nn.Module]]:
-        """``(name, module)`` of everything an optimizer steps, as messages name it (``"agent 0"``, ...):
-        what :meth:`on_save_checkpoint` checks for non-finite weights."""
-        return [(f"agent {i}", m) for i, m in enumerate(self.agents)]
-
-    def skip_counts(self) -> dict[str, list[int]]:
-        """The counters of skipped non-finite steps, by owner kind (saved in checkpoints, so a resumed
-        run's ``agent_<i>/skipped_steps`` goes on from the saved count)."""
-        return {"agents": self.skipped_steps}
 
     def on_train_start(self) -> None:
         """Put the reference copies and reward models back in eval mode (see :meth:`on_fit_start`),

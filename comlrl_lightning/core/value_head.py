@@ -144,11 +144,12 @@ def hidden_size_of(model: nn.Module) -> int:
     )
 
 
-def save_value_head(head: ValueHead, path: str | Path) -> None:
-    """Write ``value_head.pt`` (weights) and ``value_head.json`` (sizes) into the folder ``path``."""
+def save_value_head(head: ValueHead, path: str | Path, state_dict: dict[str, Any] | None = None) -> None:
+    """Write ``value_head.pt`` (weights: ``state_dict``, default the head's own) and ``value_head.json``
+    (sizes) into the folder ``path``."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    torch.save(head.state_dict(), path / VALUE_HEAD_FILE)
+    torch.save(head.state_dict() if state_dict is None else state_dict, path / VALUE_HEAD_FILE)
     (path / VALUE_HEAD_CONFIG).write_text(
         json.dumps({"hidden_size": head.hidden_size, "hidden_dim": head.hidden_dim})
     )
@@ -173,14 +174,20 @@ class ValueModel(nn.Module):
         """``[R, L]`` tokens → ``[R]`` values at ``positions`` (see :func:`values_at`)."""
         return values_at(trunk_of(self.backbone), self.value_head, input_ids, attention_mask, positions)
 
-    def save_pretrained(self, path: str | Path, tokenizer: Any = None) -> None:
+    def save_pretrained(
+        self, path: str | Path, tokenizer: Any = None, state_dict: dict[str, Any] | None = None
+    ) -> None:
         """Write a Hugging Face folder: the backbone (``save_pretrained``), ``value_head.pt`` and
-        ``value_head.json``, and the tokenizer when given."""
+        ``value_head.json``, and the tokenizer when given. ``state_dict``: this model's full state
+        (``backbone.*``, ``value_head.*`` keys) when its own parameters are shards (``fsdp2``)."""
         path = Path(path)
-        self.backbone.save_pretrained(path)
+        parts: dict[str, dict[str, Any] | None] = {"backbone.": None, "value_head.": None}
+        if state_dict is not None:
+            parts = {p: {k[len(p) :]: v for k, v in state_dict.items() if k.startswith(p)} for p in parts}
+        self.backbone.save_pretrained(path, state_dict=parts["backbone."])
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
-        save_value_head(self.value_head, path)
+        save_value_head(self.value_head, path, parts["value_head."])
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> ValueModel:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 
 def collect_rng_states() -> dict[str, Any]:
@@ -52,3 +53,32 @@ def set_rng_states(states: dict[str, Any]) -> None:
 def _as_tuple(state: Any) -> Any:
     # a checkpoint round trip may turn python's nested state tuple into lists; random.setstate wants tuples
     return tuple(_as_tuple(s) for s in state) if isinstance(state, (list, tuple)) else state
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_ranks_rng_states(states: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Every rank's ``states`` (:func:`collect_rng_states`), in rank order: a collective when several
+    processes run (every rank must call it), None in one process. A checkpoint is written by rank 0,
+    so without this every rank would resume with rank 0's RNG and sample other completions than an
+    uninterrupted run."""
+    rank, world = _world()
+    if world == 1:
+        return None
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, states)
+    return out
+
+
+def this_ranks_rng_states(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """The RNG states this rank saved (``checkpoint["rng_states_per_rank"][rank]``) when the world
+    size is the one the checkpoint was written under, else ``checkpoint["rng_states"]`` (rank 0's)."""
+    rank, world = _world()
+    per_rank = checkpoint.get("rng_states_per_rank")
+    if per_rank and len(per_rank) == world:
+        return per_rank[rank]
+    return checkpoint.get("rng_states")

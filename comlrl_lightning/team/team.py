@@ -13,7 +13,7 @@ import copy
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from functools import partial
 from typing import Any
 
@@ -85,6 +85,9 @@ class Team:
         self.reference_models = nn.ModuleList()
         self.tokenizers: list[Any] = []
         self.concurrent: bool | None = None
+        self.rollout_context: Callable[[nn.Module], AbstractContextManager[Any]] = lambda model: nullcontext()
+        """Entered around each agent's ``generate`` with its model: the sharded strategy sets
+        :func:`~comlrl_lightning.infra.sharded.gathered` (one agent's full weights for its rollout)."""
 
     @property
     def num_agents(self) -> int:
@@ -156,9 +159,10 @@ class Team:
         tok = self.tokenizers[agent]
         chat = self.specs[agent].chat_template and has_chat_template(tok)
         sampling = self.sampling[agent]
-        return generate(
-            self.agents[agent], tok, prompts, num_generations, sampling, chat, do_sample=not greedy
-        )
+        with self.rollout_context(self.agents[agent]):
+            return generate(
+                self.agents[agent], tok, prompts, num_generations, sampling, chat, do_sample=not greedy
+            )
 
     # ------------------------------------------------------------ threads
     def _groups(self, agents: Sequence[int]) -> list[list[int]]:
