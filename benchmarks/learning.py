@@ -221,8 +221,9 @@ class HeldOut(pl.Callback):
     """Records, at every validation, each held-out problem's outcome (1.0 solved) and the samples
     trained so far; ``history``: list of ``{"samples", "solved": [E]}`` in problem order."""
 
-    def __init__(self, samples_per_batch: int, offset: int = 0) -> None:
+    def __init__(self, samples_per_batch: int, offset: int = 0, final: bool = False) -> None:
         self.samples_per_batch = samples_per_batch
+        self.final = final  # judge each path's last joint action (multi-turn tasks), not its first
         self.offset = (
             offset  # samples spent before the first batch (MARLHF's pairs), counted once training ran
         )
@@ -242,7 +243,7 @@ class HeldOut(pl.Callback):
         self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
     ) -> None:
         turns = outputs["turns"]
-        solved = path_solved(turns)
+        solved = path_solved(turns, final=self.final)
         for ep, s in zip(batch, solved.tolist()):
             self._cur[ep.index] = 0.0 if s != s else s
         # centralized (MADPO's joint_actor is None when decentralized): joint completions without a role section

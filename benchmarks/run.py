@@ -52,7 +52,7 @@ from bench_lib import (  # noqa: E402
 
 from comlrl_lightning.core.generation import has_chat_template, render_prompt  # noqa: E402
 
-SECTIONS = ("vs_comlrl", "vs_trl", "memory", "scaling", "smollm2", "credit", "main_job", "learning")
+SECTIONS = ("vs_comlrl", "vs_trl", "memory", "scaling", "smollm2", "credit", "main_job", "learning", "cooperation")
 
 
 def _r(x: float, nd: int = 3) -> str:
@@ -254,6 +254,7 @@ def smollm2(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 COMLRL_PNG, CREDIT_PNG, LEARNING_PNG = "vs_comlrl_reward.png", "credit_reward.png", "learning_curves.png"
+COOPERATION_PNG = "cooperation.png"
 
 
 def _plot_vs_comlrl(res: dict[str, Any]) -> None:
@@ -266,13 +267,15 @@ def _plot_vs_comlrl(res: dict[str, Any]) -> None:
 
 PLOTS = {"vs_comlrl": _plot_vs_comlrl,
          "credit": lambda res: __import__("credit").plot_section(res, os.path.join(HERE, CREDIT_PNG)),
-         "learning": lambda res: __import__("learning").plot_section(res, os.path.join(HERE, LEARNING_PNG))}  # fmt: skip
+         "learning": lambda res: __import__("learning").plot_section(res, os.path.join(HERE, LEARNING_PNG)),
+         "cooperation": lambda res: __import__("cooperation_report").plot(res, os.path.join(HERE, COOPERATION_PNG))}  # fmt: skip
 """Drawn after the sections' numbers are written (a plot that fails loses no number)."""
 
 RUNNERS = {"vs_comlrl": vs_comlrl, "vs_trl": vs_trl, "memory": memory, "scaling": scaling, "smollm2": smollm2,
            "credit": lambda quick, base=None: __import__("credit").section(quick),
            "main_job": lambda quick, base=None: __import__("main_job").section(quick),
-           "learning": lambda quick, base=None: __import__("learning").section(quick)}  # fmt: skip
+           "learning": lambda quick, base=None: __import__("learning").section(quick),
+           "cooperation": lambda quick, base=None: __import__("cooperation_report").section(quick)}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- report
@@ -448,6 +451,8 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
         extra_sections += f"\n## The main job: stopping at the code block\n\n{__import__('main_job').render(res['main_job'])}\n"
     if "learning" in res:
         extra_sections += f"\n## Learning you can see: held-out success of a pretrained team\n\n{__import__('learning').render(res['learning'])}\n"
+    if "cooperation" in res:
+        extra_sections += f"\n## Cooperation: a team that learns a convention, against agents trained apart\n\n{__import__('cooperation_report').render(res['cooperation'])}\n"
     comlrl_plot = (
         f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n"
         if "reward_curves" in res.get("vs_comlrl", {})
