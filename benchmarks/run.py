@@ -52,7 +52,17 @@ from bench_lib import (  # noqa: E402
 
 from comlrl_lightning.core.generation import has_chat_template, render_prompt  # noqa: E402
 
-SECTIONS = ("vs_comlrl", "vs_trl", "memory", "scaling", "smollm2", "credit", "main_job", "learning", "cooperation")
+SECTIONS = (
+    "vs_comlrl",
+    "vs_trl",
+    "memory",
+    "scaling",
+    "smollm2",
+    "credit",
+    "main_job",
+    "learning",
+    "cooperation",
+)
 
 
 def _r(x: float, nd: int = 3) -> str:
