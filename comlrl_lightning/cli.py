@@ -20,6 +20,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from comlrl_lightning.algorithms.base import CoMLRLModule
+from comlrl_lightning.callbacks.held_out import HeldOutOutcomes
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.evaluation import wilson_interval
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
@@ -180,6 +181,10 @@ class CoMLRLCLI(LightningCLI):
         n = _num_val_problems(self.trainer, self.datamodule)
         for key, values in _scalar_history(log_dir, _SUMMARY_KEYS).items():
             print(f"  {summary_line(key, values, n)}")
+        for cb in self.trainer.callbacks:  # the held-out gain, paired over the problems
+            line = cb.summary() if isinstance(cb, HeldOutOutcomes) else None
+            if line:
+                print(f"  {line}")
 
 
 def summary_line(key: str, values: list[float], num_problems: int | None) -> str:

@@ -166,3 +166,29 @@ def test_dependence_with_one_turn_is_refused_at_setup(tmp_path):
     with pytest.raises(ValueError, match=r"model.rollout.num_turns: got 1, the 'dependence' task has 2"):
         main(["fit", *experiment("coop_dependence.yaml"), f"--model.init_args.agents={tiny}",
               "--model.init_args.rollout.num_turns=1", f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+
+
+def test_paired_gain_interval_is_paired_over_problems():
+    from comlrl_lightning.core.evaluation import paired_gain_interval
+
+    before = [0.0] * 10 + [1.0] * 10
+    after = [1.0] * 20  # every failed problem solved, no solved one lost: every replicate's gain > 0
+    gain, lo, hi = paired_gain_interval(before, after)
+    assert gain == 0.5 and 0.2 < lo <= 0.5 <= hi < 0.8
+    gain, lo, hi = paired_gain_interval([1.0, 0.0] * 10, [0.0, 1.0] * 10)  # as many lost as won
+    assert gain == 0.0 and lo < 0 < hi
+    with pytest.raises(ValueError, match="same"):
+        paired_gain_interval([1.0], [1.0, 0.0])
+
+
+def test_the_cli_ends_with_the_paired_held_out_gain(tmp_path, capsys):
+    from comlrl_lightning.cli import main
+
+    os.chdir(ROOT)
+    tiny = '[{"model": "builtin:tiny-gpt2"}, {"model": "builtin:tiny-gpt2"}]'
+    main(["fit", *experiment("coop_coordination.yaml"), "--trainer.enable_progress_bar=false",
+          f"--trainer.logger.init_args.save_dir={tmp_path}", f"--model.init_args.agents={tiny}",
+          "--trainer.max_steps=2", "--trainer.val_check_interval=1", "--data.init_args.num_held_out=4",
+          "--data.init_args.val_batch_size=4"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "held-out team success: " in out and "paired over 4 problems" in out
