@@ -204,7 +204,29 @@ Order measured: {", ".join(res["order"])}.
         if pending
         else ""
     )
-    return head + "\n" + "\n\n".join(body) + tail + f"\n\n![held-out team success per condition]({PNG})\n"
+    return (
+        head
+        + "\n"
+        + "\n\n".join(body)
+        + tail
+        + f"\n\n![held-out team success per condition]({PNG})\n"
+        + _main_job(res.get("main_job"))
+    )
+
+
+def _main_job(m: dict[str, Any] | None) -> str:
+    if not m:
+        return "\nThe main job (`make run`) on a clean clone: not measured yet (`benchmarks/cooperation_main_job.py`).\n"
+    lines = "\n".join(f"  - `{line}`" for line in m["summary"]) or "  - (no summary printed)"
+    args = " ".join(m["make_args"]) or "(the default config)"
+    return f"""
+**The main job**, `make run {args}` on a clean clone of `{m["commit"][:10]}` (`benchmarks/cooperation_main_job.py`:
+fresh venv and model cache, torch's default threads), {m["date"]}: {m["wall_s"] / 60:.1f} min wall, exit code
+{m["returncode"]}, load average {m["loadavg_start"][0]:.1f} at the start and {m["loadavg_end"][0]:.1f} at the end on
+{m["cores"]} cores. It printed:
+
+{lines}
+"""
 
 
 def plot(res: dict[str, Any], path: str) -> None:
