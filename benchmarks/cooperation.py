@@ -64,6 +64,10 @@ CONFIG: dict[str, Any] = {  # fixed before any training; every condition and tas
     "max_new_tokens": 3,  # one word is an answer
     "num_held_out": 50,
 }
+TASK_CONFIG: dict[str, dict[str, Any]] = {"dependence": {"k": 2}}
+"""Per-task changes to :data:`CONFIG`, fixed before that task's first recorded run: the dependence task's
+two turns make K + K^2 joint actions per episode (20 at K=4, five times a one-turn task's 4); at K=2 (6)
+a run fits the shared machine. Every condition of a task uses the task's configuration."""
 SEEDS = (0, 1, 2)
 TRAINED = ("joint", "apart0", "apart1", "shared")
 PAIRED = ("apart", "swap", "cross_play")
@@ -75,6 +79,11 @@ TASK_RULE = (
     "agents start from the same weights and their prompts differ only in the role letter, so their greedy "
     "answers coincide (training samples at temperature 1, where they do not always)."
 )
+
+
+def config_for(task: str) -> dict[str, Any]:
+    """:data:`CONFIG` with the task's :data:`TASK_CONFIG` changes."""
+    return {**CONFIG, **TASK_CONFIG.get(task, {})}
 
 
 def num_turns(task: str) -> int:
@@ -207,11 +216,12 @@ def pairings(seeds: Sequence[int]) -> dict[tuple[str, int], list[tuple[str, int,
 
 
 def run_missing(
-    task: str, seeds: Sequence[int] = SEEDS, cfg: dict[str, Any] = CONFIG, path: str = RUNS_FILE
+    task: str, seeds: Sequence[int] = SEEDS, cfg: dict[str, Any] | None = None, path: str = RUNS_FILE
 ) -> None:
     """Every training run and pairing of ``task`` not yet in ``path``, each appended as it ends; a
     pairing runs as soon as its agents' weights exist. The task's scratch weights are deleted once
     every pairing is recorded. A pairing whose weights were lost (a new machine) retrains its sources."""
+    cfg = config_for(task) if cfg is None else cfg
     done = {(r["algorithm"], r["seed"]) for r in recorded_runs(task, cfg, path)}
     todo = pairings(seeds)
 

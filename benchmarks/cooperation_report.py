@@ -95,11 +95,12 @@ def section(quick: bool, run: bool = False) -> dict[str, Any]:
     elif run:
         for task in order:
             C.run_missing(task)
-    tasks = {t: summarize_task(recorded_runs(t, cfg, path)) for t in order}
+    tasks = {t: summarize_task(recorded_runs(t, cfg if quick else C.config_for(t), path)) for t in order}
     return {
         "rule": C.TASK_RULE,
         "calibration": cal,
         "config": cfg,
+        "task_config": C.TASK_CONFIG,
         "order": order,
         "tasks": tasks,
         "png": PNG,
@@ -186,7 +187,7 @@ def render(res: dict[str, Any]) -> str:
     head = f"""Two SmolLM2-135M-Instruct agents (`builtin:smollm2-135m-instruct`, fp32, no chat template: the
 prompts end in "I pick:"), CPU, one torch thread per run. Per run: {cfg["batches"]} batches of {cfg["batch_size"]}
 episodes, K={cfg["k"]} samples per agent, AdamW lr {cfg["learning_rate"]}, temperature {cfg["temperature"]}, at most
-{cfg["max_new_tokens"]} new tokens. Every trained agent sees the same labelled samples (joint actions the reward
+{cfg["max_new_tokens"]} new tokens; per task, fixed before its first run: {res.get("task_config") or "none"}. Every trained agent sees the same labelled samples (joint actions the reward
 scores) in every condition; trained apart, the pair spends twice the team's, which can only help it.
 Held-out: {cfg["num_held_out"]} problems of categories never seen in training, greedy, one answer per agent;
 success = the shared reward's pass@1 (1 when the pair's answers cooperate). Intervals: 95% two-level bootstrap

@@ -25,6 +25,7 @@ def test_rule_order_runs_tasks_in_range_closest_to_035_first():
 def test_labelled_samples_count_both_turns_of_the_dependence_task():
     assert C.labelled_per_batch("coordination", C.CONFIG) == 2 * 4
     assert C.labelled_per_batch("dependence", C.CONFIG) == 2 * (4 + 16)
+    assert C.labelled_per_batch("dependence", C.config_for("dependence")) == 2 * (2 + 4)
 
 
 def _run(cond, seed, before, after):
