@@ -244,8 +244,8 @@ def run_missing(
             if src[:2] == (condition, seed)
         ]
 
-    for seed in seeds:
-        for condition in TRAINED:
+    for condition in TRAINED:  # condition by condition: every seed's joint run (then cross-play, swap) first
+        for seed in seeds:
             if (condition, seed) not in done or not ready(needed(condition, seed)):
                 r = train(condition, task, seed, cfg)
                 if (condition, seed) not in done:
