@@ -23,7 +23,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RECORDS = os.path.join(HERE, "cooperation_main_job.jsonl")
-KEEP = ("held-out team success", "val/pass@1", "val/final/pass@1", "reward:")
+KEEP = ("held-out team success:", "val/pass@1:", "val/final/pass@1:", "val/reward:", "reward:")
+
+
+def is_summary(line: str) -> bool:
+    """A start -> end line of the CLI's end-of-fit summary (not the progress bar or the validation table)."""
+    return line.strip().startswith(KEEP) and " -> " in line
 
 
 def measure(make_args: list[str]) -> dict:
@@ -39,7 +44,7 @@ def measure(make_args: list[str]) -> dict:
         load0, t0 = os.getloadavg(), time.time()
         proc = subprocess.run(["make", "run", *make_args], cwd=clone, env=env, capture_output=True, text=True)
         wall = time.time() - t0
-    lines = [ln.strip() for ln in proc.stdout.splitlines() if any(k in ln for k in KEEP)]
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if is_summary(ln)]
     return {
         "commit": commit.stdout.strip(),
         "make_args": make_args,

@@ -182,12 +182,19 @@ def render_task(task: str, summ: dict[str, Any], cal: dict[str, Any] | None) -> 
     return "\n".join(lines)
 
 
+def _task_config(tc: dict[str, Any] | None) -> str:
+    return (
+        "; ".join(f"{t}: " + ", ".join(f"{k}={v}" for k, v in c.items()) for t, c in (tc or {}).items())
+        or "none"
+    )
+
+
 def render(res: dict[str, Any]) -> str:
     cfg = res["config"]
     head = f"""Two SmolLM2-135M-Instruct agents (`builtin:smollm2-135m-instruct`, fp32, no chat template: the
 prompts end in "I pick:"), CPU, one torch thread per run. Per run: {cfg["batches"]} batches of {cfg["batch_size"]}
 episodes, K={cfg["k"]} samples per agent, AdamW lr {cfg["learning_rate"]}, temperature {cfg["temperature"]}, at most
-{cfg["max_new_tokens"]} new tokens; per task, fixed before its first run: {res.get("task_config") or "none"}. Every trained agent sees the same labelled samples (joint actions the reward
+{cfg["max_new_tokens"]} new tokens; per task, fixed before its first run: {_task_config(res.get("task_config"))}. Every trained agent sees the same labelled samples (joint actions the reward
 scores) in every condition; trained apart, the pair spends twice the team's, which can only help it.
 Held-out: {cfg["num_held_out"]} problems of categories never seen in training, greedy, one answer per agent;
 success = the shared reward's pass@1 (1 when the pair's answers cooperate). Intervals: 95% two-level bootstrap
@@ -198,8 +205,9 @@ Task order, fixed before any training: {res["rule"]}
 Order measured: {", ".join(res["order"])}.
 """
     cal = res.get("calibration")
-    body = [render_task(t, res["tasks"][t], cal) for t in res["order"] if res["tasks"].get(t)]
-    pending = [t for t in res["order"] if not res["tasks"].get(t)]
+    ran = [t for t in res["order"] if any(c in res["tasks"].get(t, {}) for c in ROWS)]
+    body = [render_task(t, res["tasks"][t], cal) for t in ran]
+    pending = [t for t in res["order"] if t not in ran]
     tail = (
         f"\n\nNot run yet: {', '.join(pending)} (`python benchmarks/cooperation.py run TASK`)."
         if pending
@@ -218,7 +226,11 @@ Order measured: {", ".join(res["order"])}.
 def _main_job(m: dict[str, Any] | None) -> str:
     if not m:
         return "\nThe main job (`make run`) on a clean clone: not measured yet (`benchmarks/cooperation_main_job.py`).\n"
-    lines = "\n".join(f"  - `{line}`" for line in m["summary"]) or "  - (no summary printed)"
+    from cooperation_main_job import is_summary
+
+    lines = (
+        "\n".join(f"  - `{line}`" for line in m["summary"] if is_summary(line)) or "  - (no summary printed)"
+    )
     args = " ".join(m["make_args"]) or "(the default config)"
     return f"""
 **The main job**, `make run {args}` on a clean clone of `{m["commit"][:10]}` (`benchmarks/cooperation_main_job.py`:
@@ -237,7 +249,7 @@ def plot(res: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = [t for t in res["order"] if res["tasks"].get(t)]
+    tasks = [t for t in res["order"] if any(c in res["tasks"].get(t, {}) for c in ROWS)]
     fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(5 * max(len(tasks), 1), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         s = res["tasks"][task]
