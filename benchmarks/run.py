@@ -458,7 +458,7 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
 {credit.NOTES}
 """
     if "main_job" in res:
-        extra_sections += f"\n## The main job: stopping at the code block\n\n{__import__('main_job').render(res['main_job'])}\n"
+        extra_sections += f"\n## The HumanEval co-writing job: stopping at the code block\n\n{__import__('main_job').render(res['main_job'])}\n"
     if "learning" in res:
         extra_sections += f"\n## Learning you can see: held-out success of a pretrained team\n\n{__import__('learning').render(res['learning'])}\n"
     if "cooperation" in res:
