@@ -22,7 +22,7 @@ in which the tasks run is fixed before any training by :data:`TASK_RULE` (``cali
 them are recorded.
 
     python benchmarks/cooperation.py calibrate        # untrained held-out success per task
-    python benchmarks/cooperation.py run TASK [SEEDS] # the missing runs of one task (resumable)
+    python benchmarks/cooperation.py run TASK [SEEDS [CONDITIONS]]  # the missing runs of one task (resumable)
     python benchmarks/run.py --only cooperation --write
 """
 
@@ -216,14 +216,20 @@ def pairings(seeds: Sequence[int]) -> dict[tuple[str, int], list[tuple[str, int,
 
 
 def run_missing(
-    task: str, seeds: Sequence[int] = SEEDS, cfg: dict[str, Any] | None = None, path: str = RUNS_FILE
+    task: str,
+    seeds: Sequence[int] = SEEDS,
+    cfg: dict[str, Any] | None = None,
+    path: str = RUNS_FILE,
+    conditions: Sequence[str] = TRAINED,
 ) -> None:
-    """Every training run and pairing of ``task`` not yet in ``path``, each appended as it ends; a
-    pairing runs as soon as its agents' weights exist. The task's scratch weights are deleted once
-    every pairing is recorded. A pairing whose weights were lost (a new machine) retrains its sources."""
+    """Every training run of ``conditions`` and every pairing of their agents of ``task`` not yet in
+    ``path``, each appended as it ends; a pairing runs as soon as its agents' weights exist. Two
+    processes may share a task with disjoint ``conditions`` (``joint`` in one, ``apart0,apart1`` in
+    the other): each records only the pairings of its own runs. The task's scratch weights are deleted
+    once every pairing is recorded. A pairing whose weights were lost (a new machine) retrains its sources."""
     cfg = config_for(task) if cfg is None else cfg
     done = {(r["algorithm"], r["seed"]) for r in recorded_runs(task, cfg, path)}
-    todo = pairings(seeds)
+    todo = {k: v for k, v in pairings(seeds).items() if all(c in conditions for c, _, _ in v)}
 
     def ready(sources: list[tuple[str, int, int]]) -> bool:
         return all(os.path.exists(weights_path(task, c, s, i)) for c, s, i in sources)
@@ -244,7 +250,9 @@ def run_missing(
             if src[:2] == (condition, seed)
         ]
 
-    for condition in TRAINED:  # condition by condition: every seed's joint run (then cross-play, swap) first
+    for condition in [
+        c for c in TRAINED if c in conditions
+    ]:  # every seed's joint run (cross-play, swap) first
         for seed in seeds:
             if (condition, seed) not in done or not ready(needed(condition, seed)):
                 r = train(condition, task, seed, cfg)
@@ -253,7 +261,8 @@ def run_missing(
                     done.add((condition, seed))
             do_pairs()
     do_pairs()
-    if all(key in done for key in todo):
+    recorded = {(r["algorithm"], r["seed"]) for r in recorded_runs(task, cfg, path)}
+    if all(key in recorded for key in pairings(seeds)):
         shutil.rmtree(os.path.join(SCRATCH, task), ignore_errors=True)
 
 
@@ -291,4 +300,5 @@ if __name__ == "__main__":
         print("order:", res["order"])
     elif sys.argv[1] == "run":
         seeds = tuple(int(s) for s in sys.argv[3].split(",")) if len(sys.argv) > 3 else SEEDS
-        run_missing(sys.argv[2], seeds)
+        conditions = tuple(sys.argv[4].split(",")) if len(sys.argv) > 4 else TRAINED
+        run_missing(sys.argv[2], seeds, conditions=conditions)

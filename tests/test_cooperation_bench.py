@@ -49,3 +49,55 @@ def test_joint_minus_apart_uses_the_untrained_team_of_the_same_seed_as_before():
     assert out["apart"]["before"] == 0.0 and abs(out["apart"]["gain"] - 0.2) < 1e-9
     d = out["differences"]["joint_minus_apart"]
     assert abs(d["difference"] - 0.6) < 1e-9 and d["ci"][0] > 0
+
+
+def test_a_process_with_some_conditions_records_only_its_own_pairings(tmp_path, monkeypatch):
+    made = []
+    monkeypatch.setattr(C, "SCRATCH", str(tmp_path))
+
+    def fake_train(condition, task, seed, cfg):
+        for i in (0, 1):
+            path = C.weights_path(task, condition, seed, i)
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text("w")
+        made.append((condition, seed))
+        return {
+            "algorithm": condition,
+            "task": task,
+            "seed": seed,
+            "config": cfg,
+            "history": [{"solved": [1.0]}],
+            "wall_s": 0,
+        }
+
+    def fake_pair(name, task, seed, sources, cfg):
+        made.append((name, seed))
+        return {
+            "algorithm": name,
+            "task": task,
+            "seed": seed,
+            "config": cfg,
+            "history": [{"solved": [1.0]}],
+            "wall_s": 0,
+        }
+
+    monkeypatch.setattr(C, "train", fake_train)
+    monkeypatch.setattr(C, "pair", fake_pair)
+    path = str(tmp_path / "runs.jsonl")
+    C.run_missing("coordination", (0, 1), path=path, conditions=("apart0", "apart1"))
+    assert made == [("apart0", 0), ("apart0", 1), ("apart1", 0), ("apart", 0), ("apart1", 1), ("apart", 1)]
+    assert (tmp_path / "coordination").exists()  # joint's pairings are not recorded yet: weights kept
+    made.clear()
+    C.run_missing("coordination", (0, 1), path=path, conditions=("joint",))
+    assert made == [
+        ("joint", 0),
+        ("swap", 0),
+        ("joint", 1),
+        ("cross_play", 0),
+        ("cross_play", 1),
+        ("swap", 1),
+    ]
+    C.run_missing(
+        "coordination", (0, 1), path=path, conditions=("apart0", "apart1")
+    )  # all recorded: weights go
+    assert not (tmp_path / "coordination").exists()
