@@ -94,8 +94,8 @@ def test_a_process_with_some_conditions_records_only_its_own_pairings(tmp_path, 
         ("swap", 0),
         ("joint", 1),
         ("cross_play", 0),
-        ("cross_play", 1),
         ("swap", 1),
+        ("cross_play", 1),
     ]
     C.run_missing(
         "coordination", (0, 1), path=path, conditions=("apart0", "apart1")
