@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import cooperation as C
-from learning import gain_difference, hierarchical_bootstrap, recorded_runs
+from learning import _ci, _pct, gain_difference, hierarchical_bootstrap, recorded_runs
 
 PNG = "cooperation.png"
 ROWS = ("joint", "shared", "apart", "apart0", "apart1", "cross_play", "swap")
@@ -105,16 +105,6 @@ def section(quick: bool, run: bool = False) -> dict[str, Any]:
         "tasks": tasks,
         "png": PNG,
     }
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
-
-
-def _ci(ci: Sequence[float], pts: bool = False) -> str:
-    if pts:
-        return f"[{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}] pts"
-    return f"[{_pct(ci[0])}, {_pct(ci[1])}]"
 
 
 def _diff(d: dict[str, Any] | None) -> str:
