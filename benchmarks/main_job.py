@@ -1,4 +1,4 @@
-"""The main job as a user runs it: step time, clipped ratio and a peak-RSS breakdown.
+"""The HumanEval co-writing job (`make run CONFIG=configs/humaneval_smollm2.yaml`; the main job until the coordination job replaced it) as a user runs it: step time, clipped ratio and a peak-RSS breakdown.
 
     python benchmarks/main_job.py                         # configs/humaneval_smollm2.yaml, max_steps=4
     python benchmarks/main_job.py --max_steps 8 -- --model.init_args.max_new_tokens=64
@@ -167,7 +167,7 @@ def render(res: dict) -> str:
                     f"{runs[0]['clipped_ratio']:.3f} | {runs[0]['mean_length']:.1f} | {peak} ({peak / state:.2f}× "
                     f"{state} MiB) | {' / '.join(str(r['loadavg_start_end']) for r in runs)} |")  # fmt: skip
     batches = res["max_steps"] // 2  # 2 agents: 2 optimizer steps per batch
-    return f"""`benchmarks/main_job.py` via `run.py --only main_job`: `configs/humaneval_smollm2.yaml` as `make run`
+    return f"""`benchmarks/main_job.py` via `run.py --only main_job`: `configs/humaneval_smollm2.yaml` as `make run CONFIG=configs/humaneval_smollm2.yaml`
 trains it (its agents, batch size, K and `max_new_tokens`), validation off, `max_steps={res["max_steps"]}`
 ({batches} batches) per run, runs alternating off / on, same seed (so the same problems and, up to the
 stop, the same samples).

@@ -63,6 +63,7 @@ SECTIONS = (
     "main_job",
     "learning",
     "sharded",
+    "cooperation",
 )
 
 
@@ -265,6 +266,7 @@ def smollm2(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 COMLRL_PNG, CREDIT_PNG, LEARNING_PNG = "vs_comlrl_reward.png", "credit_reward.png", "learning_curves.png"
+COOPERATION_PNG = "cooperation.png"
 
 
 def _plot_vs_comlrl(res: dict[str, Any]) -> None:
@@ -277,14 +279,16 @@ def _plot_vs_comlrl(res: dict[str, Any]) -> None:
 
 PLOTS = {"vs_comlrl": _plot_vs_comlrl,
          "credit": lambda res: __import__("credit").plot_section(res, os.path.join(HERE, CREDIT_PNG)),
-         "learning": lambda res: __import__("learning").plot_section(res, os.path.join(HERE, LEARNING_PNG))}  # fmt: skip
+         "learning": lambda res: __import__("learning").plot_section(res, os.path.join(HERE, LEARNING_PNG)),
+         "cooperation": lambda res: __import__("cooperation_report").plot(res, os.path.join(HERE, COOPERATION_PNG))}  # fmt: skip
 """Drawn after the sections' numbers are written (a plot that fails loses no number)."""
 
 RUNNERS = {"vs_comlrl": vs_comlrl, "vs_trl": vs_trl, "memory": memory, "scaling": scaling, "smollm2": smollm2,
            "credit": lambda quick, base=None: __import__("credit").section(quick),
            "main_job": lambda quick, base=None: __import__("main_job").section(quick),
            "learning": lambda quick, base=None: __import__("learning").section(quick),
-           "sharded": lambda quick, base=None: __import__("sharded").section(quick)}  # fmt: skip
+           "sharded": lambda quick, base=None: __import__("sharded").section(quick),
+           "cooperation": lambda quick, base=None: __import__("cooperation_report").section(quick)}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- report
@@ -457,11 +461,13 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
 {credit.NOTES}
 """
     if "main_job" in res:
-        extra_sections += f"\n## The main job: stopping at the code block\n\n{__import__('main_job').render(res['main_job'])}\n"
+        extra_sections += f"\n## The HumanEval co-writing job: stopping at the code block\n\n{__import__('main_job').render(res['main_job'])}\n"
     if "learning" in res:
         extra_sections += f"\n## Learning you can see: held-out success of a pretrained team\n\n{__import__('learning').render(res['learning'])}\n"
     if "sharded" in res:
         extra_sections += f"\n## Sharded agents (fsdp2): memory, step time, rollout\n\n{__import__('sharded').render(res['sharded'])}\n"
+    if "cooperation" in res:
+        extra_sections += f"\n## Cooperation: a team that learns a convention, against agents trained apart\n\n{__import__('cooperation_report').render(res['cooperation'])}\n"
     comlrl_plot = (
         f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n"
         if "reward_curves" in res.get("vs_comlrl", {})

@@ -4,6 +4,7 @@
 - :class:`CompletionLogger`: prompts, completions and rewards as TensorBoard text tables.
 - :class:`GradientCheckpointing`: activation checkpointing on every agent.
 - :class:`AgentCheckpoint`: each agent as a Hugging Face folder, atomically, last k kept.
+- :class:`HeldOutOutcomes`: each validation problem's outcome per validation; the before -> after gain.
 - :class:`InterruptCheckpoint`: SIGTERM / Ctrl+C save a resumable checkpoint and exit non-zero.
 - :class:`RichProgress` / :class:`TQDMProgress`: Lightning's progress bars without ``v_num``.
 - :class:`FitSummary`: the start -> end of the key scalars when ``fit`` ends (resumed runs too).
@@ -14,6 +15,7 @@ from comlrl_lightning.callbacks.agent_checkpoint import AgentCheckpoint
 from comlrl_lightning.callbacks.completion_logger import CompletionLogger
 from comlrl_lightning.callbacks.fit_summary import FitSummary
 from comlrl_lightning.callbacks.gradient_checkpointing import GradientCheckpointing
+from comlrl_lightning.callbacks.held_out import HeldOutOutcomes
 from comlrl_lightning.callbacks.interrupt_checkpoint import InterruptCheckpoint
 from comlrl_lightning.callbacks.progress_bar import RichProgress, TQDMProgress
 from comlrl_lightning.callbacks.reward_logger import RewardLogger
@@ -24,6 +26,7 @@ __all__ = [
     "CompletionLogger",
     "FitSummary",
     "GradientCheckpointing",
+    "HeldOutOutcomes",
     "InterruptCheckpoint",
     "RewardLogger",
     "RichProgress",

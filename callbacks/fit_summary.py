@@ -19,6 +19,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import TensorBoardLogger
 
+from comlrl_lightning.callbacks.held_out import HeldOutOutcomes
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.evaluation import wilson_interval
 
@@ -97,7 +98,8 @@ class FitSummary(pl.Callback):
 
     def lines(self, trainer: pl.Trainer) -> list[str]:
         """The summary: the log folder (when there is a logger), then one :func:`summary_line` per scalar
-        (held-out pass@k first, then held-out rewards, then training scalars; shorter keys first)."""
+        (held-out pass@k first, then held-out rewards, then training scalars; shorter keys first), then
+        each :class:`~comlrl_lightning.callbacks.HeldOutOutcomes`' paired gain."""
         out = ["\nFit summary (start -> end):"]
         if isinstance(trainer.logger, TensorBoardLogger) and trainer.log_dir:
             out[0] = (
@@ -114,6 +116,10 @@ class FitSummary(pl.Callback):
 
         for key in sorted(self.history, key=rank):
             out.append(f"  {summary_line(key, self.history[key], n)}")
+        for cb in trainer.callbacks:  # the held-out gain paired over the problems, when recorded
+            line = cb.summary() if isinstance(cb, HeldOutOutcomes) else None
+            if line:
+                out.append(f"  {line}")
         return out
 
     def state_dict(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ DECLARED = {
     "comparator_on_error",
     "preference_scoring_reward",
     "preference_replay_mode",
+    "cooperation_task",
 }
 
 

@@ -78,6 +78,8 @@ def args_for(name, tmp_path):
         extra = [*extra, "--model.init_args.critics=[{model: builtin:tiny-gpt2}]"]
     if name == "humaneval_marlhf.yaml":  # random tiny agents tie on every candidate: no pairs to build
         extra = [*extra, "--model.init_args.pair_source.pairs_path=configs/data/marlhf_pairs_example.jsonl"]
+    if name.startswith("coop_"):  # the cooperation tasks on the tiny team, 4 held-out problems
+        extra = [f"--model.init_args.agents={TINY_TEAM}", "--data.init_args.num_held_out=4"]
     if name == "humaneval_centralized_magrpo.yaml":  # one joint actor
         extra = [*extra, "--model.init_args.agents=builtin:tiny-gpt2"]
     return ["fit", *experiment(name), *SHORT, *extra, f"--trainer.default_root_dir={tmp_path}"]

@@ -84,6 +84,7 @@ def load_all() -> None:
     import comlrl_lightning.core.config  # noqa: F401
     import comlrl_lightning.core.replay  # noqa: F401
     import comlrl_lightning.envs.reward_model  # noqa: F401
+    import comlrl_lightning.tasks.cooperation  # noqa: F401
     import comlrl_lightning.team.critics  # noqa: F401
 
 

@@ -40,6 +40,9 @@ class AgentSpec:
             ``comlrl_lightning.core.config.SamplingConfig``).
         chat_template: wrap prompts in the tokenizer's chat template when it has one.
         learning_rate: overrides the optimizer's learning rate for this agent.
+        frozen: the agent acts (generates, is scored) but is never updated: no loss forward, no
+            optimizer step (a fixed partner, e.g. an untrained teammate another agent trains against).
+            Lightning's ``global_step`` then counts the other agents' steps only. Default False.
         model_kwargs: extra keyword arguments for ``from_pretrained`` (or config fields for
             ``builtin:tiny-gpt2``, e.g. ``{"n_layer": 2, "n_embd": 64}``).
     """
@@ -52,6 +55,7 @@ class AgentSpec:
     generation: dict[str, Any] = field(default_factory=dict)
     chat_template: bool = True
     learning_rate: float | None = None
+    frozen: bool = False
     model_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -87,6 +91,12 @@ def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
         raise ValueError(
             f"{where}.share_weights_with: must be the index of an earlier agent (0..{index - 1}), "
             f"got {spec.share_weights_with}"
+        )
+    if spec.frozen and spec.share_weights_with is not None:
+        raise ValueError(
+            f"{where}.frozen: an agent that shares agent {spec.share_weights_with}'s weights cannot be "
+            "frozen alone (its weights move with that agent's updates); freeze agent "
+            f"{spec.share_weights_with} or give this agent its own weights"
         )
     if spec.learning_rate is not None and spec.learning_rate <= 0:
         raise ValueError(f"{where}.learning_rate: must be > 0, got {spec.learning_rate}")

@@ -68,6 +68,8 @@ class Team:
 
     def __init__(self, specs: Sequence[AgentSpec], sampling: SamplingConfig) -> None:
         self.specs = list(specs)
+        if self.specs and all(s.frozen for s in self.specs):
+            raise ValueError("agents[*].frozen: every agent is frozen; at least one must train")
         self.sampling = []
         for i, s in enumerate(self.specs):
             try:  # the module's knobs passed already, so a failure is this agent's override: name it
@@ -180,10 +182,11 @@ class Team:
 
     def rounds(self) -> list[list[int]]:
         """Agents that may be updated together: one per device group per round when threaded, else
-        one agent per round in agent order."""
-        groups = self._groups(range(self.num_agents))
+        one agent per round in agent order; a frozen agent (``AgentSpec.frozen``) is in none."""
+        trainable = [i for i in range(self.num_agents) if not self.specs[i].frozen]
+        groups = self._groups(trainable)
         if not self._threaded(groups):
-            return [[i] for i in range(self.num_agents)]
+            return [[i] for i in trainable]
         return [[g[r] for g in groups if r < len(g)] for r in range(max(len(g) for g in groups))]
 
     def map(self, fn: Callable[[int], Any], agents: Sequence[int] | None = None) -> list[Any]:

@@ -1,0 +1,262 @@
+"""The "Cooperation" section of RESULTS.md: summaries, intervals, the text and the plot of
+``cooperation.py``'s recorded runs (``benchmarks/run.py --only cooperation --write``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import cooperation as C
+from learning import _ci, _pct, gain_difference, hierarchical_bootstrap, recorded_runs
+
+PNG = "cooperation.png"
+ROWS = ("joint", "shared", "apart", "apart0", "apart1", "cross_play", "swap")
+LABEL = {
+    "joint": "joint MAGRPO",
+    "shared": "one shared model (both roles)",
+    "apart": "trained apart, then paired",
+    "apart0": "agent 0 trained vs the frozen untrained agent 1",
+    "apart1": "agent 1 trained vs the frozen untrained agent 0",
+    "cross_play": "cross-play: joint agent 0 of seed s + agent 1 of seed s+1",
+    "swap": "swap: joint seed s, roles swapped",
+}
+
+
+def _mean(xs: Sequence[Sequence[float]]) -> float:
+    return sum(map(sum, xs)) / sum(map(len, xs))
+
+
+def summarize_task(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per condition: held-out success before (the untrained team, from the joint run of the same
+    seed) and after, 95% two-level bootstrap intervals over seeds and problems, the gain; then joint
+    minus apart (gains), joint minus cross-play and minus swap (success after), each with its interval."""
+    by = {(r["algorithm"], r["seed"]): r for r in runs}
+    out: dict[str, Any] = {}
+    afters: dict[str, list[list[float]]] = {}
+    gains: dict[str, list[list[float]]] = {}
+    for cond in ROWS:
+        rs = sorted((r for r in runs if r["algorithm"] == cond), key=lambda r: r["seed"])
+        if not rs:
+            continue
+        base = [by.get(("joint", r["seed"]), r)["history"][0]["solved"] for r in rs]
+        after = [r["history"][-1]["solved"] for r in rs]
+        gain = [[a - b for a, b in zip(x, y)] for x, y in zip(after, base)]
+        afters[cond], gains[cond] = after, gain
+        out[cond] = {
+            "seeds": [r["seed"] for r in rs],
+            "n_problems": len(after[0]),
+            "before": _mean(base),
+            "before_ci": hierarchical_bootstrap(base),
+            "after": _mean(after),
+            "after_ci": hierarchical_bootstrap(after),
+            "after_per_seed": [sum(a) / len(a) for a in after],
+            "gain": _mean(gain),
+            "gain_ci": hierarchical_bootstrap(gain),
+            "curve": [[sum(h["solved"]) / len(h["solved"]) for h in r["history"]] for r in rs],
+            "curve_samples": [h["samples"] for h in rs[0]["history"]],
+            "labelled_per_agent": rs[0].get("labelled_per_agent"),
+            "wall_s_per_seed": [r["wall_s"] for r in rs],
+            "loadavg": [min(r["loadavg_start"][0] for r in rs), max(r["loadavg_end"][0] for r in rs)],
+            "final_texts": rs[0]["final_texts"],
+            "problems": rs[0].get("problems", []),
+        }
+    out["differences"] = {}
+    if "joint" in gains and "apart" in gains:
+        out["differences"]["joint_minus_apart"] = gain_difference(gains["joint"], gains["apart"])
+    for other in ("cross_play", "swap", "shared"):
+        if "joint" in afters and other in afters:
+            out["differences"][f"joint_minus_{other}"] = gain_difference(afters["joint"], afters[other])
+    return out
+
+
+def _calibration() -> dict[str, Any] | None:
+    if not os.path.exists(C.CALIBRATION_FILE):
+        return None
+    with open(C.CALIBRATION_FILE) as fh:
+        return json.load(fh)
+
+
+def section(quick: bool, run: bool = False) -> dict[str, Any]:
+    """Summarise every recorded run of every task under :data:`cooperation.CONFIG` (``run``: first run
+    the missing ones, tasks in the calibration's order; ``quick``: a 1-batch joint+apart check of the
+    coordination harness in a scratch file)."""
+    cfg, path = C.CONFIG, C.RUNS_FILE
+    cal = _calibration()
+    order = cal["order"] if cal else list(C.TASKS)
+    if quick:
+        cfg = {**C.CONFIG, "batches": 1, "eval_every": 1, "k": 2, "num_held_out": 4}
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "cooperation_quick_runs.jsonl")
+        if os.path.exists(path):
+            os.remove(path)
+        C.run_missing("coordination", (0,), cfg, path)
+        order = ["coordination"]
+    elif run:
+        for task in order:
+            C.run_missing(task)
+    tasks = {t: summarize_task(recorded_runs(t, cfg if quick else C.config_for(t), path)) for t in order}
+    return {
+        "rule": C.TASK_RULE,
+        "calibration": cal,
+        "config": cfg,
+        "task_config": C.TASK_CONFIG,
+        "order": order,
+        "tasks": tasks,
+        "png": PNG,
+    }
+
+
+def _diff(d: dict[str, Any] | None) -> str:
+    if d is None:
+        return "not measured yet"
+    excl = "excludes 0" if d["ci"][0] > 0 or d["ci"][1] < 0 else "includes 0"
+    return f"{100 * d['difference']:+.1f} pts {_ci(d['ci'], True)} ({excl})"
+
+
+def _examples(s: dict[str, Any], task: str) -> str:
+    texts, probs = s["final_texts"], s["problems"]
+    if not texts or not probs:
+        return ""
+    lines = []
+    for j, p in enumerate(probs[: len(texts[0])]):
+        view = p.get("view0", "")
+        extra = f", secret {p['secret']}" if "secret" in p else ""
+        lines.append(f"| {p['category']}: {view}{extra} | `{texts[0][j]!r}` | `{texts[1][j]!r}` |")
+    who = ("agent 0's message", "agent 1's answer") if task == "dependence" else ("agent 0", "agent 1")
+    return f"| problem (agent 0's view) | {who[0]} | {who[1]} |\n|---|---|---|\n" + "\n".join(lines)
+
+
+def render_task(task: str, summ: dict[str, Any], cal: dict[str, Any] | None) -> str:
+    start = (
+        f" (untrained greedy held-out success at calibration: {_pct(cal['tasks'][task]['success'])})"
+        if cal
+        else ""
+    )
+    rows = [
+        "| condition | seeds | held-out before | after | gain | per seed after | wall per run (load) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for cond in ROWS:
+        if cond not in summ:
+            continue
+        s = summ[cond]
+        wall = f"{sum(s['wall_s_per_seed']) / len(s['wall_s_per_seed']):.0f} s ({s['loadavg'][0]:.1f}-{s['loadavg'][1]:.1f})"
+        per_seed = ", ".join(_pct(a) for a in s["after_per_seed"])
+        rows.append(
+            f"| {LABEL[cond]} | {len(s['seeds'])} | {_pct(s['before'])} | {_pct(s['after'])} {_ci(s['after_ci'])} | "
+            f"{100 * s['gain']:+.1f} pts {_ci(s['gain_ci'], True)} | {per_seed} | {wall} |"
+        )
+    d = summ.get("differences", {})
+    lines = [
+        f"### {task}{start}",
+        "",
+        "\n".join(rows),
+        "",
+        f"- joint − apart (gain): {_diff(d.get('joint_minus_apart'))}",
+        f"- joint − cross-play (success after): {_diff(d.get('joint_minus_cross_play'))}",
+        f"- joint − swap (success after): {_diff(d.get('joint_minus_swap'))}",
+        f"- joint − shared model (success after): {_diff(d.get('joint_minus_shared'))}",
+    ]
+    if "joint" in summ:
+        lines += ["", f"Greedy held-out answers of the joint team, seed {summ['joint']['seeds'][0]}, after training:", "",
+                  _examples(summ["joint"], task)]  # fmt: skip
+    if cal and task in cal["tasks"]:
+        c = cal["tasks"][task]
+        lines += [
+            "",
+            "The untrained team on the same problems:",
+            "",
+            _examples({"final_texts": c["examples"], "problems": c["problems"]}, task),
+        ]
+    return "\n".join(lines)
+
+
+def _task_config(tc: dict[str, Any] | None) -> str:
+    return (
+        "; ".join(f"{t}: " + ", ".join(f"{k}={v}" for k, v in c.items()) for t, c in (tc or {}).items())
+        or "none"
+    )
+
+
+def render(res: dict[str, Any]) -> str:
+    cfg = res["config"]
+    head = f"""Two SmolLM2-135M-Instruct agents (`builtin:smollm2-135m-instruct`, fp32, no chat template: the
+prompts end in "I pick:"), CPU, one torch thread per run. Per run: {cfg["batches"]} batches of {cfg["batch_size"]}
+episodes, K={cfg["k"]} samples per agent, AdamW lr {cfg["learning_rate"]}, temperature {cfg["temperature"]}, at most
+{cfg["max_new_tokens"]} new tokens; per task, fixed before its first run: {_task_config(res.get("task_config"))}. Every trained agent sees the same labelled samples (joint actions the reward
+scores) in every condition; trained apart, the pair spends twice the team's, which can only help it.
+Held-out: {cfg["num_held_out"]} problems of categories never seen in training, greedy, one answer per agent;
+success = the shared reward's pass@1 (1 when the pair's answers cooperate). Intervals: 95% two-level bootstrap
+over seeds and held-out problems (`learning.hierarchical_bootstrap`, `learning.gain_difference`: the problems
+drawn once for both rows). Produced by `benchmarks/cooperation.py` (runs) and `cooperation_report.py`.
+
+Task order, fixed before any training: {res["rule"]}
+Order measured: {", ".join(res["order"])}.
+"""
+    cal = res.get("calibration")
+    ran = [t for t in res["order"] if any(c in res["tasks"].get(t, {}) for c in ROWS)]
+    body = [render_task(t, res["tasks"][t], cal) for t in ran]
+    pending = [t for t in res["order"] if t not in ran]
+    tail = (
+        f"\n\nNot run yet: {', '.join(pending)} (`python benchmarks/cooperation.py run TASK`)."
+        if pending
+        else ""
+    )
+    return (
+        head
+        + "\n"
+        + "\n\n".join(body)
+        + tail
+        + f"\n\n![held-out team success per condition]({PNG})\n"
+        + _main_job(res.get("main_job"))
+    )
+
+
+def _main_job(m: dict[str, Any] | None) -> str:
+    if not m:
+        return "\nThe main job (`make run`) on a clean clone: not measured yet (`benchmarks/cooperation_main_job.py`).\n"
+    from cooperation_main_job import is_summary
+
+    lines = (
+        "\n".join(f"  - `{line}`" for line in m["summary"] if is_summary(line)) or "  - (no summary printed)"
+    )
+    args = " ".join(m["make_args"]) or "(the default config)"
+    return f"""
+**The main job**, `make run {args}` on a clean clone of `{m["commit"][:10]}` (`benchmarks/cooperation_main_job.py`:
+fresh venv and model cache, torch's default threads), {m["date"]}: {m["wall_s"] / 60:.1f} min wall, exit code
+{m["returncode"]}, load average {m["loadavg_start"][0]:.1f} at the start and {m["loadavg_end"][0]:.1f} at the end on
+{m["cores"]} cores. It printed:
+
+{lines}
+"""
+
+
+def plot(res: dict[str, Any], path: str) -> None:
+    """Held-out success after training per condition (bars, 95% intervals), the untrained team as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [t for t in res["order"] if any(c in res["tasks"].get(t, {}) for c in ROWS)]
+    fig, axes = plt.subplots(1, max(len(tasks), 1), figsize=(5 * max(len(tasks), 1), 4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        s = res["tasks"][task]
+        conds = [c for c in ROWS if c in s]
+        means = [s[c]["after"] for c in conds]
+        err = [
+            [m - s[c]["after_ci"][0] for c, m in zip(conds, means)],
+            [s[c]["after_ci"][1] - m for c, m in zip(conds, means)],
+        ]
+        ax.bar(range(len(conds)), means, yerr=err, capsize=3, color="tab:blue")
+        if "joint" in s:
+            ax.axhline(s["joint"]["before"], color="gray", linestyle="--", label="untrained")
+            ax.legend()
+        ax.set_xticks(range(len(conds)), conds, rotation=45, ha="right")
+        ax.set_ylim(0, 1)
+        ax.set_title(task)
+        ax.set_ylabel("held-out team success")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

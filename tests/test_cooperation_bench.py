@@ -1,0 +1,103 @@
+"""benchmarks/cooperation.py and cooperation_report.py: who is paired with whom, the task order rule,
+and the joint − apart / cross-play differences computed from per-problem records."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import cooperation as C  # noqa: E402
+import cooperation_report as R  # noqa: E402
+
+
+def test_pairings_take_each_agent_from_the_right_run():
+    p = C.pairings((0, 1, 2))
+    assert p["apart", 1] == [("apart0", 1, 0), ("apart1", 1, 1)]  # each agent from its own apart run
+    assert p["swap", 0] == [("joint", 0, 1), ("joint", 0, 0)]  # roles swapped
+    assert p["cross_play", 2] == [("joint", 2, 0), ("joint", 0, 1)]  # agent 1 of another seed
+    assert ("cross_play", 0) not in C.pairings((0,))
+
+
+def test_rule_order_runs_tasks_in_range_closest_to_035_first():
+    order = C.rule_order({"coordination": 0.30, "division": 0.0, "dependence": 0.5})
+    assert order == ["coordination", "dependence", "division"]
+
+
+def test_labelled_samples_count_both_turns_of_the_dependence_task():
+    assert C.labelled_per_batch("coordination", C.CONFIG) == 2 * 4
+    assert C.labelled_per_batch("dependence", C.CONFIG) == 2 * (4 + 16)
+    assert C.labelled_per_batch("dependence", C.config_for("dependence")) == 2 * (2 + 4)
+
+
+def _run(cond, seed, before, after):
+    return {"algorithm": cond, "seed": seed, "history": [{"samples": 0, "solved": before}, {"samples": 8, "solved": after}],
+            "final_texts": [], "wall_s": 1.0, "loadavg_start": [1.0], "loadavg_end": [1.0]}  # fmt: skip
+
+
+def test_joint_minus_apart_uses_the_untrained_team_of_the_same_seed_as_before():
+    untrained = [0.0] * 10
+    runs = []
+    for s in (0, 1, 2):
+        runs.append(_run("joint", s, untrained, [1.0] * 8 + [0.0] * 2))
+        # a pairing records one evaluation only: its "before" must come from the joint run
+        runs.append(
+            {
+                **_run("apart", s, [0.0] * 10, [1.0] * 2 + [0.0] * 8),
+                "history": [{"samples": 0, "solved": [1.0] * 2 + [0.0] * 8}],
+            }
+        )
+    out = R.summarize_task(runs)
+    assert out["apart"]["before"] == 0.0 and abs(out["apart"]["gain"] - 0.2) < 1e-9
+    d = out["differences"]["joint_minus_apart"]
+    assert abs(d["difference"] - 0.6) < 1e-9 and d["ci"][0] > 0
+
+
+def test_a_process_with_some_conditions_records_only_its_own_pairings(tmp_path, monkeypatch):
+    made = []
+    monkeypatch.setattr(C, "SCRATCH", str(tmp_path))
+
+    def fake_train(condition, task, seed, cfg):
+        for i in (0, 1):
+            path = C.weights_path(task, condition, seed, i)
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text("w")
+        made.append((condition, seed))
+        return {
+            "algorithm": condition,
+            "task": task,
+            "seed": seed,
+            "config": cfg,
+            "history": [{"solved": [1.0]}],
+            "wall_s": 0,
+        }
+
+    def fake_pair(name, task, seed, sources, cfg):
+        made.append((name, seed))
+        return {
+            "algorithm": name,
+            "task": task,
+            "seed": seed,
+            "config": cfg,
+            "history": [{"solved": [1.0]}],
+            "wall_s": 0,
+        }
+
+    monkeypatch.setattr(C, "train", fake_train)
+    monkeypatch.setattr(C, "pair", fake_pair)
+    path = str(tmp_path / "runs.jsonl")
+    C.run_missing("coordination", (0, 1), path=path, conditions=("apart0", "apart1"))
+    assert made == [("apart0", 0), ("apart0", 1), ("apart1", 0), ("apart", 0), ("apart1", 1), ("apart", 1)]
+    assert (tmp_path / "coordination").exists()  # joint's pairings are not recorded yet: weights kept
+    made.clear()
+    C.run_missing("coordination", (0, 1), path=path, conditions=("joint",))
+    assert made == [
+        ("joint", 0),
+        ("swap", 0),
+        ("joint", 1),
+        ("cross_play", 0),
+        ("swap", 1),
+        ("cross_play", 1),
+    ]
+    C.run_missing(
+        "coordination", (0, 1), path=path, conditions=("apart0", "apart1")
+    )  # all recorded: weights go
+    assert not (tmp_path / "coordination").exists()
