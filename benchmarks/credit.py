@@ -5,7 +5,7 @@ Task: :class:`~comlrl_lightning.envs.toy.TeamTargetsReward`, three agents whose 
 Agents: tabular policies, one categorical distribution per agent over ``A`` completion lengths
 (completion text ``"x" * 2a``), so the comparison isolates the credit estimator: every mode draws
 the same number of completions per step from the same seeds, calls the same reward on real texts,
-and updates with the same loss (``core.policy_loss``, ``sequence_sum``, Adam); only the advantage
+and updates with the same loss (``core.loss``, ``sequence_sum``, Adam); only the advantage
 differs (``core.credit`` / ``core.advantages``, all with ``scale_rewards="group"``).
 
 Per run it records the mean aligned reward per step, the samples (completions, all agents) until a
@@ -29,7 +29,7 @@ import torch
 
 from comlrl_lightning.core.advantages import group_advantages, scale_by_std
 from comlrl_lightning.core.credit import counterfactual_advantages, credit_index, cross_rewards_advantages
-from comlrl_lightning.core.policy_loss import BatchTotals, clipped_surrogate, reduce_loss
+from comlrl_lightning.core.loss import BatchTotals, clipped_surrogate, reduce_loss
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.toy import TeamTargetsReward
 

@@ -23,7 +23,7 @@ from comlrl_lightning.core.generation import (
     render_prompt,
     tokenize_prompts,
 )
-from comlrl_lightning.core.losses import selective_log_softmax
+from comlrl_lightning.core.loss import selective_log_softmax
 from comlrl_lightning.envs.toy import LengthRatioReward, TargetLengthReward
 
 

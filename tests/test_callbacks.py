@@ -24,7 +24,7 @@ from comlrl_lightning.callbacks.gradient_checkpointing import (
     is_gradient_checkpointing,
 )
 from comlrl_lightning.callbacks.reward_logger import step_metrics
-from comlrl_lightning.core.losses import completion_logprobs
+from comlrl_lightning.core.loss import completion_logprobs
 from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 

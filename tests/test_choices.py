@@ -66,7 +66,7 @@ def test_render_rewrites_only_between_the_markers():
 
 def test_the_config_literal_and_check_come_from_the_declaration():
     from comlrl_lightning.core.advantages import ADVANTAGE_MODE
-    from comlrl_lightning.core.policy_loss import LOSS_TYPE
+    from comlrl_lightning.core.loss import LOSS_TYPE
 
     hints = typing.get_type_hints(LossConfig)
     assert typing.get_args(hints["loss_type"]) == (*LOSS_TYPE.values, *LOSS_TYPE.aliases)

@@ -1,8 +1,14 @@
 import torch
 
 from comlrl_lightning.core.generation import completion_mask_from_ids
-from comlrl_lightning.core.losses import completion_logprobs, k3_kl, selective_log_softmax
-from comlrl_lightning.core.policy_loss import BatchTotals, clipped_surrogate, reduce_loss
+from comlrl_lightning.core.loss import (
+    BatchTotals,
+    clipped_surrogate,
+    completion_logprobs,
+    k3_kl,
+    reduce_loss,
+    selective_log_softmax,
+)
 from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 
 

@@ -5,8 +5,7 @@ import torch
 
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import LossConfig
-from comlrl_lightning.core.policy_loss import BatchTotals
-from comlrl_lightning.core.update import agent_loss
+from comlrl_lightning.core.loss import BatchTotals, agent_loss
 
 
 def test_agent_loss_counts_tokens_clipped_below_and_above_separately():

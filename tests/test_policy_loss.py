@@ -1,11 +1,11 @@
-"""TRL loss types (core/policy_loss.py): values and gradients against hand computations on a tiny batch."""
+"""TRL loss types (core/loss.py): values and gradients against hand computations on a tiny batch."""
 
 import math
 
 import pytest
 import torch
 
-from comlrl_lightning.core.policy_loss import (
+from comlrl_lightning.core.loss import (
     BatchTotals,
     clipped_surrogate,
     logprobs_and_entropy,
@@ -168,7 +168,7 @@ def test_sequence_kl_sums_k3_over_completion_tokens():
 
 def test_completion_entropy_from_the_models_forward_matches_a_manual_full_softmax():
     from comlrl_lightning.core.generation import completion_mask_from_ids
-    from comlrl_lightning.core.losses import completion_logprobs, completion_logprobs_and_entropy
+    from comlrl_lightning.core.loss import _completion_logits, completion_logprobs, logprobs_and_entropy
     from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 
     torch.manual_seed(0)
@@ -179,7 +179,8 @@ def test_completion_entropy_from_the_models_forward_matches_a_manual_full_softma
     pmask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     comp = torch.tensor([[30, 31, eos, pad], [40, 41, 42, 43]])
     cmask, _ = completion_mask_from_ids(comp, eos)
-    logps, ent = completion_logprobs_and_entropy(model, prompt, pmask, comp, cmask, temperature=temp)
+    logps, ent = logprobs_and_entropy(_completion_logits(model, prompt, pmask, comp, cmask, temp), comp)
+    logps, ent = logps * cmask, ent * cmask
     assert torch.allclose(logps, completion_logprobs(model, prompt, pmask, comp, cmask, temperature=temp))
     assert ent[0, 3] == 0.0  # padding
     for r in range(2):

@@ -55,7 +55,7 @@ from comlrl.trainers.preference.collaboration import (  # noqa: E402
     joint_sequence_log_prob,
 )
 
-from comlrl_lightning.core.losses import completion_logprobs  # noqa: E402
+from comlrl_lightning.core.loss import completion_logprobs  # noqa: E402
 from comlrl_lightning.team.agents import AgentSpec, load_agent  # noqa: E402
 from comlrl_lightning.team.centralized import TaggedAdapter, split_roles  # noqa: E402
 
@@ -152,8 +152,7 @@ def test_the_joint_policy_gradient_is_comlrls(mode):
 
     from comlrl_lightning.core.advantages import group_advantages
     from comlrl_lightning.core.config import LossConfig
-    from comlrl_lightning.core.policy_loss import BatchTotals
-    from comlrl_lightning.core.update import agent_loss
+    from comlrl_lightning.core.loss import BatchTotals, agent_loss
 
     torch.manual_seed(0)
     model, tok = load_agent(AgentSpec("builtin:tiny-gpt2"))

@@ -13,7 +13,7 @@ Differences, each with its cause (asserted below where they show in numbers):
 2. Temperature: CoMLRL's sequence log-probs are at temperature 1 whatever it sampled at; ours are
    from ``logits / temperature`` (``core/dpo.py``). Same numbers at temperature 1.
 3. The last completion token: CoMLRL drops it (and cuts at the first pad id, which drops the EOS when
-   pad = EOS); ours counts every completion token, EOS included (``core/losses.py``).
+   pad = EOS); ours counts every completion token, EOS included (``core/loss.py``).
 4. Reference: CoMLRL is reference-free; ours subtracts the reference model's log-ratio by default
    (DPO proper); ``reference_free=True`` is CoMLRL's form (compared here).
 """
@@ -113,7 +113,7 @@ def test_a_non_finite_loss_is_kept_here_where_comlrl_returns_a_constant():
 
 
 def test_sequence_logprob_equals_comlrl_but_for_the_last_token_and_the_temperature():
-    from comlrl_lightning.core.losses import completion_logprobs
+    from comlrl_lightning.core.loss import completion_logprobs
     from comlrl_lightning.team.agents import build_tiny_gpt2, byte_tokenizer
 
     torch.manual_seed(0)

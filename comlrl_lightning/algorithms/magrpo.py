@@ -13,7 +13,7 @@ Features:
     - per-agent ``credit`` under the shared reward (:data:`~comlrl_lightning.core.credit.CREDIT`);
     - ``scale_rewards`` (:data:`~comlrl_lightning.core.advantages.SCALE_REWARDS`), agent-wise (Dr. MAS)
       or team statistics;
-    - TRL's ``loss_type`` (:data:`~comlrl_lightning.core.policy_loss.LOSS_TYPE`), GSPO's sequence ratio
+    - TRL's ``loss_type`` (:data:`~comlrl_lightning.core.loss.LOSS_TYPE`), GSPO's sequence ratio
       (``importance_sampling_level``), ``epsilon_high``, ``delta``, ``mask_truncated_completions``;
     - ``entropy`` per agent (logged, from the loss's own forward);
     - ``num_iterations > 1``: PPO-style clipped ratio against log-probs from before the update;

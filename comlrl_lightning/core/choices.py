@@ -1,7 +1,7 @@
 """One declaration per enumerated knob: :class:`Choice`.
 
 Each choice is declared once, next to the code that implements its values (the baselines in
-``core/advantages.py``, the loss types in ``core/policy_loss.py``, ...). Everything else derives
+``core/advantages.py``, the loss types in ``core/loss.py``, ...). Everything else derives
 from that declaration: the ``Literal`` type of the config field (``Choice.literal``, which
 LightningCLI turns into the allowed list), validation and its error message (:meth:`Choice.check`),
 the accepted aliases (:meth:`Choice.canonical`), and the lists in the README and

@@ -2,7 +2,7 @@
 
 Every knob is declared once here, with its unit, default and source under it. An enumerated knob's
 values are declared once next to the code that implements them (a :class:`~comlrl_lightning.core.choices.Choice`:
-``ADVANTAGE_MODE`` in ``core/advantages.py``, ``LOSS_TYPE`` in ``core/policy_loss.py``, ...): its
+``ADVANTAGE_MODE`` in ``core/advantages.py``, ``LOSS_TYPE`` in ``core/loss.py``, ...): its
 ``Literal`` type here (so LightningCLI rejects a bad value with the allowed list), its validation and
 its accepted aliases (TRL's and CoMLRL's spellings) all come from it. ``__post_init__`` holds the
 cross-field rules and normalises the aliases, so the rest of the code reads one canonical value. Derived quantities are methods (:meth:`RolloutConfig.generations_per_episode`,
@@ -21,33 +21,18 @@ from typing import Any
 from comlrl_lightning.core.advantages import ADVANTAGE_MODE, JOINT_MODE, SCALE_REWARDS, default_scale
 from comlrl_lightning.core.credit import CREDIT, reward_calls_per_episode
 from comlrl_lightning.core.generation import AUTO_BACKEND, GENERATION_BACKEND
-from comlrl_lightning.core.nonfinite import ON_NONFINITE
-from comlrl_lightning.core.policy_loss import IMPORTANCE_SAMPLING_LEVEL, KL_MODE, LOSS_TYPE
+from comlrl_lightning.core.loss_config import LossConfig
 from comlrl_lightning.core.td import SOLVED_RETURN
+from comlrl_lightning.core.validation import refuse_both, require
 from comlrl_lightning.infra.placement import PARALLEL_TRAINING
 
 JointMode = JOINT_MODE.literal
 AdvantageMode = ADVANTAGE_MODE.literal
 ScaleRewards = SCALE_REWARDS.literal
-LossType = LOSS_TYPE.literal
 Credit = CREDIT.literal
-ImportanceSamplingLevel = IMPORTANCE_SAMPLING_LEVEL.literal
-KLMode = KL_MODE.literal
 SolvedReturn = SOLVED_RETURN.literal
-OnNonfinite = ON_NONFINITE.literal
 ParallelTraining = PARALLEL_TRAINING.literal
 GenerationBackend = GENERATION_BACKEND.literal
-
-
-def _require(field: str, value: Any, ok: bool, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"{field}: got {value!r}, must be {allowed}")
-
-
-def _refuse_both(field: str, value: Any, other: str, other_value: Any) -> None:
-    """Raises ValueError: ``field`` and ``other`` are two names of one knob, given different values."""
-    msg = f"{field}: got {value!r}, but {other}={other_value!r}; give one of the two (they are the same knob)"
-    raise ValueError(msg)
 
 
 @dataclass
@@ -101,20 +86,18 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         k_ok = self.num_generations >= 2
-        _require(
-            "num_generations", self.num_generations, k_ok, ">= 2 (the group baseline needs >= 2 samples)"
-        )
-        _require("num_turns", self.num_turns, self.num_turns >= 1, ">= 1")
+        require("num_generations", self.num_generations, k_ok, ">= 2 (the group baseline needs >= 2 samples)")
+        require("num_turns", self.num_turns, self.num_turns >= 1, ">= 1")
         self.joint_mode = JOINT_MODE.canonical(self.joint_mode)
-        _require("discount", self.discount, 0.0 <= self.discount <= 1.0, "in [0, 1]")
+        require("discount", self.discount, 0.0 <= self.discount <= 1.0, "in [0, 1]")
         SOLVED_RETURN.check(self.solved_return)
         if self.eval_num_samples is not None:
             if self.num_generations_eval not in (self.eval_num_samples, 1):
                 n_eval = self.num_generations_eval
-                _refuse_both("eval_num_samples", self.eval_num_samples, "num_generations_eval", n_eval)
+                refuse_both("eval_num_samples", self.eval_num_samples, "num_generations_eval", n_eval)
             self.num_generations_eval, self.eval_num_samples = self.eval_num_samples, None
         n = self.num_generations_eval
-        _require("num_generations_eval", n, isinstance(n, int) and n >= 1, "an integer >= 1")
+        require("num_generations_eval", n, isinstance(n, int) and n >= 1, "an integer >= 1")
         ks = self.eval_ks()
         if not ks or any(not isinstance(k, int) or not 1 <= k <= n for k in ks):
             raise ValueError(
@@ -199,7 +182,7 @@ class AdvantageConfig:
             ADVANTAGE_MODE.check(self.advantage_mode)
         if self.scale_rewards is not None:
             SCALE_REWARDS.check(self.scale_rewards)
-        _require("advantage_eps", self.advantage_eps, self.advantage_eps >= 1e-4, ">= 1e-4")
+        require("advantage_eps", self.advantage_eps, self.advantage_eps >= 1e-4, ">= 1e-4")
         if self.advantage_mode == "raw" and self.scale_rewards == "group":
             msg = "advantage_mode='raw' with scale_rewards='group': raw returns over a near-zero group std reach "
             fix = "~R/advantage_eps (~1e4 for [1, 1+1e-7, 1, 1]); leave scale_rewards unset or add a baseline"
@@ -233,76 +216,6 @@ class AdvantageConfig:
                 f"{mode!r}; leave it unset, or use MAGRPO(advantage={{'advantage_mode': {self.advantage_mode!r}}})"
             )
         return self
-
-
-@dataclass
-class LossConfig:
-    """The per-agent update: loss aggregation, optimisation passes, ratio clipping, KL, gradients."""
-
-    loss_type: LossType = "sequence_sum"
-    """How per-token terms become a loss: one of :data:`~comlrl_lightning.core.policy_loss.LOSS_TYPE`
-    (TRL's names and meanings; papers and biases in :mod:`comlrl_lightning.core.policy_loss`; the old
-    ``sequence_mean`` / ``token_mean`` are read as ``grpo`` / ``dapo``). Formerly ``loss_aggregation``."""
-    num_iterations: int = 1
-    """Optimisation passes per rollout batch (> 1 uses the clipped ratio against the pre-update
-    log-probs, PPO-style). TRL name."""
-    epsilon: float = 0.2
-    """Lower clip ε of the ratio (> 0). TRL name."""
-    epsilon_high: float | None = None
-    """Upper clip ε (DAPO's clip-higher), ``>= epsilon`` (a smaller one would clip the positive side
-    below ``1 + epsilon``); None: ``epsilon``. TRL name."""
-    delta: float | None = None
-    """Two-sided clipping (INTELLECT-2, arXiv 2505.07291): the unclipped ratio is capped at ``delta``
-    (> 1 + ε_high), so a negative-advantage token with a huge ratio cannot blow up the loss. None: off. TRL name."""
-    importance_sampling_level: ImportanceSamplingLevel = "token"
-    """One of :data:`~comlrl_lightning.core.policy_loss.IMPORTANCE_SAMPLING_LEVEL` (pair ``sequence``
-    with ``loss_type="grpo"``). Matters only off-policy (``num_iterations > 1``). TRL name."""
-    mask_truncated_completions: bool = False
-    """Leave completions that hit ``max_new_tokens`` without EOS out of the loss (DAPO's overlong
-    filtering: their reward judges an unfinished answer). TRL name."""
-    beta: float = 0.0
-    """Weight of the k3 KL to a frozen reference copy of each agent (0: no reference model is kept). TRL name."""
-    kl_mode: KLMode = "loss"
-    """How ``beta`` applies: one of :data:`~comlrl_lightning.core.policy_loss.KL_MODE` (``reward`` is
-    CoMLRL's ``reference_kl``, so a CoMLRL config with a reference KL behaves the same; per agent with
-    per-agent rewards; MAGRPO only: IAC/MAAC refuse it)."""
-    max_grad_norm: float | None = 1.0
-    """Per-agent gradient-norm clip; None: off. TRL name."""
-    micro_batch_size: int | None = None
-    """Samples per forward/backward (gradients accumulate into one step per agent); None: all at once.
-    With ``loss_type="bnpo"`` the gradient depends on it (warned at construction)."""
-    on_nonfinite: OnNonfinite = "skip"
-    """An agent whose loss or gradients are not finite (NaN/inf) before its optimizer step: one of
-    :data:`~comlrl_lightning.core.nonfinite.ON_NONFINITE`. Either way no non-finite weights are saved."""
-
-    def __post_init__(self) -> None:
-        self.loss_type = LOSS_TYPE.canonical(self.loss_type)
-        _require("num_iterations", self.num_iterations, self.num_iterations >= 1, ">= 1")
-        _require("epsilon", self.epsilon, self.epsilon > 0, "> 0")
-        high_ok = self.epsilon_high is None or self.epsilon_high >= self.epsilon
-        _require("epsilon_high", self.epsilon_high, high_ok, f">= epsilon = {self.epsilon} or None")
-        _require("beta", self.beta, self.beta >= 0, ">= 0")
-        delta_ok = self.delta is None or self.delta > 1 + self.clip_high
-        _require("delta", self.delta, delta_ok, f"> 1 + epsilon_high = {1 + self.clip_high} or None")
-        IMPORTANCE_SAMPLING_LEVEL.check(self.importance_sampling_level)
-        KL_MODE.check(self.kl_mode)
-        ON_NONFINITE.check(self.on_nonfinite)
-        mb_ok = self.micro_batch_size is None or self.micro_batch_size >= 1
-        _require("micro_batch_size", self.micro_batch_size, mb_ok, ">= 1 or None")
-        if self.loss_type == "bnpo" and self.micro_batch_size is not None:
-            mb = f"loss_type='bnpo' with micro_batch_size={self.micro_batch_size}"
-            why = "bnpo normalises by each micro-batch's tokens, so the gradient changes with it; 'dapo' does not"
-            warnings.warn(f"{mb}: {why}", UserWarning, stacklevel=2)
-
-    @property
-    def clip_high(self) -> float:
-        """The upper clip ε in use."""
-        return self.epsilon if self.epsilon_high is None else self.epsilon_high
-
-    def max_steps_for(self, num_batches: int, num_agents: int) -> int:
-        """``trainer.max_steps`` that trains ``num_batches`` batches: Lightning counts every optimizer
-        step, and one batch steps each of the N agents ``num_iterations`` times."""
-        return num_batches * num_agents * self.num_iterations
 
 
 @dataclass
@@ -340,17 +253,17 @@ class SamplingConfig:
         if self.max_completion_length is not None:
             if self.max_new_tokens not in (self.max_completion_length, 64):
                 n_new = self.max_new_tokens
-                _refuse_both("max_completion_length", self.max_completion_length, "max_new_tokens", n_new)
+                refuse_both("max_completion_length", self.max_completion_length, "max_new_tokens", n_new)
             self.max_new_tokens, self.max_completion_length = self.max_completion_length, None
-        _require("temperature", self.temperature, self.temperature > 0, "> 0")
-        _require("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]")
+        require("temperature", self.temperature, self.temperature > 0, "> 0")
+        require("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]")
         top_k_ok = self.top_k is None or (isinstance(self.top_k, int) and self.top_k >= 0)
-        _require("top_k", self.top_k, top_k_ok, "an integer >= 0 or None (0 and None: off)")
+        require("top_k", self.top_k, top_k_ok, "an integer >= 0 or None (0 and None: off)")
         stop_ok = isinstance(self.stop_after_code_block, bool)
-        _require("stop_after_code_block", self.stop_after_code_block, stop_ok, "true or false")
-        _require("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1")
+        require("stop_after_code_block", self.stop_after_code_block, stop_ok, "true or false")
+        require("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1")
         prompt_ok = self.max_prompt_length is None or self.max_prompt_length >= 1
-        _require("max_prompt_length", self.max_prompt_length, prompt_ok, ">= 1 or None")
+        require("max_prompt_length", self.max_prompt_length, prompt_ok, ">= 1 or None")
 
 
 @dataclass

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from comlrl_lightning.core.dpo import sequence_logps
-from comlrl_lightning.core.losses import completion_logprobs
+from comlrl_lightning.core.loss import completion_logprobs
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.preference import PairSet
 from comlrl_lightning.core.records import AgentStats, StepOutput

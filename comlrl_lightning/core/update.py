@@ -1,11 +1,11 @@
-"""One agent's policy-gradient update on its samples of a rollout (the math; the module steps).
+"""One agent's policy-gradient update on its samples of a rollout (the batching; the module steps).
 
 :func:`prepare_agent_batch` cuts the agent's samples into micro-batches and computes, without
 gradients, the log-probs the loss compares against (old policy when ``num_iterations > 1``,
 reference model when ``beta > 0``); :func:`agent_backward` runs forward/backward over the
-micro-batches and returns the agent's :class:`~comlrl_lightning.core.records.AgentStats`; the loss
-of one micro-batch, from completion log-probs to the scalar that is backpropagated, is
-:func:`agent_loss`.
+micro-batches and returns the agent's :class:`~comlrl_lightning.core.records.AgentStats`. The loss
+of one micro-batch, from the forward to the scalar that is backpropagated, is
+:func:`~comlrl_lightning.core.loss.micro_batch_loss` (all of it in :mod:`comlrl_lightning.core.loss`).
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from comlrl_lightning.core.config import LossConfig, SamplingConfig
+from comlrl_lightning.core.config import SamplingConfig
 from comlrl_lightning.core.generation import Generation
-from comlrl_lightning.core.losses import completion_logprobs, completion_logprobs_and_entropy, k3_kl
-from comlrl_lightning.core.policy_loss import (
+from comlrl_lightning.core.loss import (
     BatchTotals,
-    clipped_surrogate,
+    completion_logprobs,
     mask_truncated,
-    reduce_loss,
+    micro_batch_loss,
     sequence_kl,
 )
+from comlrl_lightning.core.loss_config import LossConfig
 from comlrl_lightning.core.records import AgentStats, Turn
 
 
@@ -50,69 +50,6 @@ class AgentBatch:
     ref: list[torch.Tensor | None]
     totals: BatchTotals
     temperature: float
-
-
-@dataclass(frozen=True)
-class LossTerms:
-    """One micro-batch's share of an agent's loss (:func:`agent_loss`).
-
-    Attributes:
-        loss: the scalar to backpropagate.
-        kl: its k3 KL term alone, ``dapo``-reduced (0.0 without a reference).
-        clipped_tokens: tokens whose ratio was clipped (TRL's ``clip_ratio/region_mean`` numerator).
-        low_clipped_tokens, high_clipped_tokens: of those, clipped below / above (``clip_ratio/low_*``,
-            ``clip_ratio/high_*``).
-    """
-
-    loss: torch.Tensor
-    kl: float
-    clipped_tokens: int
-    low_clipped_tokens: int = 0
-    high_clipped_tokens: int = 0
-
-
-def agent_loss(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor | None,
-    ref_logps: torch.Tensor | None,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: LossConfig,
-    totals: BatchTotals,
-) -> LossTerms:
-    """One agent's loss on one micro-batch, from completion log-probs to the scalar backpropagated.
-
-    Args:
-        logps: ``[R, C]`` completion log-probs with gradient.
-        old_logps: ``[R, C]`` log-probs before the update (None on-policy: the ratio is 1 in value).
-        ref_logps: ``[R, C]`` reference-model log-probs (None: no KL term; ``kl_mode="loss"`` only).
-        advantages: ``[R]``; mask: ``[R, C]`` the tokens the loss counts.
-        cfg: the loss knobs; totals: the whole agent batch's normalisers.
-
-    Returns:
-        :class:`LossTerms`; the scalars of all micro-batches sum to the full-batch loss.
-    """
-    # ratio ρ (per token, or GSPO's sequence ratio), clipped to (1 − ε, 1 + ε_high), capped at δ:
-    # ℓ = −min(min(ρ, δ)·A, clip(ρ)·A)  (PPO / DAPO clip-higher / INTELLECT-2; TRL's surrogate)
-    per_token, low, high = clipped_surrogate(
-        logps,
-        old_logps,
-        advantages.to(logps.device),
-        mask,
-        epsilon=cfg.epsilon,
-        epsilon_high=cfg.clip_high,
-        delta=cfg.delta,
-        importance_sampling_level=cfg.importance_sampling_level,
-    )
-    kl = 0.0
-    if ref_logps is not None:  # + β·k3 per token (GRPO's KL to the reference, Schulman's k3)
-        k3 = k3_kl(logps, ref_logps)
-        per_token = per_token + cfg.beta * k3
-        kl = float(reduce_loss(k3.detach(), mask, "dapo", totals))
-    # aggregation: loss_type's normaliser over the whole agent batch (grpo, dr_grpo, dapo, bnpo, sequence_sum)
-    loss = reduce_loss(per_token, mask, cfg.loss_type, totals)
-    m = mask.bool()
-    return LossTerms(loss, kl, int(((low | high) & m).sum()), int((low & m).sum()), int((high & m).sum()))
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -158,24 +95,23 @@ def prepare_agent_batch(
 def agent_backward(
     model: nn.Module, batch: AgentBatch, cfg: LossConfig, backward: Callable[[torch.Tensor], None]
 ) -> AgentStats:
-    """Forward/backward of :func:`agent_loss` over the agent's micro-batches (gradients accumulate;
+    """Forward/backward of :func:`~comlrl_lightning.core.loss.micro_batch_loss` over the agent's micro-batches (gradients accumulate;
     the caller zeroes them first and steps after). ``backward`` is the module's (thread-safe)
-    ``manual_backward``. The entropy is logged, never optimised."""
+    ``manual_backward``. The loss itself, entropy included, is :func:`~comlrl_lightning.core.loss.micro_batch_loss`'s."""
     loss_sum = kl_sum = entropy_sum = 0.0
     clipped = low_clipped = high_clipped = 0
     for c, (g, adv) in enumerate(batch.chunks):
         mask = batch.masks[c].to(_device(model))
-        logps, entropy = completion_logprobs_and_entropy(
-            model, g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, batch.temperature
+        terms = micro_batch_loss(
+            model, g, batch.old[c], batch.ref[c], adv, mask, cfg, batch.totals, batch.temperature
         )
-        terms = agent_loss(logps, batch.old[c], batch.ref[c], adv, mask, cfg, batch.totals)
         backward(terms.loss)
         loss_sum += float(terms.loss.detach())
         kl_sum += terms.kl
         clipped += terms.clipped_tokens
         low_clipped += terms.low_clipped_tokens
         high_clipped += terms.high_clipped_tokens
-        entropy_sum += float((entropy * mask).sum())
+        entropy_sum += terms.entropy_sum
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
     tokens = max(batch.totals.num_tokens, 1)

@@ -1,0 +1,394 @@
+"""The policy loss in one module: from an agent's completions to the scalar it backpropagates.
+
+:func:`micro_batch_loss` runs the forward (log-probs and entropy at ``logits / temperature``) and
+:func:`agent_loss` turns them into :class:`LossTerms`, reading every knob from
+:class:`~comlrl_lightning.core.loss_config.LossConfig`; what needs a gradient is decided here too
+(the entropy only with ``entropy_coeff != 0``). A loss knob is one ``LossConfig`` field plus one
+function here called from :func:`agent_loss` (:func:`entropy_bonus` for ``entropy_coeff`` is the
+example). Names and meanings follow TRL's ``GRPOConfig`` (``loss_type``, ``importance_sampling_level``,
+``epsilon_high``, ``delta``, ``mask_truncated_completions``, the ``entropy`` metric) and verl's
+``entropy_coeff``. Shapes: ``R`` rows (samples of one agent), ``P`` prompt tokens (left-padded),
+``C`` completion tokens (right-padded), ``V`` vocabulary.
+
+``loss_type`` (how per-token losses ``ℓ_{r,t}`` with mask ``m_{r,t}`` become one scalar per agent
+batch; every normaliser counts the *whole agent batch*, so micro-batch shares add up):
+
+- ``grpo`` (Shao et al. 2024, arXiv 2402.03300): ``mean_r (Σ_t m·ℓ / Σ_t m)``, each sequence's token
+  mean. Bias: a token of a short completion weighs more than one of a long one, so wrong answers are
+  penalised less per token the longer they get (Dr. GRPO's length bias).
+- ``dr_grpo`` (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv 2503.20783):
+  ``Σ m·ℓ / (R · max_completion_length)``, a constant normaliser: no length bias; the gradient
+  grows with completion length, so long completions dominate.
+- ``dapo`` (Yu et al. 2025, arXiv 2503.14476): ``Σ m·ℓ / Σ m`` over every token of the agent's batch
+  (TRL's default): each token weighs the same; the normaliser varies from step to step.
+- ``bnpo`` (named after Xiao et al. 2025, "BNPO"; TRL's meaning is implemented): the token mean of
+  each micro-batch, averaged over micro-batches (``dapo`` computed locally: the weights depend on
+  how the batch is split; equal to ``dapo`` with one micro-batch).
+- ``sequence_sum`` (MAGRPO paper and CoMLRL): ``mean_r Σ_t m·ℓ``, the sequence log-prob times the
+  advantage: like ``dr_grpo`` without the constant; the step size scales with completion length.
+
+The other knobs (GSPO's sequence ratio, clip-higher, ``delta``, overlong filtering, ``beta``) give
+their papers under their :class:`~comlrl_lightning.core.loss_config.LossConfig` fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from comlrl_lightning.core.choices import Choice
+from comlrl_lightning.core.generation import Generation, position_ids_from_mask
+
+if TYPE_CHECKING:
+    from comlrl_lightning.core.loss_config import LossConfig
+
+LOSS_TYPE = Choice(
+    "loss_type",
+    {
+        "sequence_sum": "sum over a completion's tokens, mean over completions (the MAGRPO paper's code, CoMLRL)",
+        "grpo": "mean per completion, then over completions (Shao et al. 2024; length-biased)",
+        "dr_grpo": "token sum over `completions × max_new_tokens` (Dr. GRPO, Liu et al. 2025)",
+        "dapo": "mean over every token of the agent's batch (Yu et al. 2025; TRL's default)",
+        "bnpo": "token mean per micro-batch, averaged over micro-batches (TRL's meaning)",
+    },
+    aliases={"sequence_mean": "grpo", "token_mean": "dapo"},
+)
+"""How per-token terms become one agent's scalar loss (TRL ``loss_type``; the module docstring has
+the formulas and biases; the aliases are the pre-TRL ``loss_aggregation`` names)."""
+
+IMPORTANCE_SAMPLING_LEVEL = Choice(
+    "importance_sampling_level",
+    {
+        "token": "one ratio per token (PPO, GRPO)",
+        "sequence": "GSPO's length-normalised sequence ratio (Zheng et al. 2025, arXiv 2507.18071)",
+    },
+)
+"""Where the importance ratio is taken (TRL ``importance_sampling_level``)."""
+
+KL_MODE = Choice(
+    "kl_mode",
+    {
+        "loss": "`+β·k3` per token in the loss (GRPO paper, TRL)",
+        "reward": "each sample's return minus `β·Σ_t k3` before the baseline (CoMLRL's `reference_kl`; "
+        "one no-grad policy forward per agent and turn at rollout time)",
+    },
+)
+"""How ``beta``'s KL to the reference applies: per-token loss term, or :func:`sequence_kl` as a
+per-sample cost in the advantage (no direct gradient)."""
+
+
+@dataclass(frozen=True)
+class BatchTotals:
+    """Totals over one agent's whole update batch, so each micro-batch's loss is its exact share.
+
+    Attributes:
+        num_rows: samples in the agent's batch.
+        num_tokens: unmasked completion tokens in the agent's batch.
+        num_micro_batches: micro-batches the batch is split into (``bnpo`` averages over them).
+        max_completion_length: the generation limit in tokens (``dr_grpo``'s constant).
+    """
+
+    num_rows: int
+    num_tokens: int
+    num_micro_batches: int = 1
+    max_completion_length: int = 1
+
+
+# ---------------------------------------------------------------- log-probs and entropy (the forward)
+def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, chunk_rows: int = 8) -> torch.Tensor:
+    """``log_softmax(logits)[..., index]`` without keeping a full-vocabulary log-softmax.
+
+    ``logit[index] − logsumexp(logits)``, computed ``chunk_rows`` rows at a time (same trick as TRL's
+    ``selective_log_softmax``). Args: ``logits [R, C, V]``, ``index [R, C]``. Returns ``[R, C]``.
+    """
+    out = []
+    for lg, ix in zip(logits.split(chunk_rows), index.split(chunk_rows)):
+        picked = lg.gather(-1, ix.unsqueeze(-1)).squeeze(-1)
+        out.append(picked.float() - torch.logsumexp(lg.float(), dim=-1))
+    return torch.cat(out)
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor, index: torch.Tensor, chunk_rows: int = 8, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log_softmax(logits)[index]`` and the entropy of each position's distribution, ``chunk_rows``
+    rows at a time, so no float32 full-vocabulary copy of all rows is held (without ``entropy_grad``).
+
+    ``H = logsumexp(l) − Σ_v softmax(l)_v · l_v`` (one logsumexp per position serves both outputs).
+    Same numbers as TRL's ``selective_log_softmax`` and ``entropy_from_logits``.
+
+    Args: logits ``[R, C, V]`` (already divided by the temperature); index ``[R, C]``; chunk_rows:
+    rows per chunk; entropy_grad: keep the entropy's graph (a loss term); False: a metric only.
+    Returns: ``(logps [R, C], entropy [R, C])`` float32.
+    """
+    logps, entropy = [], []
+    for lg, ix in zip(logits.split(chunk_rows), index.split(chunk_rows)):
+        lse = torch.logsumexp(lg.float(), dim=-1)
+        logps.append(lg.gather(-1, ix.unsqueeze(-1)).squeeze(-1).float() - lse)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            probs = torch.softmax(lg.float(), dim=-1)
+            entropy.append((lse if entropy_grad else lse.detach()) - (probs * lg.float()).sum(-1))
+    return torch.cat(logps), torch.cat(entropy)
+
+
+def _completion_logits(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """``[R, C, V]`` logits (divided by ``temperature``) at the positions that predict each completion token."""
+    device = next(model.parameters()).device
+    # the last completion token predicts nothing we score: leave it out of the forward
+    input_ids = torch.cat([prompt_ids, completion_ids[:, :-1]], 1).to(device)
+    attn = torch.cat([prompt_mask, completion_mask[:, :-1]], 1).to(device)
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attn,
+        position_ids=position_ids_from_mask(attn),
+        logits_to_keep=completion_ids.shape[1],
+        use_cache=False,
+    ).logits
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def completion_logprobs(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Per-token log π(completion token | prefix) under ``logits / temperature``.
+
+    One forward over ``prompt ⊕ completion[:-1]``; only the last ``C`` positions' logits are made
+    (``logits_to_keep``). Every completion token is scored, the EOS included (CoMLRL drops the last
+    token; that is fixed here). Padding gets 0.
+
+    Args: prompt_ids, prompt_mask ``[R, P]`` left-padded prompts; completion_ids, completion_mask
+    ``[R, C]`` (mask 1 up to and including EOS); temperature: the sampling temperature (> 0).
+    Returns: ``[R, C]`` float32 log-probs, 0 where ``completion_mask`` is 0.
+    """
+    logits = _completion_logits(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature)
+    logps = selective_log_softmax(logits, completion_ids.to(logits.device))
+    return logps * completion_mask.to(logits.device)
+
+
+# ---------------------------------------------------------------- per-token terms
+def k3_kl(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(π‖π_ref): ``exp(r) − r − 1`` with ``r = logπ_ref − logπ`` (Schulman 2020)."""
+    r = ref_logps - logps
+    return torch.exp(r) - r - 1
+
+
+def sequence_kl(logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sample k3 KL to the reference summed over completion tokens (CoMLRL ``reference_kl``):
+    ``Σ_t m·(exp(r) − r − 1)``, ``r = logπ_ref − logπ``. Args ``[R, C]``; returns ``[R]``."""
+    return (k3_kl(logps, ref_logps) * mask.to(logps.dtype)).sum(-1)
+
+
+def log_importance_weights(
+    logps: torch.Tensor, old_logps: torch.Tensor, mask: torch.Tensor, level: str
+) -> torch.Tensor:
+    """``log ρ`` per token: ``logπ − logπ_old`` (``token``) or GSPO's sequence value
+    ``Σ_t m·(logπ − logπ_old) / Σ_t m`` repeated on every token (``sequence``).
+
+    Args: logps, old_logps, mask ``[R, C]``; level: one of :data:`IMPORTANCE_SAMPLING_LEVEL`.
+    Returns: ``[R, C]``. Raises: ValueError for an unknown ``level``.
+    """
+    log_ratio = logps - old_logps
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        m = mask.to(log_ratio.dtype)
+        seq = (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+        return seq.expand_as(log_ratio)
+    raise ValueError(
+        f"importance_sampling_level: got {level!r}, allowed: {list(IMPORTANCE_SAMPLING_LEVEL.names)}"
+    )
+
+
+def clipped_surrogate(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    delta: float | None = None,
+    importance_sampling_level: str = "token",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token clipped policy loss, as TRL's ``GRPOTrainer._compute_loss``.
+
+    ``ℓ = −min(ρ'·A, clip(ρ, 1−ε, 1+ε_high)·A)`` with ``ρ' = min(ρ, δ)`` when ``delta`` is set. With
+    ``old_logps=None`` (on-policy) ``ρ = exp(logπ − sg(logπ)) = 1`` in value and the gradient is
+    REINFORCE's ``−A·∇logπ`` (GSPO: ``−A·∇ mean_t logπ``).
+
+    Args:
+        logps: ``[R, C]`` with gradient; old_logps: ``[R, C]`` or None; advantages: ``[R]``;
+        mask: ``[R, C]`` (used by the sequence-level ratio).
+        epsilon, epsilon_high: lower/upper clip (``epsilon_high=None``: ``epsilon``).
+        delta: upper cap of the unclipped ratio (None: off; must be > 1 + ε_high to matter).
+        importance_sampling_level: one of :data:`IMPORTANCE_SAMPLING_LEVEL`.
+
+    Returns:
+        ``(loss [R, C], low_clipped [R, C] bool, high_clipped [R, C] bool)``: TRL's
+        ``clip_ratio/low_*`` (``ρ < 1−ε`` and ``A < 0``) and ``clip_ratio/high_*`` (``ρ > 1+ε_high``
+        and ``A > 0``), unmasked.
+    """
+    eps_high = epsilon if epsilon_high is None else epsilon_high
+    old = logps.detach() if old_logps is None else old_logps
+    ratio = torch.exp(log_importance_weights(logps, old, mask, importance_sampling_level))
+    clipped = ratio.clamp(1 - epsilon, 1 + eps_high)
+    capped = ratio if delta is None else ratio.clamp(max=delta)
+    adv = advantages[:, None].to(logps.dtype)
+    loss = -torch.min(capped * adv, clipped * adv)
+    return loss, (ratio < 1 - epsilon) & (adv < 0), (ratio > 1 + eps_high) & (adv > 0)
+
+
+def entropy_bonus(entropy: torch.Tensor, entropy_coeff: float) -> torch.Tensor:
+    """Per-token entropy bonus ``−c·H_t`` (verl's ``entropy_coeff``; A3C's entropy regularisation,
+    Mnih et al. 2016): added to ``ℓ`` before ``loss_type``'s aggregation, so it is normalised like the
+    policy term and a higher entropy lowers the loss. Args: entropy ``[R, C]`` with gradient. Returns ``[R, C]``."""
+    return -entropy_coeff * entropy
+
+
+def reduce_loss(
+    per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, totals: BatchTotals
+) -> torch.Tensor:
+    """A micro-batch's share of the agent's scalar loss under ``loss_type`` (module docstring).
+
+    Args: per_token ``[R, C]`` this micro-batch's per-token losses; mask ``[R, C]`` (without
+    truncated rows where masked); loss_type: one of :data:`LOSS_TYPE`; totals: the whole batch's.
+    Returns: a scalar; summed over the micro-batches it gives the batch loss.
+    Raises: ValueError for an unknown ``loss_type``.
+    """
+    m = mask.to(per_token.dtype)
+    masked = per_token * m
+    if loss_type == "grpo":
+        return (masked.sum(-1) / m.sum(-1).clamp(min=1.0)).sum() / max(totals.num_rows, 1)
+    if loss_type == "dr_grpo":
+        return masked.sum() / (max(totals.num_rows, 1) * totals.max_completion_length)
+    if loss_type == "dapo":
+        return masked.sum() / max(totals.num_tokens, 1)
+    if loss_type == "bnpo":
+        return masked.sum() / m.sum().clamp(min=1.0) / totals.num_micro_batches
+    if loss_type == "sequence_sum":
+        return masked.sum() / max(totals.num_rows, 1)
+    raise ValueError(f"loss_type: got {loss_type!r}, allowed: {list(LOSS_TYPE.names)}")
+
+
+def mask_truncated(completion_mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """``mask_truncated_completions``: zero the rows of completions that ended without EOS.
+
+    Args: completion_mask ``[R, C]``; truncated ``[R]`` bool. Returns ``[R, C]``.
+    """
+    return completion_mask * (~truncated.bool()).to(completion_mask.dtype)[:, None]
+
+
+# ---------------------------------------------------------------- one micro-batch's loss
+@dataclass(frozen=True)
+class LossTerms:
+    """One micro-batch's share of an agent's loss (:func:`agent_loss`).
+
+    Attributes:
+        loss: the scalar to backpropagate.
+        kl: its k3 KL term alone, ``dapo``-reduced (0.0 without a reference).
+        clipped_tokens: tokens whose ratio was clipped (TRL's ``clip_ratio/region_mean`` numerator).
+        low_clipped_tokens, high_clipped_tokens: of those, clipped below / above (``clip_ratio/low_*``,
+            ``clip_ratio/high_*``).
+        entropy_sum: the policy entropy summed over the counted tokens (nats; 0.0 when not given).
+    """
+
+    loss: torch.Tensor
+    kl: float
+    clipped_tokens: int
+    low_clipped_tokens: int = 0
+    high_clipped_tokens: int = 0
+    entropy_sum: float = 0.0
+
+
+def agent_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    ref_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    totals: BatchTotals,
+    entropy: torch.Tensor | None = None,
+) -> LossTerms:
+    """One agent's loss on one micro-batch, from completion log-probs to the scalar backpropagated.
+
+    Args:
+        logps: ``[R, C]`` completion log-probs with gradient.
+        old_logps: ``[R, C]`` log-probs before the update (None on-policy: the ratio is 1 in value).
+        ref_logps: ``[R, C]`` reference-model log-probs (None: no KL term; ``kl_mode="loss"`` only).
+        advantages: ``[R]``; mask: ``[R, C]`` the tokens the loss counts.
+        cfg: the loss knobs; totals: the whole agent batch's normalisers.
+        entropy: ``[R, C]`` policy entropy (with gradient when ``cfg.entropy_coeff != 0``); None: not logged.
+
+    Returns:
+        :class:`LossTerms`; the scalars of all micro-batches sum to the full-batch loss.
+
+    Raises:
+        ValueError: ``cfg.entropy_coeff != 0`` without ``entropy``.
+    """
+    # ratio ρ (per token, or GSPO's sequence ratio), clipped to (1 − ε, 1 + ε_high), capped at δ:
+    # ℓ = −min(min(ρ, δ)·A, clip(ρ)·A)  (PPO / DAPO clip-higher / INTELLECT-2; TRL's surrogate)
+    per_token, low, high = clipped_surrogate(
+        logps,
+        old_logps,
+        advantages.to(logps.device),
+        mask,
+        epsilon=cfg.epsilon,
+        epsilon_high=cfg.clip_high,
+        delta=cfg.delta,
+        importance_sampling_level=cfg.importance_sampling_level,
+    )
+    kl = 0.0
+    if ref_logps is not None:  # + β·k3 per token (GRPO's KL to the reference, Schulman's k3)
+        k3 = k3_kl(logps, ref_logps)
+        per_token = per_token + cfg.beta * k3
+        kl = float(reduce_loss(k3.detach(), mask, "dapo", totals))
+    if cfg.entropy_coeff != 0:  # − c·H per token (skipped at 0, so the default loss is unchanged bit for bit)
+        if entropy is None:
+            raise ValueError(f"entropy_coeff: got {cfg.entropy_coeff!r}, but agent_loss was given no entropy")
+        per_token = per_token + entropy_bonus(entropy, cfg.entropy_coeff)
+    # aggregation: loss_type's normaliser over the whole agent batch (grpo, dr_grpo, dapo, bnpo, sequence_sum)
+    loss = reduce_loss(per_token, mask, cfg.loss_type, totals)
+    m = mask.bool()
+    h = 0.0 if entropy is None else float((entropy.detach() * m).sum())
+    return LossTerms(loss, kl, int(((low | high) & m).sum()), int((low & m).sum()), int((high & m).sum()), h)
+
+
+def micro_batch_loss(
+    model: nn.Module,
+    gen: Generation,
+    old_logps: torch.Tensor | None,
+    ref_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    totals: BatchTotals,
+    temperature: float,
+) -> LossTerms:
+    """The forward of one micro-batch (``gen``'s ``R`` rows; log-probs and TRL's ``entropy`` metric
+    from the same logits, :func:`logprobs_and_entropy`) and its :func:`agent_loss`; the entropy has a
+    gradient only when ``cfg.entropy_coeff != 0``.
+
+    Args: as :func:`agent_loss`; ``gen`` the rows' prompts and completions; ``temperature`` the
+    agent's sampling temperature (> 0). Returns :class:`LossTerms`.
+    """
+    args = (gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask, temperature)
+    logits = _completion_logits(model, *args)
+    index, completion_mask = gen.completion_ids.to(logits.device), gen.completion_mask.to(logits.device)
+    logps, entropy = logprobs_and_entropy(logits, index, entropy_grad=cfg.entropy_coeff != 0)
+    logps, entropy = logps * completion_mask, entropy * completion_mask
+    return agent_loss(logps, old_logps, ref_logps, advantages, mask, cfg, totals, entropy)
