@@ -34,7 +34,6 @@ from functools import partial
 from typing import Any, ClassVar
 
 import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from comlrl_lightning.algorithms.base import CoMLRLModule
@@ -48,7 +47,7 @@ from comlrl_lightning.core.td import (
 )
 from comlrl_lightning.core.update import agent_backward, prepare_agent_batch
 from comlrl_lightning.core.value_head import ValueHead, hidden_size_of
-from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.team.agents import AgentSpec, normalize_agents
 from comlrl_lightning.team.critics import (
     ActorCriticRolloutConfig,
@@ -82,7 +81,9 @@ class ActorCritic(CoMLRLModule):
         critic: the critic knobs (:class:`CriticConfig`: ``critic_type``, ``value_loss_coef``, ...).
         rollout: :class:`ActorCriticRolloutConfig` (``num_generations`` >= 1, ``num_turns``, ``discount``).
         loss: the policy update (:class:`LossConfig`; ``max_grad_norm`` clips each agent).
-        sampling, placement, optimizer, scheduler, learning_rate, val_sampling, env: see :class:`CoMLRLModule`.
+        sampling, placement: see :class:`CoMLRLModule`.
+        **kwargs: :class:`CoMLRLModule`'s ``optimizer``, ``scheduler``, ``learning_rate``,
+            ``val_sampling``, ``env``.
 
     Raises:
         ValueError: a bad config value, naming the field, before any model is loaded.
@@ -100,11 +101,7 @@ class ActorCritic(CoMLRLModule):
         loss: LossConfig = _DEFAULTS["loss"],
         sampling: SamplingConfig = _DEFAULTS["sampling"],
         placement: PlacementConfig = _DEFAULTS["placement"],
-        optimizer: OptimizerCallable | None = None,
-        scheduler: LRSchedulerCallable | None = None,
-        learning_rate: float = 5e-6,
-        val_sampling: bool = False,
-        env: DecPOMDP | None = None,
+        **kwargs: Any,
     ) -> None:
         given = dict(rollout=rollout, critic=critic, loss=loss, sampling=sampling, placement=placement)
         groups = {
@@ -116,10 +113,7 @@ class ActorCritic(CoMLRLModule):
             raise ValueError(f"kl_mode: got 'reward' with beta={beta}, but {why}")
         specs = normalize_agents(agents, num_agents)
         self.critic_specs = normalize_critics(critics, specs, self.centralised, type(self).__name__)
-        knobs = dict(
-            optimizer=optimizer, scheduler=scheduler, learning_rate=learning_rate, val_sampling=val_sampling
-        )
-        super().__init__(specs, groups, **knobs, env=env)
+        super().__init__(specs, groups, **kwargs)
         self.critic_config: CriticConfig = groups["critic"]
         self.loss: LossConfig = groups["loss"]
         self.save_config(groups, ignore=["critics"])

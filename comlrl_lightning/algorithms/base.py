@@ -68,11 +68,11 @@ class CoMLRLModule(CheckpointHooks, AgentOptimization):
         specs: list[AgentSpec],
         groups: dict[str, Any],
         *,
-        optimizer: OptimizerCallable | None,
-        scheduler: LRSchedulerCallable | None,
-        learning_rate: float,
-        val_sampling: bool,
-        env: DecPOMDP | None,
+        optimizer: OptimizerCallable | None = None,
+        scheduler: LRSchedulerCallable | None = None,
+        learning_rate: float = 5e-6,
+        val_sampling: bool = False,
+        env: DecPOMDP | None = None,
     ) -> None:
         super().__init__()
         self.automatic_optimization = False
@@ -134,6 +134,8 @@ class CoMLRLModule(CheckpointHooks, AgentOptimization):
         accepted back by ``__init__``, so ``load_from_checkpoint`` rebuilds the same module)."""
         self.save_hyperparameters(ignore=["agents", "env", "optimizer", "scheduler", *ignore])
         self.hparams["agents"] = [asdict(s) for s in self.specs]
+        # forwarded through **kwargs, a default is not among the init args Lightning collects
+        self.hparams.update(learning_rate=self.learning_rate, val_sampling=self.val_sampling)
         for name, cfg in groups.items():
             self.hparams[name] = asdict(cfg)
         # what loggers write (hparams.yaml) sees them too

@@ -30,20 +30,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.algorithms.magrpo import MAGRPO
 from comlrl_lightning.core import metrics as M
-from comlrl_lightning.core.config import (
-    DEFAULTS,
-    AdvantageConfig,
-    LossConfig,
-    PlacementConfig,
-    RolloutConfig,
-    SamplingConfig,
-)
 from comlrl_lightning.core.records import StepOutput
-from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.centralized import (
     CentralizedAdapter,
@@ -63,9 +54,10 @@ class CentralizedMAGRPO(MAGRPO):
             (:class:`~comlrl_lightning.team.centralized.CentralizedAdapter`; CoMLRL's adapters fit);
             default :class:`~comlrl_lightning.team.centralized.TaggedAdapter`. Not saved in the
             hyperparameters: pass a custom one again to ``load_from_checkpoint``.
-        rollout: :class:`RolloutConfig` (``num_turns`` 1, ``joint_mode`` ``aligned``, ``credit`` ``shared``).
-        advantage, loss, sampling, placement, optimizer, scheduler, learning_rate, val_sampling, env:
-            as for :class:`MAGRPO` (``placement`` places the one model).
+        **kwargs: :class:`MAGRPO`'s other arguments (``rollout``: ``num_turns`` 1, ``joint_mode``
+            ``aligned``, ``credit`` ``shared``; ``placement`` places the one model; ``advantage``,
+            ``loss``, ``sampling`` and :class:`CoMLRLModule`'s ``optimizer``, ``scheduler``,
+            ``learning_rate``, ``val_sampling``, ``env``).
 
     Raises:
         ValueError: before any model loads: more than one agent, ``num_roles < 1``, ``num_turns > 1``,
@@ -85,16 +77,7 @@ class CentralizedMAGRPO(MAGRPO):
         agents: list[AgentSpec] | AgentSpec | list[str] | str,
         num_roles: int = 2,
         adapter: CentralizedAdapter | None = None,
-        rollout: RolloutConfig = DEFAULTS["rollout"],
-        advantage: AdvantageConfig = DEFAULTS["advantage"],
-        loss: LossConfig = DEFAULTS["loss"],
-        sampling: SamplingConfig = DEFAULTS["sampling"],
-        placement: PlacementConfig = DEFAULTS["placement"],
-        optimizer: OptimizerCallable | None = None,
-        scheduler: LRSchedulerCallable | None = None,
-        learning_rate: float = 5e-6,
-        val_sampling: bool = False,
-        env: DecPOMDP | None = None,
+        **kwargs: Any,
     ) -> None:
         if isinstance(agents, (list, tuple)) and len(agents) != 1:
             raise ValueError(
@@ -103,20 +86,7 @@ class CentralizedMAGRPO(MAGRPO):
             )
         adapter = joint_actor_adapter(num_roles, adapter)
         one = agents[0] if isinstance(agents, (list, tuple)) else agents
-        super().__init__(
-            [one],
-            1,
-            rollout=rollout,
-            advantage=advantage,
-            loss=loss,
-            sampling=sampling,
-            placement=placement,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            learning_rate=learning_rate,
-            val_sampling=val_sampling,
-            env=env,
-        )
+        super().__init__([one], 1, **kwargs)
         cfg = self.rollout_config  # checked here, where a dict (a checkpoint's hparams) is a config
         if cfg.num_turns != 1:
             raise ValueError(

@@ -28,7 +28,6 @@ from functools import partial
 from typing import Any
 
 import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from comlrl_lightning.algorithms.base import CoMLRLModule
@@ -40,7 +39,7 @@ from comlrl_lightning.core.pair_batch import PairTokens, agent_pair_logps, pair_
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.preference import PreferenceConfig, build_preference_pairs
 from comlrl_lightning.core.records import AgentStats, StepOutput
-from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.team.agents import AgentSpec, normalize_agents
 from comlrl_lightning.team.centralized import CentralizedAdapter, JointActor, joint_actor_adapter
 
@@ -82,7 +81,9 @@ class MADPO(CoMLRLModule):
         adapter: ``centralized``: builds the joint prompt and parses role texts
             (:class:`~comlrl_lightning.team.centralized.CentralizedAdapter`; default ``TaggedAdapter``,
             CoMLRL's). Not saved in the hyperparameters: pass a custom one to ``load_from_checkpoint``.
-        sampling, placement, optimizer, scheduler, learning_rate, val_sampling, env: see :class:`CoMLRLModule`.
+        sampling, placement: see :class:`CoMLRLModule`.
+        **kwargs: :class:`CoMLRLModule`'s ``optimizer``, ``scheduler``, ``learning_rate``,
+            ``val_sampling``, ``env``.
 
     Raises:
         ValueError: a bad config value, naming the field, before any model is loaded.
@@ -100,11 +101,7 @@ class MADPO(CoMLRLModule):
         collaboration_mode: COLLABORATION_MODE.literal = "decentralized",  # type: ignore[valid-type]
         num_roles: int = 2,
         adapter: CentralizedAdapter | None = None,
-        optimizer: OptimizerCallable | None = None,
-        scheduler: LRSchedulerCallable | None = None,
-        learning_rate: float = 5e-6,
-        val_sampling: bool = False,
-        env: DecPOMDP | None = None,
+        **kwargs: Any,
     ) -> None:
         given = dict(preference=preference, dpo=dpo, rollout=rollout, sampling=sampling, placement=placement)
         groups = {
@@ -117,10 +114,7 @@ class MADPO(CoMLRLModule):
             adapter = _check_joint_actor(agents, num_agents, num_roles, adapter)
             agents, num_agents = agents[0] if isinstance(agents, (list, tuple)) else agents, 1
         specs = normalize_agents(agents, num_agents)
-        knobs = dict(
-            optimizer=optimizer, scheduler=scheduler, learning_rate=learning_rate, val_sampling=val_sampling
-        )
-        super().__init__(specs, groups, **knobs, env=env)
+        super().__init__(specs, groups, **kwargs)
         self.preference: PreferenceConfig = groups["preference"]
         self.dpo: DPOConfig = groups["dpo"]
         self.collaboration_mode = collaboration_mode

@@ -38,7 +38,6 @@ import time
 from typing import Any
 
 import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.algorithms.madpo import COLLABORATION_MODE, MADPO
 from comlrl_lightning.algorithms.round_loop import (
@@ -61,7 +60,7 @@ from comlrl_lightning.core.pair_batch import PairTokens, pair_step_output
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.records import StepOutput
 from comlrl_lightning.core.replay import ReplayConfig
-from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.team.agents import AgentSpec
 
 __all__ = ["IterativePreferenceConfig", "MADPOIter", "text_pair_tokens"]
@@ -95,7 +94,8 @@ class MADPOIter(RoundLoop, MADPO):
             ``preference_replay_dir``, default ``<default_root_dir>/preference_replay``).
         seed: seeds the comparator's sampling stream, the replay draws and ``pair_selection="random"``
             (int, default 0; the current policy samples from the global RNG, ``seed_everything``).
-        other arguments: see :class:`MADPO`.
+        **kwargs: :class:`CoMLRLModule`'s ``optimizer``, ``scheduler``, ``learning_rate``,
+            ``val_sampling``, ``env``; other arguments: see :class:`MADPO`.
 
     Raises:
         ValueError: a bad value of any group (naming the field, the value and what is allowed), a
@@ -116,12 +116,8 @@ class MADPOIter(RoundLoop, MADPO):
         sampling: SamplingConfig = DEFAULTS["sampling"],
         placement: PlacementConfig = DEFAULTS["placement"],
         collaboration_mode: COLLABORATION_MODE.literal = "decentralized",  # type: ignore[valid-type]
-        optimizer: OptimizerCallable | None = None,
-        scheduler: LRSchedulerCallable | None = None,
-        learning_rate: float = 5e-6,
-        val_sampling: bool = False,
         seed: int = 0,
-        env: DecPOMDP | None = None,
+        **kwargs: Any,
     ) -> None:
         groups = round_groups(rounds, comparator, replay, seed)
         dpo_mode = dpo.get("preference_mode", "one_shot") if isinstance(dpo, dict) else dpo.preference_mode
@@ -149,11 +145,10 @@ class MADPOIter(RoundLoop, MADPO):
             rollout=rollout,
             sampling=sampling,
             placement=placement,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            learning_rate=learning_rate,
-            val_sampling=val_sampling,
-            env=env,
+            collaboration_mode=collaboration_mode,
+            num_roles=2,  # MADPO's centralized-only arguments: MADPOIter is decentralized (checked above)
+            adapter=None,
+            **kwargs,
         )
         self.init_round_loop(groups, seed)  # the comparator loads nothing; checks the key's variable
 

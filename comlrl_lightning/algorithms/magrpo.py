@@ -31,12 +31,12 @@ batches. Loggers' x-axis counts batches. :meth:`LossConfig.max_steps_for` conver
 
 from __future__ import annotations
 
+import inspect
 import time
 from functools import partial
 from typing import Any, ClassVar
 
 import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.core import metrics as M
@@ -52,8 +52,11 @@ from comlrl_lightning.core.deprecations import group_flat_kwargs
 from comlrl_lightning.core.records import AgentStats, StepOutput, Turn
 from comlrl_lightning.core.rollout import RolloutPlan, compute_advantages
 from comlrl_lightning.core.update import AgentBatch, agent_backward, prepare_agent_batch, sequence_kls
-from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.team.agents import AgentSpec, normalize_agents
+
+_BASE_ARGUMENTS = frozenset(inspect.signature(CoMLRLModule.__init__).parameters) - {"self", "specs", "groups"}
+"""The keyword arguments MAGRPO forwards to :class:`CoMLRLModule` (the rest of ``**kwargs`` is flat config)."""
 
 
 class MAGRPO(CoMLRLModule):
@@ -67,9 +70,10 @@ class MAGRPO(CoMLRLModule):
         loss: the per-agent update (:class:`LossConfig`: ``loss_type``, ``num_iterations``, ``beta``, ...).
         sampling: sampling (:class:`SamplingConfig`; ``AgentSpec.generation`` overrides per agent).
         placement: devices (:class:`PlacementConfig`: ``parallel_training``, ``agent_devices``).
-        optimizer, scheduler, learning_rate, val_sampling, env: see :class:`CoMLRLModule`.
-        **flat: the pre-grouping spelling (``num_generations=2``, ``scale_advantages=...``): routed to
-            its group with a DeprecationWarning (see :func:`group_flat_kwargs`).
+        **kwargs: :class:`CoMLRLModule`'s (``optimizer``, ``scheduler``, ``learning_rate``,
+            ``val_sampling``, ``env``); any other key is the pre-grouping spelling
+            (``num_generations=2``, ``scale_advantages=...``), routed to its group with a
+            DeprecationWarning (see :func:`group_flat_kwargs`).
 
     Concurrency: when the agents live on two or more devices and one of them is a GPU, rollout
     generation and the per-agent forward/backward run in one thread per device (:meth:`Team.map`);
@@ -93,27 +97,19 @@ class MAGRPO(CoMLRLModule):
         loss: LossConfig = DEFAULTS["loss"],
         sampling: SamplingConfig = DEFAULTS["sampling"],
         placement: PlacementConfig = DEFAULTS["placement"],
-        optimizer: OptimizerCallable | None = None,
-        scheduler: LRSchedulerCallable | None = None,
-        learning_rate: float = 5e-6,
-        val_sampling: bool = False,
-        env: DecPOMDP | None = None,
-        **flat: Any,
+        **kwargs: Any,
     ) -> None:
+        flat = {k: kwargs.pop(k) for k in list(kwargs) if k not in _BASE_ARGUMENTS}
         groups = group_flat_kwargs(
             flat,
             dict(rollout=rollout, advantage=advantage, loss=loss, sampling=sampling, placement=placement),
         )
         alias = None if self.alias_advantage_mode is None else type(self).__name__
         groups["advantage"] = groups["advantage"].with_mode(self.alias_advantage_mode or "mean", alias)
-        specs = normalize_agents(agents, num_agents)
-        knobs = dict(
-            optimizer=optimizer, scheduler=scheduler, learning_rate=learning_rate, val_sampling=val_sampling
-        )
-        super().__init__(specs, groups, **knobs, env=env)
+        super().__init__(normalize_agents(agents, num_agents), groups, **kwargs)
         self.advantage: AdvantageConfig = groups["advantage"]
         self.loss: LossConfig = groups["loss"]
-        self.save_config(groups, ignore=list(flat))
+        self.save_config(groups, ignore=[])
 
     @property
     def uses_reference_model(self) -> bool:
