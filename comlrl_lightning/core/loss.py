@@ -1,11 +1,10 @@
 """The policy loss in one module: from an agent's completions to the scalar it backpropagates.
 
-:func:`micro_batch_loss` runs the forward (log-probs and entropy at ``logits / temperature``) and
-:func:`agent_loss` turns them into :class:`LossTerms`, reading every knob from
-:class:`~comlrl_lightning.core.loss_config.LossConfig`; what needs a gradient is decided here too
-(the entropy only with ``entropy_coeff != 0``). A loss knob is one ``LossConfig`` field plus one
-function here called from :func:`agent_loss` (:func:`entropy_bonus` for ``entropy_coeff`` is the
-example). Names and meanings follow TRL's ``GRPOConfig`` (``loss_type``, ``importance_sampling_level``,
+Every :class:`~comlrl_lightning.core.loss_config.LossConfig` knob is read here, and what needs a
+gradient is decided here: :func:`loss_inputs` (no-grad old / reference log-probs, the mask),
+:func:`micro_batch_loss` (the forward; the entropy keeps its graph only with ``entropy_coeff != 0``)
+and :func:`agent_loss` (:class:`LossTerms`). A loss knob is one ``LossConfig`` field plus one
+function here called from :func:`agent_loss` (:func:`entropy_bonus` for ``entropy_coeff``). Names and meanings follow TRL's ``GRPOConfig`` (``loss_type``, ``importance_sampling_level``,
 ``epsilon_high``, ``delta``, ``mask_truncated_completions``, the ``entropy`` metric) and verl's
 ``entropy_coeff``. Shapes: ``R`` rows (samples of one agent), ``P`` prompt tokens (left-padded),
 ``C`` completion tokens (right-padded), ``V`` vocabulary.
@@ -83,7 +82,6 @@ per-sample cost in the advantage (no direct gradient)."""
 @dataclass(frozen=True)
 class BatchTotals:
     """Totals over one agent's whole update batch, so each micro-batch's loss is its exact share.
-
     Attributes:
         num_rows: samples in the agent's batch.
         num_tokens: unmasked completion tokens in the agent's batch.
@@ -230,17 +228,11 @@ def clipped_surrogate(
     ``old_logps=None`` (on-policy) ``ρ = exp(logπ − sg(logπ)) = 1`` in value and the gradient is
     REINFORCE's ``−A·∇logπ`` (GSPO: ``−A·∇ mean_t logπ``).
 
-    Args:
-        logps: ``[R, C]`` with gradient; old_logps: ``[R, C]`` or None; advantages: ``[R]``;
-        mask: ``[R, C]`` (used by the sequence-level ratio).
-        epsilon, epsilon_high: lower/upper clip (``epsilon_high=None``: ``epsilon``).
-        delta: upper cap of the unclipped ratio (None: off; must be > 1 + ε_high to matter).
-        importance_sampling_level: one of :data:`IMPORTANCE_SAMPLING_LEVEL`.
-
-    Returns:
-        ``(loss [R, C], low_clipped [R, C] bool, high_clipped [R, C] bool)``: TRL's
-        ``clip_ratio/low_*`` (``ρ < 1−ε`` and ``A < 0``) and ``clip_ratio/high_*`` (``ρ > 1+ε_high``
-        and ``A > 0``), unmasked.
+    Args: logps ``[R, C]`` with gradient; old_logps ``[R, C]`` or None; advantages ``[R]``; mask
+    ``[R, C]`` (for the sequence ratio); epsilon, epsilon_high: lower/upper clip (None: ``epsilon``);
+    delta: cap of the unclipped ratio (None: off); importance_sampling_level: :data:`IMPORTANCE_SAMPLING_LEVEL`.
+    Returns: ``(loss [R, C], low_clipped [R, C], high_clipped [R, C])``, the flags unmasked: TRL's
+    ``clip_ratio/low_*`` (``ρ < 1−ε``, ``A < 0``) and ``clip_ratio/high_*`` (``ρ > 1+ε_high``, ``A > 0``).
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
     old = logps.detach() if old_logps is None else old_logps
@@ -286,17 +278,35 @@ def reduce_loss(
 
 def mask_truncated(completion_mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """``mask_truncated_completions``: zero the rows of completions that ended without EOS.
-
-    Args: completion_mask ``[R, C]``; truncated ``[R]`` bool. Returns ``[R, C]``.
-    """
+    Args: completion_mask ``[R, C]``; truncated ``[R]`` bool. Returns ``[R, C]``."""
     return completion_mask * (~truncated.bool()).to(completion_mask.dtype)[:, None]
+
+
+@torch.no_grad()
+def loss_inputs(
+    model: nn.Module, reference: nn.Module | None, gen: Generation, cfg: LossConfig, temperature: float
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """What one micro-batch's loss compares against, decided from ``cfg``, without gradients:
+    ``(old, ref, mask)``, ``old [R, C]`` the policy's log-probs before the update (``num_iterations > 1``
+    only: on-policy the ratio is 1), ``ref [R, C]`` the reference model's (a ``reference``, ``beta > 0``,
+    ``kl_mode="loss"`` only), each else None; ``mask [R, C]`` the tokens the loss counts."""
+    args = (gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask, temperature)
+    old = completion_logprobs(model, *args) if cfg.num_iterations > 1 else None
+    ref = None
+    if reference is not None and cfg.beta > 0 and cfg.kl_mode == "loss":
+        ref = completion_logprobs(reference, *args).to(next(model.parameters()).device)
+    mask = (
+        mask_truncated(gen.completion_mask, gen.clipped)
+        if cfg.mask_truncated_completions
+        else gen.completion_mask
+    )
+    return old, ref, mask
 
 
 # ---------------------------------------------------------------- one micro-batch's loss
 @dataclass(frozen=True)
 class LossTerms:
     """One micro-batch's share of an agent's loss (:func:`agent_loss`).
-
     Attributes:
         loss: the scalar to backpropagate.
         kl: its k3 KL term alone, ``dapo``-reduced (0.0 without a reference).
@@ -327,18 +337,14 @@ def agent_loss(
     """One agent's loss on one micro-batch, from completion log-probs to the scalar backpropagated.
 
     Args:
-        logps: ``[R, C]`` completion log-probs with gradient.
-        old_logps: ``[R, C]`` log-probs before the update (None on-policy: the ratio is 1 in value).
-        ref_logps: ``[R, C]`` reference-model log-probs (None: no KL term; ``kl_mode="loss"`` only).
+        logps: ``[R, C]`` with gradient; old_logps: ``[R, C]`` before the update (None on-policy: the
+            ratio is 1 in value); ref_logps: ``[R, C]`` reference model's (None: no KL term).
         advantages: ``[R]``; mask: ``[R, C]`` the tokens the loss counts.
         cfg: the loss knobs; totals: the whole agent batch's normalisers.
-        entropy: ``[R, C]`` policy entropy (with gradient when ``cfg.entropy_coeff != 0``); None: not logged.
+        entropy: ``[R, C]`` (with gradient when ``cfg.entropy_coeff != 0``); None: not logged.
 
-    Returns:
-        :class:`LossTerms`; the scalars of all micro-batches sum to the full-batch loss.
-
-    Raises:
-        ValueError: ``cfg.entropy_coeff != 0`` without ``entropy``.
+    Returns: :class:`LossTerms`; the scalars of all micro-batches sum to the full-batch loss.
+    Raises: ValueError: ``cfg.entropy_coeff != 0`` without ``entropy``.
     """
     # ratio ρ (per token, or GSPO's sequence ratio), clipped to (1 − ε, 1 + ε_high), capped at δ:
     # ℓ = −min(min(ρ, δ)·A, clip(ρ)·A)  (PPO / DAPO clip-higher / INTELLECT-2; TRL's surrogate)
@@ -383,8 +389,7 @@ def micro_batch_loss(
     from the same logits, :func:`logprobs_and_entropy`) and its :func:`agent_loss`; the entropy has a
     gradient only when ``cfg.entropy_coeff != 0``.
 
-    Args: as :func:`agent_loss`; ``gen`` the rows' prompts and completions; ``temperature`` the
-    agent's sampling temperature (> 0). Returns :class:`LossTerms`.
+    Args: as :func:`agent_loss`; ``gen`` the rows; ``temperature`` the agent's sampling temperature.
     """
     args = (gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask, temperature)
     logits = _completion_logits(model, *args)

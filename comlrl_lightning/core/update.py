@@ -21,7 +21,7 @@ from comlrl_lightning.core.generation import Generation
 from comlrl_lightning.core.loss import (
     BatchTotals,
     completion_logprobs,
-    mask_truncated,
+    loss_inputs,
     micro_batch_loss,
     sequence_kl,
 )
@@ -64,9 +64,10 @@ def prepare_agent_batch(
     sampling: SamplingConfig,
     cfg: LossConfig,
 ) -> AgentBatch:
-    """Agent ``agent``'s micro-batches (``cfg.micro_batch_size`` rows each, per turn) and their no-grad
-    old / reference log-probs, at the agent's ``sampling.temperature`` (``sampling.max_new_tokens`` is
-    ``dr_grpo``'s constant)."""
+    """Agent ``agent``'s micro-batches (``cfg.micro_batch_size`` rows each, per turn) and what each one's
+    loss compares against (:func:`~comlrl_lightning.core.loss.loss_inputs`: no-grad old / reference
+    log-probs and the loss mask), at the agent's ``sampling.temperature`` (``sampling.max_new_tokens``
+    is ``dr_grpo``'s constant)."""
     temperature = sampling.temperature
     chunks = []
     for t in turns:
@@ -74,19 +75,9 @@ def prepare_agent_batch(
         rows = torch.arange(len(gen.texts))
         for idx in rows.split(cfg.micro_batch_size or len(rows)):
             chunks.append((gen.rows(idx), adv[idx]))
-    old: list[torch.Tensor | None] = [None] * len(chunks)
-    ref: list[torch.Tensor | None] = [None] * len(chunks)
-    with torch.no_grad():
-        for c, (g, _) in enumerate(chunks):
-            args = (g.prompt_ids, g.prompt_mask, g.completion_ids, g.completion_mask, temperature)
-            if cfg.num_iterations > 1:
-                old[c] = completion_logprobs(model, *args)
-            if reference is not None and cfg.kl_mode == "loss":
-                ref[c] = completion_logprobs(reference, *args).to(_device(model))
-    masks = [
-        mask_truncated(g.completion_mask, g.clipped) if cfg.mask_truncated_completions else g.completion_mask
-        for g, _ in chunks
-    ]
+    # what each micro-batch's loss compares against is the loss module's call (old / reference log-probs, mask)
+    inputs = [loss_inputs(model, reference, g, cfg, temperature) for g, _ in chunks]
+    old, ref, masks = [i[0] for i in inputs], [i[1] for i in inputs], [i[2] for i in inputs]
     num_rows, num_tokens = sum(len(g.texts) for g, _ in chunks), int(sum(int(m.sum()) for m in masks))
     totals = BatchTotals(num_rows, num_tokens, len(chunks), sampling.max_new_tokens)
     return AgentBatch(chunks, masks, old, ref, totals, temperature)

@@ -1,5 +1,6 @@
-"""The entropy bonus (``LossConfig.entropy_coeff``, core/loss.py): its gradient is exactly the entropy
-term's, and the default 0 leaves the loss and its gradients bit for bit as the plain policy loss."""
+"""The loss module (core/loss.py) decides from LossConfig what it computes and what has a gradient;
+its worked-example knob, the entropy bonus (``entropy_coeff``), adds exactly the entropy term's
+gradient, and the default 0 leaves the loss and its gradients bit for bit as the plain policy loss."""
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from comlrl_lightning.core.loss import (
     BatchTotals,
     clipped_surrogate,
     completion_logprobs,
+    loss_inputs,
     micro_batch_loss,
     reduce_loss,
 )
@@ -94,3 +96,18 @@ def test_entropy_coeff_zero_is_the_plain_policy_loss_bit_for_bit():
 def test_entropy_coeff_must_be_a_finite_number(bad):
     with pytest.raises(ValueError, match=r"entropy_coeff: got .*must be a finite number"):
         LossConfig(entropy_coeff=bad)
+
+
+def test_loss_inputs_computes_only_what_the_config_needs_and_without_gradients():
+    model, gen, _, _ = _batch()
+    gen.clipped = torch.tensor([False, True, False])
+    reference = build_tiny_gpt2(byte_tokenizer()).eval()
+    assert loss_inputs(model, reference, gen, LossConfig(), TEMPERATURE)[:2] == (None, None)
+    cfg = LossConfig(num_iterations=2, beta=0.1, mask_truncated_completions=True)
+    old, ref, mask = loss_inputs(model, reference, gen, cfg, TEMPERATURE)
+    args = (gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask, TEMPERATURE)
+    assert torch.equal(old, completion_logprobs(model, *args)) and not old.requires_grad
+    assert torch.equal(ref, completion_logprobs(reference, *args)) and not ref.requires_grad
+    assert mask[1].sum() == 0 and torch.equal(mask[[0, 2]], gen.completion_mask[[0, 2]])  # truncated row out
+    kl_as_reward = LossConfig(beta=0.1, kl_mode="reward")  # the KL is a cost in the return: no reference pass
+    assert loss_inputs(model, reference, gen, kl_as_reward, TEMPERATURE)[1] is None
