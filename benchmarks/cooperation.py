@@ -68,6 +68,8 @@ TASK_CONFIG: dict[str, dict[str, Any]] = {"dependence": {"k": 2}}
 """Per-task changes to :data:`CONFIG`, fixed before that task's first recorded run: the dependence task's
 two turns make K + K^2 joint actions per episode (20 at K=4, five times a one-turn task's 4); at K=2 (6)
 a run fits the shared machine. Every condition of a task uses the task's configuration."""
+LORA_ADAPTER = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear", "lora_dropout": 0.0}
+"""The ``lora`` condition's adapters (``configs/coop_coordination_lora.yaml``'s)."""
 SEEDS = (0, 1, 2)
 TRAINED = ("joint", "apart0", "apart1", "shared")
 PAIRED = ("apart", "swap", "cross_play")
@@ -136,6 +138,8 @@ def build(condition: str, task: str, cfg: dict[str, Any]) -> Any:
         "apart0": [agent(), agent(frozen=True)],
         "apart1": [agent(frozen=True), agent()],
         "shared": [agent(), agent(share_weights_with=0)],
+        # two LoRA adapters on one frozen base (benchmarks/lora_learning.py)
+        "lora": [agent(adapter=LORA_ADAPTER), agent(adapter=LORA_ADAPTER, share_weights_with=0)],
     }.get(condition, [agent(), agent()])
     return MAGRPO(
         agents=agents,
@@ -167,7 +171,7 @@ def train(condition: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) ->
     t0, load0 = time.time(), os.getloadavg()
     trainer.validate(module, datamodule=dm, verbose=False)
     trainer.fit(module, datamodule=dm)
-    if condition != "shared":
+    if condition not in ("shared", "lora"):  # no pairing reads them
         os.makedirs(os.path.join(SCRATCH, task), exist_ok=True)
         for i in trained:
             torch.save(module.agents[i].state_dict(), weights_path(task, condition, seed, i))

@@ -14,7 +14,8 @@ success of two SmolLM2 agents before and after MAGRPO/IAC/MAAC, several seeds; `
 ``make learn``; resumes from ``benchmarks/learning_runs.jsonl``), ``sharded`` (``strategy: fsdp2`` on 2 gloo ranks
 against 1 process: per-rank bytes, step time, the two rollout options; ``benchmarks/sharded.py``), ``lora`` (N=2, 4
 SmolLM2 agents as LoRA adapters on one base against full fine-tuning: trained bytes, peak RSS, step time;
-``benchmarks/lora.py``). ``--only X --write`` replaces section X in ``results.json`` and
+``benchmarks/lora.py``), ``lora_learning`` (held-out success of LoRA adapters against the recorded
+full fine-tuning runs of the coordination task; ``benchmarks/lora_learning.py``). ``--only X --write`` replaces section X in ``results.json`` and
 regenerates RESULTS.md from every recorded section. Within a section every system trains on the same batch in turn
 (A B A B ...), from the same initial weights, in this one process; numbers are medians after two
 warm-up steps, ratios come from the same run.
@@ -67,6 +68,7 @@ SECTIONS = (
     "sharded",
     "cooperation",
     "lora",
+    "lora_learning",
 )
 
 
@@ -292,7 +294,8 @@ RUNNERS = {"vs_comlrl": vs_comlrl, "vs_trl": vs_trl, "memory": memory, "scaling"
            "learning": lambda quick, base=None: __import__("learning").section(quick),
            "sharded": lambda quick, base=None: __import__("sharded").section(quick),
            "cooperation": lambda quick, base=None: __import__("cooperation_report").section(quick),
-           "lora": lambda quick, base=None: __import__("lora").section(quick)}  # fmt: skip
+           "lora": lambda quick, base=None: __import__("lora").section(quick),
+           "lora_learning": lambda quick, base=None: __import__("lora_learning").section(quick)}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- report
@@ -474,6 +477,8 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
         extra_sections += f"\n## Cooperation: a team that learns a convention, against agents trained apart\n\n{__import__('cooperation_report').render(res['cooperation'])}\n"
     if "lora" in res:
         extra_sections += f"\n## Per-agent LoRA against full fine-tuning: memory and step time\n\n{__import__('lora').render(res['lora'])}\n"
+    if "lora_learning" in res:
+        extra_sections += f"\n## Per-agent LoRA against full fine-tuning: learning\n\n{__import__('lora_learning').render(res['lora_learning'])}\n"
     comlrl_plot = (
         f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n"
         if "reward_curves" in res.get("vs_comlrl", {})

@@ -244,3 +244,26 @@ def test_the_shipped_lora_yaml_trains_two_smollm2_adapters_on_one_base(tmp_path)
         weights = load_file(str(folder / "adapter_model.safetensors"))
         assert weights and all("lora_" in k for k in weights)
         assert any(v.abs().sum() > 0 for k, v in weights.items() if "lora_B" in k), f"agent {i} did not train"
+
+
+def test_adapters_train_under_the_agent_parallel_strategy_and_share_one_device(trainer_factory):
+    from comlrl_lightning import AgentParallelStrategy
+
+    with pytest.raises(ValueError, match="agent_devices"):  # one base cannot sit on two devices
+        lora(placement={"parallel_training": "mp", "agent_devices": ["cpu", "meta"]})
+    model = lora(placement={"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]})
+    trainer = trainer_factory(max_steps=2, strategy=AgentParallelStrategy())
+    trainer.fit(model, dm(formatters=["A {topic}:", "B {topic}:"]))
+    assert trainer.global_step == 2 and trainer.strategy.plan.agents == [torch.device("cpu")] * 2
+
+
+def test_ddp_asks_for_find_unused_parameters_with_two_adapters_on_one_base():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    model = lora()
+    model._env = SimpleNamespace(num_agents=2)
+    model._trainer = SimpleNamespace(strategy=DDPStrategy())  # its _ddp_kwargs: no find_unused_parameters
+    with pytest.raises(ValueError, match="find_unused_parameters"):
+        model.setup("fit")

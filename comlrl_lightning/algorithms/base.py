@@ -183,8 +183,9 @@ class CoMLRLModule(CheckpointHooks, AgentOptimization):
                 f"parallel_training='mp' runs the team in one process; the trainer's strategy is "
                 f"{type(strategy).__name__}: use strategy='agent_parallel' (or parallel_training='none')"
             )
-        # agents with their own trained parameters (LoRA agents sharing a base each train their adapter)
-        distinct = sum(s.share_weights_with is None or s.adapter is not None for s in self.specs)
+        distinct = sum(
+            kind.owns_parameters for kind in self.team.kinds
+        )  # agents training their own parameters
         if (
             isinstance(strategy, DDPStrategy)
             and distinct > 1

@@ -33,6 +33,10 @@ class AgentKind:
     """Whether ``beta > 0`` needs a frozen copy of the agent as its reference model (the team makes one
     per distinct module, in ``Team.reference_models``)."""
 
+    owns_parameters = True
+    """Whether the agent trains parameters no other agent trains (False: :class:`SharedWeights`); DDP
+    needs ``find_unused_parameters`` when two or more agents do (each backward reaches only its own)."""
+
     def build(self, team: Team, agent: int) -> tuple[nn.Module, Any]:
         """``(model, tokenizer)`` of agent ``agent``; earlier agents are built (``team.agents[:agent]``).
 
@@ -62,6 +66,8 @@ class FullFineTuning(AgentKind):
 
 class SharedWeights(AgentKind):
     """An earlier agent's module and tokenizer (``share_weights_with``), its own optimizer state."""
+
+    owns_parameters = False
 
     def build(self, team: Team, agent: int) -> tuple[nn.Module, Any]:
         owner = team.specs[agent].share_weights_with
