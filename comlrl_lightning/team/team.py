@@ -143,8 +143,8 @@ class Team:
 
     def reference(self, agent: int) -> Any:
         """``agent``'s reference model for the KL (called like a model, ``.parameters()`` on its device):
-        its frozen copy, or for a LoRA agent its own model with the adapter disabled; None when the
-        team was loaded without references (``beta == 0``)."""
+        its frozen copy, or for a LoRA agent its own model with the adapter disabled; None for a kind
+        that needs a copy when the team was loaded without references (``beta == 0``)."""
         k = self.reference_owners.index(agent) if agent in self.reference_owners else None
         if k is None and self.kinds[agent].needs_reference_copy:
             return None
