@@ -1,6 +1,6 @@
 """The choice lists in the docs, generated from the declarations (:class:`~comlrl_lightning.core.choices.Choice`).
 
-    python -m comlrl_lightning.choice_docs   # rewrites the lists in README.md and docs/architecture.md
+    python -m comlrl_lightning.choice_docs   # rewrites the lists in docs/choices.md and docs/architecture.md
 
 Between ``<!-- choices:<field> -->`` and ``<!-- /choices -->`` the docs show the field's values, each
 with its meaning; ``tests/test_choices.py`` fails when a list is stale. This module imports every
@@ -51,7 +51,7 @@ DECLARING = (
 )
 """Every module that declares a :class:`~comlrl_lightning.core.choices.Choice` at module level."""
 
-DOCS = ("README.md", "docs/architecture.md")
+DOCS = ("docs/choices.md", "docs/architecture.md")
 """The files whose choice lists are generated, relative to the repository root."""
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,7 @@ Each choice is declared once, next to the code that implements its values (the b
 ``core/advantages.py``, the loss types in ``core/policy_loss.py``, ...). Everything else derives
 from that declaration: the ``Literal`` type of the config field (``Choice.literal``, which
 LightningCLI turns into the allowed list), validation and its error message (:meth:`Choice.check`),
-the accepted aliases (:meth:`Choice.canonical`), and the lists in the README and
+the accepted aliases (:meth:`Choice.canonical`), and the lists in ``docs/choices.md`` and
 ``docs/architecture.md`` between ``<!-- choices:<field> -->`` markers, which ``python -m
 comlrl_lightning.choice_docs`` writes (``tests/test_choices.py`` fails when they differ).
 
