@@ -45,7 +45,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
 from bench_lib import SMOLLM2  # noqa: E402
-from learning import HeldOut, _quiet_trainer, recorded_runs, run_record  # noqa: E402
+from learning_runs import recorded_runs  # noqa: E402
+from learning_tasks import HeldOut, _quiet_trainer  # noqa: E402
+from learning_train import run_record  # noqa: E402
 
 from comlrl_lightning.tasks.cooperation import TASKS  # noqa: E402
 
@@ -108,7 +110,7 @@ def datamodule(task: str, cfg: dict[str, Any], seed: int) -> Any:
 
 
 class CoopHeldOut(HeldOut):
-    """:class:`learning.HeldOut` judging each path's last joint action, with the examples' problems;
+    """:class:`learning_tasks.HeldOut` judging each path's last joint action, with the examples' problems;
     ``texts``: per agent, its first 6 greedy answers at its last turn (agent 0 of dependence: its message)."""
 
     def __init__(self, task: str, samples_per_batch: int) -> None:

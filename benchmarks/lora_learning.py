@@ -33,7 +33,7 @@ def lora_config() -> dict[str, Any]:
 
 def run(seeds: tuple[int, ...]) -> None:
     import cooperation as C
-    from learning import recorded_runs
+    from learning_runs import recorded_runs
 
     cfg = lora_config()
     done = {r["seed"] for r in recorded_runs(TASK, cfg, RUNS_FILE) if r["algorithm"] == "lora"}
@@ -46,7 +46,8 @@ def section(quick: bool) -> dict[str, Any]:
     """LoRA and full (joint) held-out success after training, gains over the untrained team, and
     LoRA minus full (gains), 95% two-level bootstrap intervals over seeds and problems."""
     import cooperation as C
-    from learning import gain_difference, hierarchical_bootstrap, recorded_runs
+    from learning_runs import recorded_runs
+    from learning_stats import gain_difference, hierarchical_bootstrap
 
     lora = sorted((r for r in recorded_runs(TASK, lora_config(), RUNS_FILE) if r["algorithm"] == "lora"),
                   key=lambda r: r["seed"])  # fmt: skip
@@ -75,7 +76,7 @@ def section(quick: bool) -> dict[str, Any]:
 
 
 def render(res: dict[str, Any]) -> str:
-    from learning import _ci, _pct
+    from learning_report import _ci, _pct
 
     rows, cfg = res["rows"], res["config"]
     if not rows["lora"]["seeds"]:

@@ -202,7 +202,7 @@ def test_actor_critic_cli_fit_logs_critic_metrics(tmp_path, config):
         "critic/value_mean",
         "critic/value_loss",
         "critic/explained_variance",
-        "agent_0/entropy",  # the README says agent_<i>/entropy is logged, for IAC and MAAC too
+        "agent_0/entropy",  # docs/magrpo.md says agent_<i>/entropy is logged, for IAC and MAAC too
         "agent_1/entropy",
     } <= tags
 
