@@ -176,6 +176,10 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
         extra_sections += f"\n## Sharded agents (fsdp2): memory, step time, rollout\n\n{__import__('sharded').render(res['sharded'])}\n"
     if "cooperation" in res:
         extra_sections += f"\n## Cooperation: a team that learns a convention, against agents trained apart\n\n{__import__('cooperation_report').render(res['cooperation'])}\n"
+    if "lora" in res:
+        extra_sections += f"\n## Per-agent LoRA against full fine-tuning: memory and step time\n\n{__import__('lora').render(res['lora'])}\n"
+    if "lora_learning" in res:
+        extra_sections += f"\n## Per-agent LoRA against full fine-tuning: learning\n\n{__import__('lora_learning').render(res['lora_learning'])}\n"
     comlrl_plot = (
         f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n"
         if "reward_curves" in res.get("vs_comlrl", {})

@@ -29,6 +29,8 @@ SECTIONS = (
     "learning",
     "sharded",
     "cooperation",
+    "lora",
+    "lora_learning",
 )
 """Every section ``run.py --only`` knows, in the order RESULTS.md lists them."""
 

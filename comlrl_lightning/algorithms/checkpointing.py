@@ -48,7 +48,7 @@ class CheckpointHooks:
         checkpoint["rng_states_per_rank"] = all_ranks_rng_states(checkpoint["rng_states"])
         checkpoint["skipped_steps"] = self.skip_counts()
         state = checkpoint.get("state_dict", {})
-        frozen = self.team.checkpoint_exclusions()  # e.g. LoRA agents' bases: the checkpoint holds adapters
+        frozen = self.team.checkpoint_exclusions()  # what the agents' kinds leave out (reloaded at resume)
         for key in [
             k for k in state if k.startswith(REWARD_MODELS_PREFIX) or k in frozen
         ]:  # frozen: reloaded from their source

@@ -45,7 +45,7 @@ class AgentOptimization(pl.LightningModule):
     def configure_optimizers(self) -> list[dict[str, Any]]:
         out = []
         for i, spec in enumerate(self.specs):
-            params = self.team.trainable_parameters(i)  # the agent's kind decides (weights or adapter)
+            params = self.team.trainable_parameters(i)  # what the agent trains: its kind decides
             opt = (
                 self.optimizer_factory(params)
                 if self.optimizer_factory is not None
