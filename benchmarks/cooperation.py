@@ -45,7 +45,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
 from bench_lib import SMOLLM2  # noqa: E402
-from learning import HeldOut, _quiet_trainer, recorded_runs, run_record  # noqa: E402
+from learning_runs import recorded_runs  # noqa: E402
+from learning_tasks import HeldOut, _quiet_trainer  # noqa: E402
+from learning_train import run_record  # noqa: E402
 
 from comlrl_lightning.tasks.cooperation import TASKS  # noqa: E402
 
@@ -68,6 +70,8 @@ TASK_CONFIG: dict[str, dict[str, Any]] = {"dependence": {"k": 2}}
 """Per-task changes to :data:`CONFIG`, fixed before that task's first recorded run: the dependence task's
 two turns make K + K^2 joint actions per episode (20 at K=4, five times a one-turn task's 4); at K=2 (6)
 a run fits the shared machine. Every condition of a task uses the task's configuration."""
+LORA_ADAPTER = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear", "lora_dropout": 0.0}
+"""The ``lora`` condition's adapters (``configs/coop_coordination_lora.yaml``'s)."""
 SEEDS = (0, 1, 2)
 TRAINED = ("joint", "apart0", "apart1", "shared")
 PAIRED = ("apart", "swap", "cross_play")
@@ -106,7 +110,7 @@ def datamodule(task: str, cfg: dict[str, Any], seed: int) -> Any:
 
 
 class CoopHeldOut(HeldOut):
-    """:class:`learning.HeldOut` judging each path's last joint action, with the examples' problems;
+    """:class:`learning_tasks.HeldOut` judging each path's last joint action, with the examples' problems;
     ``texts``: per agent, its first 6 greedy answers at its last turn (agent 0 of dependence: its message)."""
 
     def __init__(self, task: str, samples_per_batch: int) -> None:
@@ -136,6 +140,8 @@ def build(condition: str, task: str, cfg: dict[str, Any]) -> Any:
         "apart0": [agent(), agent(frozen=True)],
         "apart1": [agent(frozen=True), agent()],
         "shared": [agent(), agent(share_weights_with=0)],
+        # two LoRA adapters on one frozen base (benchmarks/lora_learning.py)
+        "lora": [agent(adapter=LORA_ADAPTER), agent(adapter=LORA_ADAPTER, share_weights_with=0)],
     }.get(condition, [agent(), agent()])
     return MAGRPO(
         agents=agents,
@@ -167,7 +173,7 @@ def train(condition: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) ->
     t0, load0 = time.time(), os.getloadavg()
     trainer.validate(module, datamodule=dm, verbose=False)
     trainer.fit(module, datamodule=dm)
-    if condition != "shared":
+    if condition not in ("shared", "lora"):  # no pairing reads them
         os.makedirs(os.path.join(SCRATCH, task), exist_ok=True)
         for i in trained:
             torch.save(module.agents[i].state_dict(), weights_path(task, condition, seed, i))

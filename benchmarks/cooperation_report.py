@@ -9,7 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import cooperation as C
-from learning import _ci, _pct, gain_difference, hierarchical_bootstrap, recorded_runs
+from learning_report import _ci, _pct
+from learning_runs import recorded_runs
+from learning_stats import gain_difference, hierarchical_bootstrap
 
 PNG = "cooperation.png"
 ROWS = ("joint", "shared", "apart", "apart0", "apart1", "cross_play", "swap")

@@ -18,8 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
-from bench_lib import Setup, build_ours, fit_ours, unique_param_bytes  # noqa: E402
+from bench_lib import Setup, build_ours, fit_ours, optimizer_state_bytes, unique_param_bytes  # noqa: E402
 
 
 def _rss_mb() -> float:
@@ -33,14 +32,7 @@ def main(spec: dict) -> dict:
     module = build_ours(setup)
     params = unique_param_bytes(module.agents)
     fit_ours(setup, 2, module=module)
-    opt_bytes = 0
-    seen: set[int] = set()
-    for opt in module.trainer.optimizers:
-        for state in opt.state.values():
-            for v in state.values():
-                if torch.is_tensor(v) and v.untyped_storage().data_ptr() not in seen:
-                    seen.add(v.untyped_storage().data_ptr())
-                    opt_bytes += v.untyped_storage().nbytes()
+    opt_bytes = optimizer_state_bytes(module.trainer.optimizers)
     return {
         "base_rss_mb": base,
         "peak_rss_mb": _rss_mb(),

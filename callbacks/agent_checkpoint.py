@@ -22,7 +22,9 @@ class AgentCheckpoint(pl.Callback):
 
     Layout: ``<dirpath>/step_<batches>/agent_<i>/``, where ``batches`` counts training batches (not
     ``global_step``, which grows by N optimizer steps per batch). Each folder loads with
-    ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``. Agents that
+    ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``; a LoRA agent's
+    (``AgentSpec.adapter``) is PEFT's adapter layout (``adapter_config.json``,
+    ``adapter_model.safetensors``): ``PeftModel.from_pretrained(base, folder)``. Agents that
     share weights get one folder each (same weights). A module with ``critics`` (IAC, MAAC) also
     gets ``critic_<c>/``: a separate critic as its model's folder plus ``value_head.pt`` (load with
     ``ValueModel.from_pretrained``), a head on an agent's trunk as ``value_head.pt`` alone.

@@ -13,14 +13,14 @@ from comlrl_lightning import MAGRPO, AgentSpec
 from comlrl_lightning.cli import main
 from comlrl_lightning.datamodules import DecPOMDPDataModule, load_rows
 from comlrl_lightning.envs.toy import TargetLengthReward
-from comlrl_lightning.team import team as team_mod
+from comlrl_lightning.team import kinds as kinds_mod
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def no_model_loads(monkeypatch):
     monkeypatch.setattr(
-        team_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded"))
+        kinds_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded"))
     )
 
 

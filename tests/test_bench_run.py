@@ -61,6 +61,8 @@ def test_one_section_rewritten_alone_keeps_the_recorded_machine_and_names_its_ow
     assert run_module.main(args) == 0
     assert written["machine"] == full  # before: the header said trl "not installed" for the vs_trl row
     assert written["vs_trl"]["ratio"] == 1.0
-    lines = run_module.ran_lines(written, ["vs_trl", "learning"]).splitlines()
+    from bench_lib import ran_lines  # what run_report.write_results heads RESULTS.md with
+
+    lines = ran_lines(written, ["vs_trl", "learning"]).splitlines()
     assert lines[0].endswith("-> (1, 1, 1)")
     assert lines[1].endswith("(its own set-up: torch threads 1, trl not installed)")

@@ -158,14 +158,16 @@ def test_shipped_config_fits_on_the_tiny_model_and_the_frozen_agent_does_not_mov
     assert glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)
 
 
-def test_dependence_with_one_turn_is_refused_at_setup(tmp_path):
+def test_dependence_with_one_turn_is_refused_at_setup(tmp_path, capsys):
     from comlrl_lightning.cli import main
 
     os.chdir(ROOT)
     tiny = '[{"model": "builtin:tiny-gpt2"}, {"model": "builtin:tiny-gpt2"}]'
-    with pytest.raises(ValueError, match=r"model.rollout.num_turns: got 1, the 'dependence' task has 2"):
+    with pytest.raises(SystemExit) as exit_info:  # the CLI prints the config error, no traceback (cli_errors)
         main(["fit", *experiment("coop_dependence.yaml"), f"--model.init_args.agents={tiny}",
               "--model.init_args.rollout.num_turns=1", f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+    assert exit_info.value.code == 1
+    assert "model.rollout.num_turns: got 1, the 'dependence' task has 2" in capsys.readouterr().err
 
 
 def test_paired_gain_interval_is_paired_over_problems():

@@ -96,10 +96,10 @@ def test_the_iterative_trainers_refuse_several_processes_before_any_model_loads(
 
     import comlrl_lightning
     from comlrl_lightning.datamodules import LengthRatioDataModule
-    from comlrl_lightning.team import team as team_mod
+    from comlrl_lightning.team import kinds as kinds_mod
 
     monkeypatch.setattr(
-        team_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded"))
+        kinds_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded"))
     )
     monkeypatch.setattr(pl.Trainer, "world_size", property(lambda self: 2))  # as under DDP, one process
     model = getattr(comlrl_lightning, module)(agents=["builtin:tiny-gpt2"] * 2)

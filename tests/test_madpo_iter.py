@@ -287,26 +287,29 @@ def test_the_learning_harness_row_spends_the_online_rows_sample_budget(monkeypat
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import learning as L
+    import learning_config
+    import learning_runs
+    import learning_tasks
+    import learning_train
 
-    cfg = L.CONFIG
-    module = L.build_module("madpo_iter", L.TASK, cfg)  # built, not loaded
+    cfg = learning_config.CONFIG
+    module = learning_train.build_module("madpo_iter", learning_config.TASK, cfg)  # built, not loaded
     k_cur = module.preference.preference_num_candidates
     k_cmp = module.comparator_config.comparator_num_candidates
-    walk = cfg["batches"] // L.ITERATIVE_ROUNDS
+    walk = cfg["batches"] // learning_config.ITERATIVE_ROUNDS
     iterative = module.rounds.num_rounds * walk * cfg["batch_size"] * (k_cur + k_cmp)
     assert iterative == cfg["batches"] * cfg["batch_size"] * cfg["k"] == 96
     assert module.comparator_config.comparator_policy == "current_copy"
 
-    monkeypatch.setattr(L, "SMOLLM2", "builtin:tiny-gpt2")
+    monkeypatch.setattr(learning_train, "SMOLLM2", "builtin:tiny-gpt2")
     # the random tiny team forms no pair on HumanEval (every candidate ties), which ends a real fit in an
     # error (test_rounds_that_form_no_pair_warn_each_round_and_fail_the_fit); here only the budget counts
     monkeypatch.setattr(MADPOIter, "refuse_if_nothing_trained", lambda self: None)
-    run = L.run_one("madpo_iter", L.TASK, 0, L.QUICK)
+    run = learning_train.run_one("madpo_iter", learning_config.TASK, 0, learning_runs.QUICK)
     samples = [h["samples"] for h in run["history"]]
     # quick: 3 rounds x 1 batch x 2 problems x (2 + 2) joint responses, 2 answers each
-    assert samples[0] == 0 and samples[-1] == 2 * 3 * 1 * L.QUICK["batch_size"] * (2 + 2) == 48
-    assert samples == sorted(samples) and len(run["history"][-1]["solved"]) == L.NUM_HELD_OUT
+    assert samples[0] == 0 and samples[-1] == 2 * 3 * 1 * learning_runs.QUICK["batch_size"] * (2 + 2) == 48
+    assert samples == sorted(samples) and len(run["history"][-1]["solved"]) == learning_tasks.NUM_HELD_OUT
 
 
 @pytest.mark.parametrize(

@@ -217,11 +217,11 @@ def test_torchrun_two_nodes_of_one_process_runs_the_same_fit(tmp_path):
 def test_cli_refuses_a_mid_epoch_checkpoint_of_another_world_size_before_any_model_loads(
     tmp_path, monkeypatch
 ):
-    import comlrl_lightning.team.team as team_mod
+    import comlrl_lightning.team.kinds as kinds_mod
     from comlrl_lightning.cli import main
 
     monkeypatch.setattr(
-        team_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded"))
+        kinds_mod, "load_agent", lambda *a: (_ for _ in ()).throw(AssertionError("a model loaded"))
     )
     ckpt = tmp_path / "epoch=0-step=4.ckpt"
     ckpt.mkdir()

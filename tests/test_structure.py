@@ -1,15 +1,17 @@
 """The house rules the code's shape must keep, read from the source with ``ast`` (``make lint`` runs
-this file): no runtime import circle and no file over 400 lines in ``comlrl_lightning/``,
-``callbacks/`` and ``datamodules/``.
+this file): no import circle and no file over 400 lines in ``comlrl_lightning/``, ``callbacks/``,
+``datamodules/`` and ``benchmarks/``.
 
-A runtime import is a module-level ``import`` / ``from ... import`` (also inside a module-level
-``try`` or ``if``), except under ``if TYPE_CHECKING:``; imports inside functions run late and do not
-count, nor do a package ``__init__``'s re-exports.
+Every import counts: module-level ones, those inside functions, classes, ``try`` / ``if`` / ``with``
+blocks, a package ``__init__``'s re-exports, and ``__import__("x")`` / ``importlib.import_module("x")``
+with a literal name. Only the body of ``if TYPE_CHECKING:`` is left out (it never runs). A module's
+implicit import of its parent packages is not drawn (``import a.b.c`` is an edge to ``a.b.c`` only).
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,8 +19,10 @@ FOLDERS = {
     "comlrl_lightning": "comlrl_lightning",
     "callbacks": "comlrl_lightning.callbacks",
     "datamodules": "comlrl_lightning.datamodules",
+    "benchmarks": "",
 }
-"""Source folder -> the package it is installed as (pyproject's package-dir)."""
+"""Source folder -> the package it is installed as (pyproject's package-dir); ``""``: the scripts in
+``benchmarks/`` import each other as top-level modules (the folder is put on ``sys.path``)."""
 MAX_LINES = 400
 
 
@@ -30,7 +34,7 @@ def sources() -> dict[str, Path]:
             parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            out[".".join([package, *parts])] = path
+            out[".".join(p for p in [package, *parts] if p)] = path
     return out
 
 
@@ -40,36 +44,48 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _runtime_imports(body: list[ast.stmt]):
-    for node in body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                yield from _runtime_imports(node.body)
-            yield from _runtime_imports(node.orelse)
-        elif isinstance(node, ast.Try):
-            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                yield from _runtime_imports(block)
+def _dynamic_import(node: ast.Call) -> str | None:
+    """The module named by ``__import__("x")`` or ``importlib.import_module("x")``, else None."""
+    f = node.func
+    named = (isinstance(f, ast.Name) and f.id in ("__import__", "import_module")) or (
+        isinstance(f, ast.Attribute) and f.attr == "import_module"
+    )
+    if named and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        return node.args[0].value
+    return None
+
+
+def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom | str]:
+    """Every import statement below ``node`` (any depth), and every literal dynamic import's module
+    name, except those under ``if TYPE_CHECKING:``."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child
+        elif isinstance(child, ast.If) and _is_type_checking(child.test):
+            for stmt in child.orelse:
+                yield from _imports(ast.Module(body=[stmt], type_ignores=[]))
+            continue
+        elif isinstance(child, ast.Call) and (name := _dynamic_import(child)):
+            yield name
+        yield from _imports(child)
 
 
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the checked modules it imports at runtime (package ``__init__`` files import nothing here)."""
+    """Module -> the checked modules it imports, anywhere in its file (see the module docstring)."""
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         graph[name] = set()
-        if path.name == "__init__.py":
-            continue
-        package = name.rsplit(".", 1)[0]
-        for node in _runtime_imports(ast.parse(path.read_text()).body):
-            if isinstance(node, ast.Import):
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in _imports(ast.parse(path.read_text())):
+            if isinstance(node, str):
+                targets = [node]
+            elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(
-                        package.split(".")[: len(package.split(".")) - node.level + 1] + [base]
-                    ).strip(".")
+                    kept = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*kept, base]).strip(".")
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
             graph[name] |= {t for t in targets if t in modules and t != name}
     return graph
@@ -127,8 +143,41 @@ def test_the_checker_finds_a_circle_and_ignores_type_checking_imports(tmp_path):
     b.write_text("import comlrl_lightning.a\n")
     c.write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from comlrl_lightning.a import y\n"
-        "def f():\n    from comlrl_lightning.a import z\n"
+        "else:\n    import comlrl_lightning.b\n"
     )
     graph = import_graph({"comlrl_lightning.a": a, "comlrl_lightning.b": b, "comlrl_lightning.c": c})
-    assert graph["comlrl_lightning.c"] == set()
+    assert graph["comlrl_lightning.c"] == {"comlrl_lightning.b"}  # the else branch runs
     assert cycles(graph) == [["comlrl_lightning.a", "comlrl_lightning.b"]]
+
+
+def test_the_checker_counts_imports_inside_functions_classes_and_dynamic_ones(tmp_path):
+    """A circle closed only by a function-local import, a method's, or ``__import__("x")`` is a circle."""
+    files = {
+        "comlrl_lightning.a": "from comlrl_lightning import b\n",
+        "comlrl_lightning.b": "def f():\n    from comlrl_lightning.a import z\n",
+        "comlrl_lightning.c": "import comlrl_lightning.d\n",
+        "comlrl_lightning.d": "class D:\n    def m(self):\n        if True:\n            import comlrl_lightning.c\n",
+        "e": "import f\n",
+        "f": 'def g():\n    return __import__("e").x\n',
+        "g": 'import importlib\nimportlib.import_module("e")\n',
+    }
+    paths = {}
+    for name, text in files.items():
+        paths[name] = tmp_path / f"{name}.py"
+        paths[name].write_text(text)
+    graph = import_graph(paths)
+    assert graph["comlrl_lightning.b"] == {"comlrl_lightning.a"} and graph["g"] == {"e"}
+    assert cycles(graph) == [
+        ["comlrl_lightning.a", "comlrl_lightning.b"],
+        ["comlrl_lightning.c", "comlrl_lightning.d"],
+        ["e", "f"],
+    ]
+
+
+def test_a_package_init_re_export_counts(tmp_path):
+    """``pkg/__init__.py`` importing a module that imports ``pkg`` back is a circle (relative imports too)."""
+    init, mod = tmp_path / "__init__.py", tmp_path / "m.py"
+    init.write_text("from .m import x\n")
+    mod.write_text("from comlrl_lightning.pkg import y\n")
+    graph = import_graph({"comlrl_lightning.pkg": init, "comlrl_lightning.pkg.m": mod})
+    assert cycles(graph) == [["comlrl_lightning.pkg", "comlrl_lightning.pkg.m"]]

@@ -210,8 +210,9 @@ class ActorCritic(CoMLRLModule):
         self.log_step(out, critic_batches, value_losses)
         return out
 
-    def trained_modules(self) -> list[tuple[str, nn.Module]]:
-        return super().trained_modules() + [(f"critic {c}", m) for c, m in enumerate(self.critics)]
+    def trained_modules(self) -> list[tuple[str, nn.Module, list[nn.Parameter]]]:
+        critics = [(f"critic {c}", m, list(m.parameters())) for c, m in enumerate(self.critics)]
+        return super().trained_modules() + critics
 
     def skip_counts(self) -> dict[str, list[int]]:
         return {**super().skip_counts(), "critics": self.critic_skipped_steps}
@@ -275,7 +276,7 @@ class ActorCritic(CoMLRLModule):
         return stats, value_losses
 
     def _prepare(self, agent: int, turns: list[Turn]) -> Any:
-        ref = self.reference_models[agent] if self.uses_reference_model else None
+        ref = self.team.reference(agent) if self.uses_reference_model else None
         return prepare_agent_batch(
             self.agents[agent], ref, turns, agent, self.team.sampling[agent], self.loss
         )

@@ -89,7 +89,7 @@ class CoMLRLModule(CheckpointHooks, AgentOptimization):
         resolve_devices(
             placement.agent_devices, len(specs), num_gpus=None, owners=owners, overrides=overrides
         )
-        self.team = Team(specs, sampling)
+        self.team = self.build_team(specs, sampling)
         self.rollout_config, self.sampling_config, self.placement = rollout, sampling, placement
         self.learning_rate, self.val_sampling = learning_rate, val_sampling
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
@@ -108,6 +108,12 @@ class CoMLRLModule(CheckpointHooks, AgentOptimization):
         reloads them from their source (``RewardModelReward.model``)."""
 
     # ------------------------------------------------------------------ the team
+    def build_team(self, specs: list[AgentSpec], sampling: Any) -> Team:
+        """The team factory: a :class:`Team` of ``specs`` (each agent built by its kind,
+        :meth:`Team.agent_kind`). Override to return a Team subclass with other kinds of agents;
+        runs in ``__init__``, before any model loads (nothing is loaded here)."""
+        return Team(specs, sampling)
+
     @property
     def num_agents(self) -> int:
         return self.team.num_agents
@@ -179,7 +185,9 @@ class CoMLRLModule(CheckpointHooks, AgentOptimization):
                 f"parallel_training='mp' runs the team in one process; the trainer's strategy is "
                 f"{type(strategy).__name__}: use strategy='agent_parallel' (or parallel_training='none')"
             )
-        distinct = sum(s.share_weights_with is None for s in self.specs)
+        distinct = sum(
+            kind.owns_parameters for kind in self.team.kinds
+        )  # agents training their own parameters
         if (
             isinstance(strategy, DDPStrategy)
             and distinct > 1

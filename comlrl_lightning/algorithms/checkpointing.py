@@ -20,7 +20,7 @@ REWARD_MODELS_PREFIX = "reward_models."
 
 
 class CheckpointHooks:
-    """``on_save_checkpoint`` / ``on_load_checkpoint`` for a module with ``agents``, ``reward_models``,
+    """``on_save_checkpoint`` / ``on_load_checkpoint`` for a module with ``team``, ``agents``, ``reward_models``,
     ``skipped_steps`` and ``hparams`` (a :class:`~comlrl_lightning.algorithms.base.CoMLRLModule`).
     The states stashed here are applied in ``CoMLRLModule.on_train_start``."""
 
@@ -36,9 +36,10 @@ class CheckpointHooks:
             FloatingPointError: an agent's parameter holds NaN/inf (named with the agent); a checkpoint
                 of such weights could only poison the run resumed from it.
         """
-        for who, model in self.trained_modules():
+        for who, model, params in self.trained_modules():
+            trained = {id(p) for p in params}
             for name, p in model.named_parameters():
-                if not torch.isfinite(p).all():
+                if id(p) in trained and not torch.isfinite(p).all():
                     raise FloatingPointError(
                         f"{who}: parameter {name!r} holds NaN/inf at {self._batch_position()}; "
                         "refusing to write a checkpoint with non-finite weights"
@@ -47,8 +48,9 @@ class CheckpointHooks:
         checkpoint["rng_states_per_rank"] = all_ranks_rng_states(checkpoint["rng_states"])
         checkpoint["skipped_steps"] = self.skip_counts()
         state = checkpoint.get("state_dict", {})
+        frozen = self.team.checkpoint_exclusions()  # what the agents' kinds leave out (reloaded at resume)
         for key in [
-            k for k in state if k.startswith(REWARD_MODELS_PREFIX)
+            k for k in state if k.startswith(REWARD_MODELS_PREFIX) or k in frozen
         ]:  # frozen: reloaded from their source
             del state[key]
 
@@ -71,6 +73,9 @@ class CheckpointHooks:
                 del state[key]
             for key, value in own.items():
                 state[key] = value
+            agents = self.agents.state_dict(prefix="agents.")  # frozen bases left out at save: this run's
+            for key in self.team.checkpoint_exclusions() - set(state):
+                state[key] = agents[key]
         canonical_loop_state(checkpoint)  # epoch-end / after-fit checkpoints resume exactly (infra/resume.py)
         for name, saved in checkpoint.get("skipped_steps", {}).items():
             counts = self.skip_counts().get(name)
@@ -82,10 +87,11 @@ class CheckpointHooks:
                 continue
             counts[:] = saved
 
-    def trained_modules(self) -> list[tuple[str, torch.nn.Module]]:
-        """``(name, module)`` of everything an optimizer steps, as messages name it (``"agent 0"``, ...):
-        what :meth:`on_save_checkpoint` checks for non-finite weights."""
-        return [(f"agent {i}", m) for i, m in enumerate(self.agents)]
+    def trained_modules(self) -> list[tuple[str, torch.nn.Module, list[torch.nn.Parameter]]]:
+        """``(name, module, the parameters its optimizer steps)`` of everything an optimizer steps, as
+        messages name it (``"agent 0"``, ...): what :meth:`on_save_checkpoint` checks for non-finite
+        weights (an agent's parameters: ``Team.trainable_parameters``)."""
+        return [(f"agent {i}", m, self.team.trainable_parameters(i)) for i, m in enumerate(self.agents)]
 
     def skip_counts(self) -> dict[str, list[int]]:
         """The counters of skipped non-finite steps, by owner kind (saved in checkpoints, so a resumed

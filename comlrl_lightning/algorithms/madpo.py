@@ -284,7 +284,7 @@ class MADPO(CoMLRLModule):
             out[0].append(c.float().cpu())
             out[1].append(r.float().cpu())
             if self.uses_reference_model:
-                rc, rr = agent_pair_logps(self.reference_models[agent], mine[sl], t, mean)
+                rc, rr = agent_pair_logps(self.team.reference(agent), mine[sl], t, mean)
                 rc, rr = rc.float().cpu(), rr.float().cpu()
             else:
                 rc = rr = torch.zeros_like(out[0][-1])

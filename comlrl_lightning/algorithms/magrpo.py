@@ -153,7 +153,7 @@ class MAGRPO(CoMLRLModule):
         """``kl_mode="reward"``: per turn, per agent ``[G, K]`` ``β·KL`` of each sample to the reference."""
         kls = self.team.map(
             lambda i: sequence_kls(
-                self.agents[i], self.reference_models[i], turns, i, self.team.sampling[i].temperature
+                self.agents[i], self.team.reference(i), turns, i, self.team.sampling[i].temperature
             ),
             range(self.num_agents),
         )
@@ -180,7 +180,7 @@ class MAGRPO(CoMLRLModule):
         return stats
 
     def _prepare(self, agent: int, turns: list[Turn]) -> AgentBatch:
-        ref = self.reference_models[agent] if self.uses_reference_model else None
+        ref = self.team.reference(agent) if self.uses_reference_model else None
         return prepare_agent_batch(
             self.agents[agent], ref, turns, agent, self.team.sampling[agent], self.loss
         )

@@ -2,7 +2,7 @@
 agent (non-finite check, clip, step, scheduler), and counting steps against ``trainer.max_steps``.
 
 :class:`AgentOptimization` is the parent of :class:`~comlrl_lightning.algorithms.base.CoMLRLModule`,
-which provides what it reads: ``specs``, ``agents``, ``num_agents``, ``optimizer_factory``,
+which provides what it reads: ``specs``, ``team``, ``num_agents``, ``optimizer_factory``,
 ``scheduler_factory``, ``learning_rate``, ``skipped_steps`` and ``fabric_schedulers``.
 """
 
@@ -44,8 +44,8 @@ class AgentOptimization(pl.LightningModule):
 
     def configure_optimizers(self) -> list[dict[str, Any]]:
         out = []
-        for i, (spec, model) in enumerate(zip(self.specs, self.agents)):
-            params = [p for p in model.parameters() if p.requires_grad]
+        for i, spec in enumerate(self.specs):
+            params = self.team.trainable_parameters(i)  # what the agent trains: its kind decides
             opt = (
                 self.optimizer_factory(params)
                 if self.optimizer_factory is not None

@@ -23,9 +23,10 @@ from typing import Any, ClassVar
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from comlrl_lightning.comparator.build import build_comparator
 from comlrl_lightning.comparator.candidates import build_candidates
 from comlrl_lightning.comparator.config import ComparatorConfig, RoundsConfig
-from comlrl_lightning.comparator.policies import Comparator, build_comparator
+from comlrl_lightning.comparator.policies import Comparator
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.preference import PreferenceConfig

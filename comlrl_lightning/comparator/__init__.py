@@ -1,5 +1,5 @@
 """The iterative trainers' comparator: who the current policy is compared with each round
-(:mod:`~comlrl_lightning.comparator.policies`, :mod:`~comlrl_lightning.comparator.history`,
+(:mod:`~comlrl_lightning.comparator.policies`, built by :mod:`~comlrl_lightning.comparator.build`, :mod:`~comlrl_lightning.comparator.history`,
 :mod:`~comlrl_lightning.comparator.remote`), its HTTP client (:mod:`~comlrl_lightning.comparator.api`),
 the centralized joint format (:mod:`comlrl_lightning.team.centralized`, shared with the centralized actor), one build batch
 (:mod:`~comlrl_lightning.comparator.candidates`), pairing (:mod:`~comlrl_lightning.comparator.pairing`)
@@ -8,6 +8,7 @@ and the config (:mod:`~comlrl_lightning.comparator.config`). Replay of earlier r
 """
 
 from comlrl_lightning.comparator.api import ApiClient, ComparatorError
+from comlrl_lightning.comparator.build import build_comparator
 from comlrl_lightning.comparator.candidates import CandidateBatch, build_candidates
 from comlrl_lightning.comparator.config import ComparatorConfig, RoundsConfig
 from comlrl_lightning.comparator.pairing import (
@@ -16,7 +17,7 @@ from comlrl_lightning.comparator.pairing import (
     pair_with_comparator,
     pairs_for_batch,
 )
-from comlrl_lightning.comparator.policies import Comparator, ComparatorSample, build_comparator
+from comlrl_lightning.comparator.policies import Comparator, ComparatorSample
 
 __all__ = [
     "PAIR_SELECTION",

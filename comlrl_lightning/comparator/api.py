@@ -74,7 +74,7 @@ class ApiClient:
 
     Raises:
         ValueError: ``comparator_api_key_env`` names a variable that is not set (before any request
-            and, from :func:`~comlrl_lightning.comparator.policies.build_comparator`, before any model loads).
+            and, from :func:`~comlrl_lightning.comparator.build.build_comparator`, before any model loads).
 
     Attributes:
         errors: failed HTTP attempts so far (every retry counted), for ``comparator/errors``.

@@ -47,8 +47,9 @@ class PolicyHistory:
         return "initial" if round_index < 0 else f"round_{round_index}"
 
     def _owner(self, agent: int) -> int:
-        owner = self.team.specs[agent].share_weights_with
-        return agent if owner is None else owner
+        """The first agent with ``agent``'s module (agents sharing weights are one module; LoRA agents
+        sharing a base are not: each has its own adapter)."""
+        return next(j for j, m in enumerate(self.team.agents) if m is self.team.agents[agent])
 
     def _save(self, label: str) -> None:
         os.makedirs(self.directory, exist_ok=True)

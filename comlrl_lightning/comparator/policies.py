@@ -1,6 +1,7 @@
 """The comparator: for the same per-agent prompts, ``K`` joint responses from a policy other than
 (or a frozen view of) the one being trained. One protocol (:class:`Comparator`), five policies
-(:data:`~comlrl_lightning.comparator.config.COMPARATOR_POLICY`), built by :func:`build_comparator`:
+(:data:`~comlrl_lightning.comparator.config.COMPARATOR_POLICY`), built by
+:func:`~comlrl_lightning.comparator.build.build_comparator`:
 :class:`TeamComparator` (``current``, ``current_copy``, ``model``) here,
 :class:`~comlrl_lightning.comparator.history.HistoryComparator` and
 :class:`~comlrl_lightning.comparator.remote.ApiComparator` beside it, all on :class:`BaseComparator`.
@@ -277,39 +278,3 @@ def _stream_seed(seed: int, calls: int) -> int:
     z = (seed * 0x9E3779B97F4A7C15 + calls * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     z ^= z >> 31
     return z & 0x7FFFFFFFFFFFFFFF
-
-
-def build_comparator(
-    config: ComparatorConfig,
-    team: Any,
-    seed: int,
-    sampling: dict[str, Any],
-    history_dir: str | None = None,
-    adapter: CentralizedAdapter | None = None,
-) -> Comparator:
-    """The comparator ``config`` names, over ``team`` (loads nothing yet: ``model`` loads on first
-    sample, ``history`` at its first round).
-
-    Args:
-        sampling: the request's ``max_new_tokens`` / ``temperature`` / ``top_p`` / ``top_k`` (``api``).
-        history_dir: ``history``'s folder when ``policy_checkpoint_dir`` is None (the module passes
-            ``<default_root_dir>/policy_checkpoints``).
-        adapter: the centralized joint format (CoMLRL's ``centralized_comparator_adapter``); None:
-            :class:`~comlrl_lightning.team.centralized.TaggedAdapter`.
-
-    Raises:
-        ValueError: ``config.check(team.num_agents)`` fails, or ``history`` without any folder.
-    """
-    policy = config.comparator_policy
-    if policy == "api":
-        from comlrl_lightning.comparator.remote import ApiComparator  # it imports this module
-
-        return ApiComparator(config, team.num_agents, seed, sampling, adapter=adapter)
-    if policy == "history":
-        from comlrl_lightning.comparator.history import HistoryComparator  # it imports this module
-
-        directory = config.policy_checkpoint_dir or history_dir
-        if not directory:
-            raise ValueError("policy_checkpoint_dir: got None, comparator_policy='history' needs a folder")
-        return HistoryComparator(config, team, seed, directory, adapter)
-    return TeamComparator(config, team, seed, adapter)

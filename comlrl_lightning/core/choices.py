@@ -6,19 +6,21 @@ from that declaration: the ``Literal`` type of the config field (``Choice.litera
 LightningCLI turns into the allowed list), validation and its error message (:meth:`Choice.check`),
 the accepted aliases (:meth:`Choice.canonical`), and the lists in ``docs/choices.md`` and
 ``docs/architecture.md`` between ``<!-- choices:<field> -->`` markers, which ``python -m
-comlrl_lightning.core.choices`` writes (``tests/test_choices.py`` fails when they differ).
+comlrl_lightning.choice_docs`` writes (``tests/test_choices.py`` fails when they differ).
+
+This module imports nothing from the package: a declaring module registers its choice by
+creating it, and :mod:`comlrl_lightning.choice_docs`, which imports every declaring module, sits at
+the top of the import graph.
 """
 
 from __future__ import annotations
 
-import re
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 REGISTRY: dict[str, Choice] = {}
-"""Field name -> its declaration (filled as the declaring modules are imported)."""
+"""Field name -> its declaration (filled as the declaring modules are imported; all of them:
+:data:`comlrl_lightning.choice_docs.DECLARING`)."""
 
 
 @dataclass(frozen=True)
@@ -63,49 +65,3 @@ class Choice:
         lines = [f"- `{v}`: {meaning}" for v, meaning in self.values.items()]
         lines += [f"- `{a}`: accepted spelling of `{v}`" for a, v in self.aliases.items()]
         return "\n".join(lines)
-
-
-_MARKED = re.compile(r"(<!-- choices:([\w.]+) -->\n).*?(<!-- /choices -->)", re.S)
-
-
-def render(text: str) -> str:
-    """``text`` with every ``<!-- choices:<field> --> ... <!-- /choices -->`` block rewritten from
-    the field's declaration. Raises KeyError for a marker naming an undeclared field."""
-    load_all()
-    return _MARKED.sub(lambda m: f"{m[1]}{REGISTRY[m[2]].markdown()}\n{m[3]}", text)
-
-
-def load_all() -> None:
-    """Import every module that declares a choice (the config imports them all)."""
-    import comlrl_lightning.algorithms.madpo  # noqa: F401
-    import comlrl_lightning.algorithms.marlhf  # noqa: F401
-    import comlrl_lightning.comparator.config  # noqa: F401
-    import comlrl_lightning.comparator.pairing  # noqa: F401
-    import comlrl_lightning.core.config  # noqa: F401
-    import comlrl_lightning.core.replay  # noqa: F401
-    import comlrl_lightning.envs.reward_model  # noqa: F401
-    import comlrl_lightning.tasks.cooperation  # noqa: F401
-    import comlrl_lightning.team.critics  # noqa: F401
-
-
-DOCS = ("docs/choices.md", "docs/architecture.md")
-"""The files whose choice lists are generated, relative to the repository root."""
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def main(root: Path = ROOT) -> int:
-    """Rewrite the generated lists in :data:`DOCS`; prints the files changed."""
-    for rel in DOCS:
-        path = root / rel
-        old = path.read_text()
-        new = render(old)
-        if new != old:
-            path.write_text(new)
-            print(f"wrote {rel}")
-    return 0
-
-
-if __name__ == "__main__":  # run as a script: use the imported module, whose REGISTRY the declarations fill
-    from comlrl_lightning.core.choices import main as _main
-
-    sys.exit(_main())

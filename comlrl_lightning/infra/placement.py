@@ -199,7 +199,14 @@ def plan_devices(
             return []
         n = len(found) if found else (max(len(agents), 1) if isinstance(spec, str) else len(list(spec)))  # type: ignore[arg-type]
         if spec is None:
-            return [plan.agents[i] if default_to_agent and i < len(plan.agents) else root for i in range(n)]
+            owner = list(range(n))
+            if kind == "reference":  # a team whose LoRA agents have no copy: reference k is agent owners[k]'s
+                owners = list(getattr(getattr(module, "team", None), "reference_owners", None) or [])
+                owner = owners if len(owners) == n else owner
+            return [
+                plan.agents[owner[i]] if default_to_agent and owner[i] < len(plan.agents) else root
+                for i in range(n)
+            ]
         return resolve_devices(
             spec, n, num_gpus=num_gpus, owners=_owners(found) if found else None, field_name=f"{kind}_devices"
         )

@@ -242,7 +242,7 @@ class ShardedTeamStrategy(ModelParallelStrategy):
         Raises:
             ValueError: naming the field and value: ``parallel_training='mp'`` or ``agent_devices``
                 (one device per agent in one process) ; an ``AgentSpec.device``; agents sharing
-                weights (``share_weights_with``); a critic that is a value head on its agent's trunk
+                weights (``share_weights_with``); LoRA adapters (``adapter``); a critic that is a value head on its agent's trunk
                 (``critics[c].model: null``); ``concurrent_agents=True`` (agent threads would
                 interleave collectives).
         """
@@ -262,6 +262,11 @@ class ShardedTeamStrategy(ModelParallelStrategy):
                 raise ValueError(
                     f"agents[{i}].device: got {spec.device!r} with strategy 'fsdp2' (every agent is "
                     "sharded over all ranks); allowed: null"
+                )
+            if getattr(spec, "adapter", None) is not None:
+                raise ValueError(
+                    f"agents[{i}].adapter: got {spec.adapter} with strategy 'fsdp2'; LoRA adapters are not "
+                    "sharded yet (allowed: null): use strategy 'agent_parallel' or 'ddp_find_unused_parameters_true'"
                 )
             if spec.share_weights_with is not None:
                 raise ValueError(

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from comlrl_lightning.team.adapter import AdapterConfig
+
 BUILTIN_PREFIX = "builtin:"
 
 
@@ -34,7 +36,8 @@ class AgentSpec:
         dtype: parameter dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         device: device for this agent under the agent-parallel strategy (``None``: the strategy decides).
         share_weights_with: index of an earlier agent whose weights this agent uses (one copy of the
-            weights, its own optimizer state).
+            weights, its own optimizer state). With ``adapter``: an earlier agent with an adapter
+            whose frozen base this agent's own adapter sits on (the base held once).
         generation: per-agent overrides of the module's sampling knobs (``temperature``, ``top_p``,
             ``top_k``, ``max_new_tokens``, ``max_prompt_length``, ``generation_backend``: see
             ``comlrl_lightning.core.config.SamplingConfig``).
@@ -45,6 +48,10 @@ class AgentSpec:
             Lightning's ``global_step`` then counts the other agents' steps only. Default False.
         model_kwargs: extra keyword arguments for ``from_pretrained`` (or config fields for
             ``builtin:tiny-gpt2``, e.g. ``{"n_layer": 2, "n_embd": 64}``).
+        adapter: a LoRA adapter (:class:`~comlrl_lightning.team.adapter.AdapterConfig`: ``r``,
+            ``lora_alpha``, ``target_modules``, ``lora_dropout``): the agent trains only the adapter,
+            its base stays frozen and, with ``beta > 0``, is the reference (adapter disabled, no copy).
+            A dict is accepted. Default None: full fine-tuning. Needs the ``lora`` extra (``peft``).
     """
 
     model: str
@@ -57,6 +64,11 @@ class AgentSpec:
     learning_rate: float | None = None
     frozen: bool = False
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    adapter: AdapterConfig | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.adapter, dict):  # YAML / asdict / hparams spelling
+            self.adapter = AdapterConfig.from_dict(self.adapter)
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -92,7 +104,9 @@ def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
             f"{where}.share_weights_with: must be the index of an earlier agent (0..{index - 1}), "
             f"got {spec.share_weights_with}"
         )
-    if spec.frozen and spec.share_weights_with is not None:
+    if spec.adapter is not None:
+        spec.adapter.check(f"{where}.adapter")
+    if spec.frozen and spec.share_weights_with is not None and spec.adapter is None:
         raise ValueError(
             f"{where}.frozen: an agent that shares agent {spec.share_weights_with}'s weights cannot be "
             "frozen alone (its weights move with that agent's updates); freeze agent "

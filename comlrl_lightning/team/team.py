@@ -31,7 +31,8 @@ from comlrl_lightning.core.generation import (
 )
 from comlrl_lightning.core.records import Node, TeamAction, TurnState
 from comlrl_lightning.core.rollout import independent_action
-from comlrl_lightning.team.agents import GENERATION_KEYS, AgentSpec, load_agent
+from comlrl_lightning.team.agents import GENERATION_KEYS, AgentSpec
+from comlrl_lightning.team.kinds import AgentKind, check_kinds, kind_of
 
 BACKWARD_LOCK = threading.Lock()
 """Serialises ``manual_backward`` across agent threads (Lightning's hooks and precision plugin are not
@@ -83,8 +84,15 @@ class Team:
                 )
             except ValueError as err:
                 raise ValueError(f"agents[{i}].generation.{err}") from None
+        self.kinds: list[AgentKind] = [self.agent_kind(s) for s in self.specs]
+        """What each agent is (:mod:`~comlrl_lightning.team.kinds`): how it is built, what it trains,
+        its reference model, what checkpoints hold of it."""
+        check_kinds(self.specs, self.kinds)
         self.agents = nn.ModuleList()
         self.reference_models = nn.ModuleList()
+        self.reference_owners: list[int] = []
+        """``reference_owners[k]``: the agent whose frozen copy ``reference_models[k]`` is (agents whose
+        kind needs no copy, e.g. LoRA, have none)."""
         self.tokenizers: list[Any] = []
         self.concurrent: bool | None = None
         self.rollout_context: Callable[[nn.Module], AbstractContextManager[Any]] = lambda model: nullcontext()
@@ -95,22 +103,23 @@ class Team:
     def num_agents(self) -> int:
         return len(self.specs)
 
+    def agent_kind(self, spec: AgentSpec) -> AgentKind:
+        """The kind of the agent ``spec`` describes (the team factory's seam: override it, or
+        ``CoMLRLModule.build_team``, to add a kind). Default :func:`~comlrl_lightning.team.kinds.kind_of`."""
+        return kind_of(spec)
+
     def load(self, with_reference: bool) -> None:
-        """Load every agent once (agents sharing weights get the same module and tokenizer) and, with
-        ``with_reference``, one frozen reference copy per distinct model. Idempotent."""
+        """Build every agent once, in order, through its kind (agents sharing weights get the same
+        module and tokenizer; LoRA agents sharing a base get their own adapter over one base) and,
+        with ``with_reference``, one frozen reference copy per distinct model whose kind needs one.
+        Idempotent."""
         if len(self.agents):
             return
-        models: list[nn.Module] = []
-        for spec in self.specs:
-            if spec.share_weights_with is not None:
-                models.append(models[spec.share_weights_with])
-                self.tokenizers.append(self.tokenizers[spec.share_weights_with])
-                continue
-            model, tok = load_agent(spec)
-            models.append(model)
+        for i, kind in enumerate(self.kinds):
+            model, tok = kind.build(self, i)
+            self.agents.append(model)
             self.tokenizers.append(tok)
-        self.agents.extend(models)
-        for i, (model, sampling) in enumerate(zip(models, self.sampling)):
+        for i, (model, sampling) in enumerate(zip(self.agents, self.sampling)):
             try:  # refuse now, not at the first generate: max_new_tokens must leave room for a prompt
                 fit_to_context(
                     torch.zeros(1, 0), torch.zeros(1, 0), context_length(model), sampling.max_new_tokens
@@ -119,10 +128,38 @@ class Team:
                 raise ValueError(f"agents[{i}] ({self.specs[i].model}): {err}") from None
         if with_reference:
             refs: dict[int, nn.Module] = {}
-            for m in models:
+            for i, m in enumerate(self.agents):
+                if not self.kinds[i].needs_reference_copy:
+                    continue
                 if id(m) not in refs:
                     refs[id(m)] = copy.deepcopy(m).requires_grad_(False).eval()
                 self.reference_models.append(refs[id(m)])
+                self.reference_owners.append(i)
+
+    # ------------------------------------------------------------ what each agent trains (the seam)
+    def trainable_parameters(self, agent: int) -> list[nn.Parameter]:
+        """The parameters ``agent``'s optimizer steps (its kind decides: every weight, or its adapter)."""
+        return self.kinds[agent].trainable_parameters(self.agents[agent])
+
+    def reference(self, agent: int) -> Any:
+        """``agent``'s reference model for the KL (called like a model, ``.parameters()`` on its device):
+        its frozen copy, or for a LoRA agent its own model with the adapter disabled; None for a kind
+        that needs a copy when the team was loaded without references (``beta == 0``)."""
+        k = self.reference_owners.index(agent) if agent in self.reference_owners else None
+        if k is None and self.kinds[agent].needs_reference_copy:
+            return None
+        return self.kinds[agent].reference(
+            self.agents[agent], None if k is None else self.reference_models[k]
+        )
+
+    def checkpoint_exclusions(self, prefix: str = "agents.") -> set[str]:
+        """State-dict keys (``<prefix><i>.<key>``) a checkpoint leaves out: frozen bases (LoRA: the
+        checkpoint holds adapters only), reloaded from their source when a run resumes."""
+        return {
+            f"{prefix}{i}.{key}"
+            for i, kind in enumerate(self.kinds)
+            for key in kind.frozen_state_keys(self.agents[i])
+        }
 
     def device(self, agent: int) -> torch.device:
         """The device of ``agent``'s parameters."""

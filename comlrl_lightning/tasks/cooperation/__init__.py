@@ -4,8 +4,8 @@ Three kinds (:data:`COOPERATION_TASK`), each a module with its problems, prompts
 :mod:`.coordination` (name the same option, seen in different orders), :mod:`.division` (take
 different items of the same list) and :mod:`.dependence` (agent 1 names a secret only agent 0
 saw, from agent 0's message; two turns). Content: :mod:`.words` (training and held-out categories
-are disjoint). ``comlrl_lightning.datamodules.CooperationDataModule`` serves them; see
-``docs/cooperation.md``.
+are disjoint). :mod:`.datamodule`'s ``CooperationDataModule`` (public as
+``comlrl_lightning.datamodules.CooperationDataModule``) serves them; see ``docs/cooperation.md``.
 """
 
 from __future__ import annotations

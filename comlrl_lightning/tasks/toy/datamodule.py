@@ -1,4 +1,4 @@
-"""The length-coordination toy task as a DataModule (see :mod:`comlrl_lightning.envs.toy`)."""
+"""The length-coordination toy task as a DataModule (see :mod:`comlrl_lightning.tasks.toy.env`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
-from comlrl_lightning.envs.toy import LengthRatioReward, length_ratio_rows
+from comlrl_lightning.tasks.toy.env import LengthRatioReward, length_ratio_rows
 
 
 class LengthRatioDataModule(DecPOMDPDataModule):

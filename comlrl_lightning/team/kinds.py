@@ -1,0 +1,178 @@
+"""What an agent is: how the team builds it from its :class:`~comlrl_lightning.team.agents.AgentSpec`,
+what its optimizer trains, what its reference model is, and what a checkpoint must hold of it.
+
+:class:`AgentKind` is the seam; :class:`~comlrl_lightning.team.team.Team` asks each agent's kind
+(:meth:`Team.agent_kind`, overridable) and the rest of the library asks the team
+(``Team.trainable_parameters(i)``, ``Team.reference(i)``, ``Team.checkpoint_exclusions()``), never the
+kind or the spec. Three kinds ship: :class:`FullFineTuning` (its own weights, every parameter
+trained), :class:`SharedWeights` (``share_weights_with``: an earlier agent's module, its own
+optimizer state) and :class:`LoraAdapter` (``adapter``: a PEFT LoRA adapter on a frozen base, its
+own or shared). A new kind (another PEFT method, a quantised base, ...) subclasses :class:`AgentKind`
+and is returned by an overridden ``Team.agent_kind``; no algorithm changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from comlrl_lightning.team.agents import AgentSpec, load_agent
+
+if TYPE_CHECKING:
+    from comlrl_lightning.team.team import Team
+
+
+class AgentKind:
+    """One kind of agent (the default: full fine-tuning of its own weights)."""
+
+    needs_reference_copy = True
+    """Whether ``beta > 0`` needs a frozen copy of the agent as its reference model (the team makes one
+    per distinct module, in ``Team.reference_models``)."""
+
+    owns_parameters = True
+    """Whether the agent trains parameters no other agent trains (False: :class:`SharedWeights`); DDP
+    needs ``find_unused_parameters`` when two or more agents do (each backward reaches only its own)."""
+
+    def build(self, team: Team, agent: int) -> tuple[nn.Module, Any]:
+        """``(model, tokenizer)`` of agent ``agent``; earlier agents are built (``team.agents[:agent]``).
+
+        Raises:
+            OSError: the model cannot be loaded (see :func:`~comlrl_lightning.team.agents.load_agent`).
+        """
+        return load_agent(team.specs[agent])
+
+    def trainable_parameters(self, model: nn.Module) -> list[nn.Parameter]:
+        """What the agent's optimizer steps (default: every parameter that requires a gradient)."""
+        return [p for p in model.parameters() if p.requires_grad]
+
+    def reference(self, model: nn.Module, copy: nn.Module | None) -> Any:
+        """The agent's reference model for the KL (called like the model; ``.parameters()`` gives its
+        device): the frozen ``copy`` the team made, None when there is none."""
+        return copy
+
+    def frozen_state_keys(self, model: nn.Module) -> list[str]:
+        """Keys of ``model.state_dict()`` a checkpoint leaves out (a frozen base reloaded from its
+        source at resume); default none."""
+        return []
+
+
+class FullFineTuning(AgentKind):
+    """Its own weights, all trained (``AgentSpec`` with neither ``adapter`` nor ``share_weights_with``)."""
+
+
+class SharedWeights(AgentKind):
+    """An earlier agent's module and tokenizer (``share_weights_with``), its own optimizer state."""
+
+    owns_parameters = False
+
+    def build(self, team: Team, agent: int) -> tuple[nn.Module, Any]:
+        owner = team.specs[agent].share_weights_with
+        assert owner is not None, "kind_of gives SharedWeights only with share_weights_with"
+        return team.agents[owner], team.tokenizers[owner]
+
+
+def share_clone(model: nn.Module) -> nn.Module:
+    """A new module tree over the same parameter and buffer objects (no tensor copied): a PEFT adapter
+    injected into it leaves ``model``'s modules, and every other clone's, untouched."""
+    memo: dict[int, Any] = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    return copy.deepcopy(model, memo)
+
+
+class _AdapterDisabled:
+    """A LoRA agent's reference: its own PeftModel with the adapter disabled for each call (each agent
+    has its own adapter layers, so one agent's thread never switches another's adapter)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def parameters(self) -> Any:
+        return self.model.parameters()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.model.disable_adapter():
+            return self.model(*args, **kwargs)
+
+
+class LoraAdapter(AgentKind):
+    """A PEFT LoRA adapter (``AgentSpec.adapter``) on a frozen base: the agent's own base, or with
+    ``share_weights_with`` the base of that earlier adapter agent (held once: one
+    :func:`share_clone` per agent, so each is its own ``PeftModel`` with one adapter named
+    ``default``). Only the adapter trains; the reference is the base with the adapter disabled (no
+    copy); checkpoints hold the adapter only; ``save_pretrained`` writes PEFT's folder layout."""
+
+    needs_reference_copy = False
+
+    def __init__(self) -> None:
+        self._bases: dict[int, nn.Module] = {}  # owner agent -> its pristine (adapter-free) base clone
+
+    def build(self, team: Team, agent: int) -> tuple[nn.Module, Any]:
+        from peft import get_peft_model
+
+        spec = team.specs[agent]
+        owner = spec.share_weights_with
+        if owner is None:
+            base, tok = load_agent(spec)
+        else:
+            base, tok = share_clone(team.kinds[owner].pristine_base(owner)), team.tokenizers[owner]
+        self._bases[agent] = share_clone(base)  # before PEFT injects this agent's adapter into base
+        assert spec.adapter is not None, "kind_of gives LoraAdapter only with adapter"
+        with warnings.catch_warnings():  # PEFT's own notes, not the user's to act on (main thread)
+            warnings.filterwarnings(
+                "ignore", message="fan_in_fan_out is set to False"
+            )  # GPT-2 Conv1D: PEFT sets it
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            model = get_peft_model(base, spec.adapter.peft_config())
+        return model.train(), tok
+
+    def pristine_base(self, agent: int) -> nn.Module:
+        """Agent ``agent``'s base without any adapter (sharing its parameters)."""
+        return self._bases[agent]
+
+    def trainable_parameters(self, model: nn.Module) -> list[nn.Parameter]:
+        return [p for n, p in model.named_parameters() if p.requires_grad and "lora_" in n]
+
+    def reference(self, model: nn.Module, copy: nn.Module | None) -> Any:
+        return _AdapterDisabled(model)
+
+    def frozen_state_keys(self, model: nn.Module) -> list[str]:
+        return [k for k in model.state_dict() if "lora_" not in k]
+
+
+def kind_of(spec: AgentSpec) -> AgentKind:
+    """The shipped kind for ``spec``: LoRA with ``adapter``, else shared with ``share_weights_with``,
+    else full fine-tuning."""
+    if spec.adapter is not None:
+        return LoraAdapter()
+    if spec.share_weights_with is not None:
+        return SharedWeights()
+    return FullFineTuning()
+
+
+def check_kinds(specs: Sequence[AgentSpec], kinds: Sequence[AgentKind]) -> None:
+    """Refuse, before any model loads, agents whose kinds do not fit together.
+
+    Raises:
+        ValueError: an adapter agent sharing the weights of an agent without an adapter (its base
+            would train under it), or a full agent sharing an adapter agent's; or an adapter agent
+            whose ``model`` / ``dtype`` differ from the agent whose base it shares.
+    """
+    for i, (spec, kind) in enumerate(zip(specs, kinds)):
+        owner = spec.share_weights_with
+        if owner is None or not 0 <= owner < i:
+            continue
+        lora, owner_lora = isinstance(kind, LoraAdapter), isinstance(kinds[owner], LoraAdapter)
+        if lora != owner_lora:
+            raise ValueError(
+                f"agents[{i}].share_weights_with: got {owner}, but agent {i} "
+                f"{'has' if lora else 'has no'} adapter and agent {owner} {'has' if owner_lora else 'has no'} "
+                "one; allowed: an earlier agent of the same kind (both with adapters share a frozen base)"
+            )
+        if lora and (spec.model, spec.dtype) != (specs[owner].model, specs[owner].dtype):
+            raise ValueError(
+                f"agents[{i}].model/dtype: got {spec.model!r}/{spec.dtype} but it shares agent {owner}'s "
+                f"base ({specs[owner].model!r}/{specs[owner].dtype}); allowed: the same model and dtype"
+            )
