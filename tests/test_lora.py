@@ -267,3 +267,32 @@ def test_ddp_asks_for_find_unused_parameters_with_two_adapters_on_one_base():
     model._trainer = SimpleNamespace(strategy=DDPStrategy())  # its _ddp_kwargs: no find_unused_parameters
     with pytest.raises(ValueError, match="find_unused_parameters"):
         model.setup("fit")
+
+
+def test_the_comparator_history_reads_a_saved_adapter_back_on_the_shared_base(tmp_path):
+    # before the fix PolicyHistory.load read an adapter folder with AutoModelForCausalLM.from_pretrained,
+    # which went to the hub for the base named in adapter_config.json (OSError offline, a builtin base)
+    from comlrl_lightning.comparator.history import PolicyHistory
+
+    pl.seed_everything(0)
+    model = lora()
+    model.configure_model()
+    with torch.no_grad():  # the adapters start at B = 0: make each agent differ from the base and each other
+        for i, scale in enumerate((0.5, -0.3)):
+            for p in model.team.trainable_parameters(i):
+                p.add_(scale * torch.randn_like(p))
+    history = PolicyHistory(str(tmp_path), model.team, k=1)
+    history.save_round(0)
+    ids = torch.randint(3, 200, (2, 7))
+    live = [model.agents[i](input_ids=ids).logits.detach() for i in range(2)]
+    loaded = [m for m, _ in history.load(1, [torch.device("cpu")] * 2)]
+    assert sorted(os.listdir(tmp_path / "round_0")) == ["agent_0", "agent_1"]  # each agent's own adapter
+    for i in range(2):
+        torch.testing.assert_close(loaded[i](input_ids=ids).logits, live[i], rtol=0, atol=0)
+    assert not torch.allclose(live[0], live[1])
+    base_ids = {id(p) for n, p in model.agents[0].named_parameters() if "lora_" not in n}
+    assert {id(p) for n, p in loaded[0].named_parameters() if "lora_" not in n} == base_ids  # held once
+    with torch.no_grad():  # the live adapter moves on; the saved one does not follow
+        for p in model.team.trainable_parameters(0):
+            p.add_(1.0)
+    torch.testing.assert_close(loaded[0](input_ids=ids).logits, live[0], rtol=0, atol=0)

@@ -102,21 +102,16 @@ class PolicyHistory:
     ) -> list[tuple[nn.Module | None, Any]]:
         """``[N]`` (frozen model, agent's tokenizer) of :meth:`path_for` ``(round_index)``, agent i on
         ``devices[i]``; with ``only``, just that agent's model (the others None)."""
-        from transformers import AutoModelForCausalLM
-
         path = self.path_for(round_index)
         loaded: dict[int, nn.Module] = {}
         out: list[tuple[nn.Module | None, Any]] = []
-        for i, agent in enumerate(self.team.agents):
+        for i in range(len(self.team.agents)):
             if only is not None and i != only:
                 out.append((None, None))
                 continue
             owner = self._owner(i)
-            if owner not in loaded:
-                dtype = next(agent.parameters()).dtype
-                model = AutoModelForCausalLM.from_pretrained(
-                    os.path.join(path, f"agent_{owner}"), dtype=dtype
-                )
+            if owner not in loaded:  # the agent's kind reads it back (a LoRA adapter: on its frozen base)
+                model = self.team.load_saved(owner, os.path.join(path, f"agent_{owner}"))
                 loaded[owner] = model.to(devices[i]).requires_grad_(False).eval()
             out.append((loaded[owner], self.team.tokenizers[i]))
         return out

@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from comlrl_lightning.team.agents import AgentSpec, load_agent
@@ -58,6 +59,17 @@ class AgentKind:
         """Keys of ``model.state_dict()`` a checkpoint leaves out (a frozen base reloaded from its
         source at resume); default none."""
         return []
+
+    def load_saved(self, agent: int, folder: str, dtype: torch.dtype) -> nn.Module:
+        """A model read back from ``folder``, which the agent's ``save_pretrained`` wrote (the iterative
+        trainers' comparator history): by default a causal LM in ``dtype``.
+
+        Raises:
+            OSError: ``folder`` holds no model.
+        """
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
 
 
 class FullFineTuning(AgentKind):
@@ -140,6 +152,13 @@ class LoraAdapter(AgentKind):
 
     def frozen_state_keys(self, model: nn.Module) -> list[str]:
         return [k for k in model.state_dict() if "lora_" not in k]
+
+    def load_saved(self, agent: int, folder: str, dtype: torch.dtype) -> nn.Module:
+        """The saved adapter (PEFT's folder layout) on a clone of this agent's frozen base: the base is
+        held once still, and the live agent's adapter is untouched."""
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(share_clone(self.pristine_base(agent)), folder)
 
 
 def kind_of(spec: AgentSpec) -> AgentKind:

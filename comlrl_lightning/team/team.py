@@ -161,6 +161,12 @@ class Team:
             for key in kind.frozen_state_keys(self.agents[i])
         }
 
+    def load_saved(self, agent: int, folder: str) -> nn.Module:
+        """``agent``'s model read back from ``folder`` (written by its ``save_pretrained``), in the agent's
+        dtype; its kind decides how (:meth:`~comlrl_lightning.team.kinds.AgentKind.load_saved`)."""
+        dtype = next(self.agents[agent].parameters()).dtype
+        return self.kinds[agent].load_saved(agent, folder, dtype)
+
     def device(self, agent: int) -> torch.device:
         """The device of ``agent``'s parameters."""
         return next(self.agents[agent].parameters()).device
