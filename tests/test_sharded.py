@@ -10,6 +10,7 @@ script for rank 1). Rollouts there are a seeded function of each prompt's text, 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -196,16 +197,29 @@ def test_torchrun_two_nodes_of_one_process_runs_the_same_fit(tmp_path):
     port = _free_port()
     out = tmp_path / "nodes"
     out.mkdir()
+    # each node's output goes to a file, not a pipe (node 1's pipe was read only after node 0 exited), so a
+    # failure or timeout shows where both nodes stood; a timeout kills each node's process group
+    logs = [tmp_path / f"node{node}.log" for node in range(2)]
+    handles = [log.open("w") for log in logs]
     procs = [
         subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
                           "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port),
                           str(FIT), str(out), "--devices", "1", "--num-nodes", "2"],
-                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=out)
-        for node in range(2)
+                         env=_env(), stdout=handle, stderr=subprocess.STDOUT, text=True, cwd=out,
+                         start_new_session=True)  # its own process group: a timeout kills the worker too
+        for node, handle in enumerate(handles)
     ]  # fmt: skip
-    for p in procs:
-        _, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err[-3000:]
+    try:
+        for p, log in zip(procs, logs):
+            p.wait(timeout=240)
+            assert p.returncode == 0, log.read_text()[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        for handle in handles:
+            handle.close()
     nodes = torch.load(out / "weights.pt")
     two = _fit(tmp_path / "two")
     assert int(nodes["_world_size"]) == 2
