@@ -14,7 +14,10 @@ Conditions, all with the same seeds and the same labelled samples per trained ag
   (``AgentSpec.frozen``); ``apart``: the two agents trained apart, then paired (held-out only);
 - ``shared``: one model plays both roles (``AgentSpec(share_weights_with=0)``);
 - ``cross_play``: agent 0 of joint seed s with agent 1 of joint seed s+1 (mod the seeds);
-- ``swap``: joint seed s with the roles swapped (agent 1's model answers agent 0's prompts and back).
+- ``swap``: joint seed s with the roles swapped (agent 1's model answers agent 0's prompts and back);
+- ``iac``, ``madpo``, ``credit``: the other joint trainers on the same shared reward and samples (IAC with
+  a value head per agent; MADPO online, pairs from each batch's K joint actions; MAGRPO with
+  counterfactual credit, difference rewards), run on the task :data:`SECOND_BLOCK` names.
 
 Held-out team success is greedy, one answer per agent per problem, on every held-out problem. The order
 in which the tasks run is fixed before any training by :data:`TASK_RULE` (``calibrate``, recorded in
@@ -70,10 +73,29 @@ TASK_CONFIG: dict[str, dict[str, Any]] = {"dependence": {"k": 2}}
 """Per-task changes to :data:`CONFIG`, fixed before that task's first recorded run: the dependence task's
 two turns make K + K^2 joint actions per episode (20 at K=4, five times a one-turn task's 4); at K=2 (6)
 a run fits the shared machine. Every condition of a task uses the task's configuration."""
+CRITIC_LEARNING_RATE = 1e-4
+"""The ``iac`` condition's value heads (start from scratch): the learning benchmark's ``critic_learning_rate``."""
 LORA_ADAPTER = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear", "lora_dropout": 0.0}
 """The ``lora`` condition's adapters (``configs/coop_coordination_lora.yaml``'s)."""
 SEEDS = (0, 1, 2)
 TRAINED = ("joint", "apart0", "apart1", "shared")
+JOINT_TRAINERS = ("iac", "madpo", "credit")
+"""Joint training by the other trainers (IAC, online MADPO, MAGRPO with counterfactual credit)."""
+SECOND_BLOCK = {
+    "written": "2026-12-03, before any of these runs started",
+    "division_seeds": (3, 4, 5),
+    "division_conditions": ("joint", "apart0", "apart1"),
+    "joint_trainers_task": "division",
+    "joint_trainers_seeds": SEEDS,
+    "text": "The first block (seeds 0-2 of every task) left every joint - apart interval including 0; "
+    "division's was the widest and the furthest from 0 (+27.3 pts [-3.3, +56.0]), its seeds spread "
+    "(joint 66%, 62%, 18%). Fixed before any of the runs below started: division gets a second block "
+    "of seeds 3, 4, 5 for joint, apart0 and apart1 (their apart, swap and cross-play pairings within "
+    "the block, 3->4->5->3), under the same CONFIG, and the section reports all six seeds whatever "
+    "they show, with the first block's difference beside it. No further block follows. IAC, online "
+    "MADPO and counterfactual credit run on division, seeds 0-2, the same CONFIG and samples.",
+}
+"""The second block of runs, fixed (and committed) before any of them started."""
 PAIRED = ("apart", "swap", "cross_play")
 TASK_RULE = (
     "Before any training, each task's untrained greedy held-out team success (50 problems of held-out "
@@ -143,12 +165,43 @@ def build(condition: str, task: str, cfg: dict[str, Any]) -> Any:
         # two LoRA adapters on one frozen base (benchmarks/lora_learning.py)
         "lora": [agent(adapter=LORA_ADAPTER), agent(adapter=LORA_ADAPTER, share_weights_with=0)],
     }.get(condition, [agent(), agent()])
+    sampling = SamplingConfig(max_new_tokens=cfg["max_new_tokens"], temperature=cfg["temperature"])
+    if condition in JOINT_TRAINERS:
+        return build_joint_trainer(condition, task, cfg, agents, sampling)
     return MAGRPO(
         agents=agents,
         rollout=RolloutConfig(num_generations=cfg["k"], num_turns=num_turns(task)),
-        sampling=SamplingConfig(max_new_tokens=cfg["max_new_tokens"], temperature=cfg["temperature"]),
+        sampling=sampling,
         learning_rate=cfg["learning_rate"],
     )
+
+
+def build_joint_trainer(condition: str, task: str, cfg: dict[str, Any], agents: list, sampling: Any) -> Any:
+    """A :data:`JOINT_TRAINERS` module: the learning benchmark's settings of that trainer
+    (``learning_train.build_module``) on this task's samples, ``cfg``'s learning rate."""
+    from comlrl_lightning import (
+        IAC,
+        MADPO,
+        MAGRPO,
+        ActorCriticRolloutConfig,
+        CriticConfig,
+        DPOConfig,
+        PreferenceConfig,
+        RolloutConfig,
+    )
+
+    turns, lr = num_turns(task), cfg["learning_rate"]
+    if condition == "iac":  # a value head on each agent's trunk (CoMLRL's default), its own learning rate
+        rollout = ActorCriticRolloutConfig(num_generations=cfg["k"], num_turns=turns)
+        critic = CriticConfig(critic_learning_rate=CRITIC_LEARNING_RATE)
+        return IAC(agents=agents, rollout=rollout, sampling=sampling, critic=critic, learning_rate=lr)
+    if condition == "madpo":  # online: each batch's K joint actions per episode -> winner/loser pairs
+        if turns > 1:
+            raise ValueError(f"madpo: one-turn tasks only; {task!r} has {turns} turns")
+        pref = PreferenceConfig(preference_num_candidates=cfg["k"])
+        return MADPO(agents=agents, preference=pref, dpo=DPOConfig(preference_mode="online"), sampling=sampling, learning_rate=lr)  # fmt: skip
+    rollout = RolloutConfig(num_generations=cfg["k"], num_turns=turns, credit="counterfactual")
+    return MAGRPO(agents=agents, rollout=rollout, sampling=sampling, learning_rate=lr)
 
 
 def weights_path(task: str, condition: str, seed: int, agent: int) -> str:
@@ -163,9 +216,10 @@ def train(condition: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) ->
     dm = datamodule(task, cfg, seed)
     rec = CoopHeldOut(task, labelled_per_batch(task, cfg))
     trained = [i for i, s in enumerate(module.specs) if not s.frozen]
+    per_batch = module.steps_per_batch * len(trained) // module.num_agents  # a frozen agent never steps
     trainer = _quiet_trainer(
         callbacks=[rec],
-        max_steps=cfg["batches"] * len(trained),  # Lightning counts every trained agent's step
+        max_steps=cfg["batches"] * per_batch,  # Lightning counts every optimizer step
         val_check_interval=cfg["eval_every"],
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
@@ -173,12 +227,22 @@ def train(condition: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) ->
     t0, load0 = time.time(), os.getloadavg()
     trainer.validate(module, datamodule=dm, verbose=False)
     trainer.fit(module, datamodule=dm)
-    if condition not in ("shared", "lora"):  # no pairing reads them
+    if condition in TRAINED and condition != "shared":  # no pairing reads the others
         os.makedirs(os.path.join(SCRATCH, task), exist_ok=True)
         for i in trained:
             torch.save(module.agents[i].state_dict(), weights_path(task, condition, seed, i))
     out = run_record(condition, task, seed, cfg, rec.samples_per_batch, rec, module, t0, load0)
-    return {**out, "problems": rec.problems, "labelled_per_agent": cfg["batches"] * rec.samples_per_batch}
+    calls = (
+        cfg["batch_size"] * module.rollout_config.reward_calls_per_episode(2)
+        if condition == "credit"
+        else None
+    )
+    return {
+        **out,
+        "problems": rec.problems,
+        "labelled_per_agent": cfg["batches"] * rec.samples_per_batch,
+        "reward_calls_per_batch": calls or labelled_per_batch(task, cfg),
+    }
 
 
 def pair(
@@ -256,8 +320,11 @@ def run_missing(
             if src[:2] == (condition, seed)
         ]
 
+    unknown = [c for c in conditions if c not in TRAINED + JOINT_TRAINERS]
+    if unknown:
+        raise ValueError(f"conditions: {unknown} are not among {TRAINED + JOINT_TRAINERS}")
     for condition in [
-        c for c in TRAINED if c in conditions
+        c for c in TRAINED + JOINT_TRAINERS if c in conditions
     ]:  # every seed's joint run (cross-play, swap) first
         for seed in seeds:
             if (condition, seed) not in done or not ready(needed(condition, seed)):
