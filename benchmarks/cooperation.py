@@ -87,13 +87,15 @@ SECOND_BLOCK = {
     "division_conditions": ("joint", "apart0", "apart1"),
     "joint_trainers_task": "division",
     "joint_trainers_seeds": SEEDS,
+    "dependence_conditions": ("shared",),
     "text": "The first block (seeds 0-2 of every task) left every joint - apart interval including 0; "
     "division's was the widest and the furthest from 0 (+27.3 pts [-3.3, +56.0]), its seeds spread "
     "(joint 66%, 62%, 18%). Fixed before any of the runs below started: division gets a second block "
     "of seeds 3, 4, 5 for joint, apart0 and apart1 (their apart, swap and cross-play pairings within "
     "the block, 3->4->5->3), under the same CONFIG, and the section reports all six seeds whatever "
     "they show, with the first block's difference beside it. No further block follows. IAC, online "
-    "MADPO and counterfactual credit run on division, seeds 0-2, the same CONFIG and samples.",
+    "MADPO and counterfactual credit run on division, seeds 0-2, the same CONFIG and samples. "
+    "Dependence gets its missing row, the shared model, seeds 0-2.",
 }
 """The second block of runs, fixed (and committed) before any of them started."""
 PAIRED = ("apart", "swap", "cross_play")

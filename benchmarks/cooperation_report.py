@@ -14,9 +14,14 @@ from learning_runs import recorded_runs
 from learning_stats import gain_difference, hierarchical_bootstrap
 
 PNG = "cooperation.png"
-ROWS = ("joint", "shared", "apart", "apart0", "apart1", "cross_play", "swap")
+ROWS = ("joint", "iac", "madpo", "credit", "shared", "apart", "apart0", "apart1", "cross_play", "swap")
+JOINT_ROWS = ("joint",) + C.JOINT_TRAINERS
+"""The rows that train both agents together on the shared reward (each compared with ``apart``)."""
 LABEL = {
     "joint": "joint MAGRPO",
+    "iac": "joint IAC (a value head per agent)",
+    "madpo": "joint MADPO (online pairs)",
+    "credit": "joint MAGRPO, counterfactual credit",
     "shared": "one shared model (both roles)",
     "apart": "trained apart, then paired",
     "apart0": "agent 0 trained vs the frozen untrained agent 1",
@@ -59,18 +64,34 @@ def summarize_task(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "curve": [[sum(h["solved"]) / len(h["solved"]) for h in r["history"]] for r in rs],
             "curve_samples": [h["samples"] for h in rs[0]["history"]],
             "labelled_per_agent": rs[0].get("labelled_per_agent"),
+            "reward_calls_per_batch": rs[0].get("reward_calls_per_batch"),
             "wall_s_per_seed": [r["wall_s"] for r in rs],
             "loadavg": [min(r["loadavg_start"][0] for r in rs), max(r["loadavg_end"][0] for r in rs)],
             "final_texts": rs[0]["final_texts"],
             "problems": rs[0].get("problems", []),
         }
     out["differences"] = {}
-    if "joint" in gains and "apart" in gains:
-        out["differences"]["joint_minus_apart"] = gain_difference(gains["joint"], gains["apart"])
+    for row in JOINT_ROWS:
+        if row in gains and "apart" in gains:
+            out["differences"][f"{row}_minus_apart"] = gain_difference(gains[row], gains["apart"])
+    first = _first_block(runs)
+    if first is not None:
+        out["differences"]["joint_minus_apart_first_block"] = first
     for other in ("cross_play", "swap", "shared"):
         if "joint" in afters and other in afters:
             out["differences"][f"joint_minus_{other}"] = gain_difference(afters["joint"], afters[other])
     return out
+
+
+def _first_block(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """joint − apart (gains) over the first block's seeds (:data:`cooperation.SEEDS`) alone, when a
+    later block added seeds to either row (None otherwise)."""
+    seeds = {r["seed"] for r in runs if r["algorithm"] in ("joint", "apart")}
+    if seeds <= set(C.SEEDS):
+        return None
+    first = [r for r in runs if r["seed"] in C.SEEDS]
+    d = summarize_task(first)["differences"]
+    return d.get("joint_minus_apart")
 
 
 def _calibration() -> dict[str, Any] | None:
@@ -103,6 +124,7 @@ def section(quick: bool, run: bool = False) -> dict[str, Any]:
         "calibration": cal,
         "config": cfg,
         "task_config": C.TASK_CONFIG,
+        "second_block": C.SECOND_BLOCK,
         "order": order,
         "tasks": tasks,
         "png": PNG,
@@ -156,6 +178,16 @@ def render_task(task: str, summ: dict[str, Any], cal: dict[str, Any] | None) -> 
         "\n".join(rows),
         "",
         f"- joint − apart (gain): {_diff(d.get('joint_minus_apart'))}",
+        *(
+            f"- joint − apart (gain), first block only (seeds {', '.join(map(str, C.SEEDS))}): {_diff(d[k])}"
+            for k in ("joint_minus_apart_first_block",)
+            if k in d
+        ),
+        *(
+            f"- {LABEL[row]} − apart (gain): {_diff(d[f'{row}_minus_apart'])}{_calls(summ, row, task)}"
+            for row in C.JOINT_TRAINERS
+            if f"{row}_minus_apart" in d
+        ),
         f"- joint − cross-play (success after): {_diff(d.get('joint_minus_cross_play'))}",
         f"- joint − swap (success after): {_diff(d.get('joint_minus_swap'))}",
         f"- joint − shared model (success after): {_diff(d.get('joint_minus_shared'))}",
@@ -172,6 +204,14 @@ def render_task(task: str, summ: dict[str, Any], cal: dict[str, Any] | None) -> 
             _examples({"final_texts": c["examples"], "problems": c["problems"]}, task),
         ]
     return "\n".join(lines)
+
+
+def _calls(summ: dict[str, Any], row: str, task: str) -> str:
+    """The reward calls of ``row`` per batch when they differ from joint MAGRPO's (its labelled samples)."""
+    calls, base = summ[row].get("reward_calls_per_batch"), C.labelled_per_batch(task, C.config_for(task))
+    if calls is None or calls == base:
+        return ""
+    return f"; the same samples, the reward scoring {calls} joint actions per batch (joint MAGRPO: {base})"
 
 
 def _task_config(tc: dict[str, Any] | None) -> str:
@@ -195,6 +235,8 @@ drawn once for both rows). Produced by `benchmarks/cooperation.py` (runs) and `c
 
 Task order, fixed before any training: {res["rule"]}
 Order measured: {", ".join(res["order"])}.
+
+The second block ({res["second_block"]["written"]}): {res["second_block"]["text"]}
 """
     cal = res.get("calibration")
     ran = [t for t in res["order"] if any(c in res["tasks"].get(t, {}) for c in ROWS)]

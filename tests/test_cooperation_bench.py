@@ -101,3 +101,43 @@ def test_a_process_with_some_conditions_records_only_its_own_pairings(tmp_path, 
         "coordination", (0, 1), path=path, conditions=("apart0", "apart1")
     )  # all recorded: weights go
     assert not (tmp_path / "coordination").exists()
+
+
+def test_joint_trainer_rows_are_compared_with_apart_and_the_first_block_kept_beside_more_seeds():
+    untrained, runs = [0.0] * 10, []
+    for s in (0, 1, 2, 3):  # seed 3: a later block of joint and apart, where apart gained nothing
+        runs.append(_run("joint", s, untrained, [1.0] * 6 + [0.0] * 4))
+        apart = [1.0] * 2 + [0.0] * 8 if s < 3 else [0.0] * 10
+        runs.append({**_run("apart", s, [], []), "history": [{"samples": 0, "solved": apart}]})
+    for s in (0, 1, 2):
+        runs.append(_run("iac", s, untrained, [1.0] * 3 + [0.0] * 7))
+    d = R.summarize_task(runs)["differences"]
+    assert abs(d["iac_minus_apart"]["difference"] - (0.3 - 0.15)) < 1e-9
+    assert abs(d["joint_minus_apart"]["difference"] - (0.6 - 0.15)) < 1e-9  # all four seeds
+    assert abs(d["joint_minus_apart_first_block"]["difference"] - (0.6 - 0.2)) < 1e-9  # seeds 0-2 only
+    assert (
+        "joint_minus_apart_first_block"
+        not in R.summarize_task([r for r in runs if r["seed"] < 3])["differences"]
+    )
+
+
+def test_the_reward_calls_note_appears_only_where_they_differ_from_magrpos():
+    summ = {"credit": {"reward_calls_per_batch": 32}, "iac": {"reward_calls_per_batch": 8}}
+    assert "32 joint actions per batch (joint MAGRPO: 8)" in R._calls(summ, "credit", "division")
+    assert R._calls(summ, "iac", "division") == ""
+
+
+def test_joint_trainer_conditions_build_the_named_trainer_and_refuse_what_they_cannot_run():
+    import pytest
+
+    from comlrl_lightning import IAC, MADPO, MAGRPO
+
+    assert type(C.build("iac", "division", C.CONFIG)) is IAC
+    assert type(C.build("madpo", "division", C.CONFIG)) is MADPO
+    credit = C.build("credit", "division", C.CONFIG)
+    assert type(credit) is MAGRPO and credit.rollout_config.credit == "counterfactual"
+    assert C.build("joint", "division", C.CONFIG).rollout_config.credit == "shared"
+    with pytest.raises(ValueError, match="madpo: one-turn tasks only"):
+        C.build("madpo", "dependence", C.config_for("dependence"))
+    with pytest.raises(ValueError, match=r"conditions: \['ippo'\]"):
+        C.run_missing("division", (0,), conditions=("ippo",))
