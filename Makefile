@@ -45,9 +45,10 @@ bench: setup
 	$(PIP) install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/run.py
 
-cooperation: setup  ## joint / apart / shared / cross-play / swap x 3 seeds on the cooperation tasks (benchmarks/cooperation.py; resumable)
+cooperation: setup  ## joint / apart / shared / cross-play / swap x 3 seeds on the cooperation tasks, then the second block (benchmarks/cooperation.py; resumable)
 	$(PIP) install -q -r benchmarks/requirements.txt
 	for task in coordination division dependence; do $(PY) benchmarks/cooperation.py run $$task || exit 1; done
+	$(PY) benchmarks/cooperation.py second-block
 	$(PY) benchmarks/run.py --only cooperation --write
 
 learn: setup  ## held-out success before/after training, MAGRPO/IAC/MAAC and the coordinator x 3 seeds (benchmarks/learning.py; ~2-2.5 h on 2 shared cores)

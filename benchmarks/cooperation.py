@@ -26,6 +26,7 @@ them are recorded.
 
     python benchmarks/cooperation.py calibrate        # untrained held-out success per task
     python benchmarks/cooperation.py run TASK [SEEDS [CONDITIONS]]  # the missing runs of one task (resumable)
+    python benchmarks/cooperation.py second-block     # the missing runs of SECOND_BLOCK
     python benchmarks/run.py --only cooperation --write
 """
 
@@ -341,6 +342,14 @@ def run_missing(
         shutil.rmtree(os.path.join(SCRATCH, task), ignore_errors=True)
 
 
+def run_second_block() -> None:
+    """The missing runs of :data:`SECOND_BLOCK` (resumable, as :func:`run_missing`)."""
+    b = SECOND_BLOCK
+    run_missing("division", b["division_seeds"], conditions=b["division_conditions"])
+    run_missing(b["joint_trainers_task"], b["joint_trainers_seeds"], conditions=JOINT_TRAINERS)
+    run_missing("dependence", SEEDS, conditions=b["dependence_conditions"])
+
+
 def calibrate(cfg: dict[str, Any] = CONFIG) -> dict[str, Any]:
     """Untrained greedy held-out team success per task and the order :data:`TASK_RULE` gives."""
     out: dict[str, Any] = {"rule": TASK_RULE, "config": cfg, "tasks": {}}
@@ -373,6 +382,8 @@ if __name__ == "__main__":
         with open(CALIBRATION_FILE, "w") as fh:
             json.dump(res, fh, indent=1)
         print("order:", res["order"])
+    elif sys.argv[1] == "second-block":
+        run_second_block()
     elif sys.argv[1] == "run":
         seeds = tuple(int(s) for s in sys.argv[3].split(",")) if len(sys.argv) > 3 else SEEDS
         conditions = tuple(sys.argv[4].split(",")) if len(sys.argv) > 4 else TRAINED

@@ -141,3 +141,16 @@ def test_joint_trainer_conditions_build_the_named_trainer_and_refuse_what_they_c
         C.build("madpo", "dependence", C.config_for("dependence"))
     with pytest.raises(ValueError, match=r"conditions: \['ippo'\]"):
         C.run_missing("division", (0,), conditions=("ippo",))
+
+
+def test_the_second_block_runs_what_it_declares(monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        C, "run_missing", lambda task, seeds, conditions: calls.append((task, tuple(seeds), conditions))
+    )
+    C.run_second_block()
+    assert calls == [
+        ("division", (3, 4, 5), ("joint", "apart0", "apart1")),
+        ("division", (0, 1, 2), ("iac", "madpo", "credit")),
+        ("dependence", (0, 1, 2), ("shared",)),
+    ]
