@@ -209,9 +209,13 @@ def test_torchrun_two_nodes_of_one_process_runs_the_same_fit(tmp_path):
                          start_new_session=True)  # its own process group: a timeout kills the worker too
         for node, handle in enumerate(handles)
     ]  # fmt: skip
+    # 420 s: past torchelastic's 300 s exit barrier. Node 0's agent hosts the rendezvous store, and the
+    # barrier can miss node 1's arrival (pytorch/pytorch#69520, open): node 0 then waits the full 300 s,
+    # logs "Error waiting on exit barrier" and exits 0: the likely cause of the one hang seen here, in
+    # CI, at 240 s after a finished fit (not confirmed). The race costs time, not the result checked.
     try:
         for p, log in zip(procs, logs):
-            p.wait(timeout=240)
+            p.wait(timeout=420)
             assert p.returncode == 0, log.read_text()[-3000:]
     finally:
         for p in procs:
