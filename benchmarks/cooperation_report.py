@@ -192,6 +192,8 @@ def render_task(task: str, summ: dict[str, Any], cal: dict[str, Any] | None) -> 
         f"- joint − swap (success after): {_diff(d.get('joint_minus_swap'))}",
         f"- joint − shared model (success after): {_diff(d.get('joint_minus_shared'))}",
     ]
+    if d:
+        lines += ["", f"Read: {_reading(d)}"]
     if "joint" in summ:
         lines += ["", f"Greedy held-out answers of the joint team, seed {summ['joint']['seeds'][0]}, after training:", "",
                   _examples(summ["joint"], task)]  # fmt: skip
@@ -204,6 +206,28 @@ def render_task(task: str, summ: dict[str, Any], cal: dict[str, Any] | None) -> 
             _examples({"final_texts": c["examples"], "problems": c["problems"]}, task),
         ]
     return "\n".join(lines)
+
+
+def _side(d: dict[str, Any] | None) -> int:
+    """+1 / -1 where the interval excludes 0 above / below, 0 where it includes 0 or is not measured."""
+    return 0 if d is None else 1 if d["ci"][0] > 0 else -1 if d["ci"][1] < 0 else 0
+
+
+def _reading(d: dict[str, Any]) -> str:
+    """What the differences' intervals say, one clause each (derived from them, nothing else)."""
+    apart = {1: "the team trained together beats its agents trained apart (joint − apart excludes 0)",
+             0: "joint training is not distinguishable from training apart (joint − apart includes 0)",
+             -1: "agents trained apart beat the team trained together (joint − apart excludes 0, below)"}  # fmt: skip
+    out = [apart[_side(d.get("joint_minus_apart"))]] if "joint_minus_apart" in d else []
+    changed = [_side(d.get(f"joint_minus_{k}")) for k in ("cross_play", "swap") if f"joint_minus_{k}" in d]
+    if changed:
+        out.append(
+            "changing the partner (cross-play or swapped roles) costs success: the convention is the pair's own"
+            if 1 in changed
+            else "changing the partner (cross-play, swapped roles) costs no measurable success: whatever the "
+            "joint teams learned, different seeds learned the same or compatible rules"
+        )
+    return "; ".join(out) + "." if out else "nothing measured yet."
 
 
 def _calls(summ: dict[str, Any], row: str, task: str) -> str:

@@ -154,3 +154,14 @@ def test_the_second_block_runs_what_it_declares(monkeypatch):
         ("division", (0, 1, 2), ("iac", "madpo", "credit")),
         ("dependence", (0, 1, 2), ("shared",)),
     ]
+
+
+def test_the_reading_follows_the_intervals():
+    above, around = {"ci": (0.02, 0.4)}, {"ci": (-0.1, 0.2)}
+    text = R._reading(
+        {"joint_minus_apart": above, "joint_minus_cross_play": around, "joint_minus_swap": around}
+    )
+    assert text.startswith("the team trained together beats") and "costs no measurable success" in text
+    text = R._reading({"joint_minus_apart": around, "joint_minus_swap": above})
+    assert "not distinguishable" in text and "the convention is the pair's own" in text
+    assert R._reading({"joint_minus_apart": {"ci": (-0.4, -0.1)}}).startswith("agents trained apart beat")
