@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import cooperation as C
+from cooperation_main_job import is_summary
+from cooperation_main_job import latest as latest_main_job
 from learning_report import _ci, _pct
 from learning_runs import recorded_runs
 from learning_stats import gain_difference, hierarchical_bootstrap
@@ -125,6 +127,7 @@ def section(quick: bool, run: bool = False) -> dict[str, Any]:
         "config": cfg,
         "task_config": C.TASK_CONFIG,
         "second_block": C.SECOND_BLOCK,
+        "main_job": None if quick else latest_main_job(),
         "order": order,
         "tasks": tasks,
         "png": PNG,
@@ -224,8 +227,8 @@ def _reading(d: dict[str, Any]) -> str:
         out.append(
             "changing the partner (cross-play or swapped roles) costs success: the convention is the pair's own"
             if 1 in changed
-            else "changing the partner (cross-play, swapped roles) costs no measurable success: whatever the "
-            "joint teams learned, different seeds learned the same or compatible rules"
+            else "changing the partner (cross-play, swapped roles) costs no success these intervals resolve: "
+            "no sign of a convention private to one pair"
         )
     return "; ".join(out) + "." if out else "nothing measured yet."
 
@@ -284,14 +287,13 @@ The second block ({res["second_block"]["written"]}): {res["second_block"]["text"
 def _main_job(m: dict[str, Any] | None) -> str:
     if not m:
         return "\nThe main job (`make run`) on a clean clone: not measured yet (`benchmarks/cooperation_main_job.py`).\n"
-    from cooperation_main_job import is_summary
-
     lines = (
         "\n".join(f"  - `{line}`" for line in m["summary"] if is_summary(line)) or "  - (no summary printed)"
     )
-    args = " ".join(m["make_args"]) or "(the default config)"
+    args = " ".join(m["make_args"])
+    command = f"`make run {args}`" if args else "`make run` (the default config)"
     return f"""
-**The main job**, `make run {args}` on a clean clone of `{m["commit"][:10]}` (`benchmarks/cooperation_main_job.py`:
+**The main job**, {command} on a clean clone of `{m["commit"][:10]}` (`benchmarks/cooperation_main_job.py`:
 fresh venv and model cache, torch's default threads), {m["date"]}: {m["wall_s"] / 60:.1f} min wall, exit code
 {m["returncode"]}, load average {m["loadavg_start"][0]:.1f} at the start and {m["loadavg_end"][0]:.1f} at the end on
 {m["cores"]} cores. It printed:

@@ -161,7 +161,21 @@ def test_the_reading_follows_the_intervals():
     text = R._reading(
         {"joint_minus_apart": above, "joint_minus_cross_play": around, "joint_minus_swap": around}
     )
-    assert text.startswith("the team trained together beats") and "costs no measurable success" in text
+    assert (
+        text.startswith("the team trained together beats")
+        and "costs no success these intervals resolve" in text
+    )
     text = R._reading({"joint_minus_apart": around, "joint_minus_swap": above})
     assert "not distinguishable" in text and "the convention is the pair's own" in text
     assert R._reading({"joint_minus_apart": {"ci": (-0.4, -0.1)}}).startswith("agents trained apart beat")
+
+
+def test_the_section_shows_the_latest_main_job_record(monkeypatch):
+    rec = {"commit": "abcdef1234567", "make_args": [], "wall_s": 409, "loadavg_start": [0.2], "loadavg_end": [1.3],
+           "cores": 2, "returncode": 0, "date": "2026-12-03 10:08",
+           "summary": ["held-out team success: 0.300 -> 0.660; gain +0.360", "Epoch 0/0 ━━ 24/200"]}  # fmt: skip
+    monkeypatch.setattr(R, "latest_main_job", lambda: rec)
+    monkeypatch.setattr(R, "recorded_runs", lambda *a, **k: [])
+    text = R.render(R.section(quick=False))
+    assert "clean clone of `abcdef1234`" in text and "6.8 min wall" in text
+    assert "`held-out team success: 0.300 -> 0.660; gain +0.360`" in text and "Epoch" not in text
