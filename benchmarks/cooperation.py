@@ -49,7 +49,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
 from bench_lib import SMOLLM2  # noqa: E402
-from learning_runs import recorded_runs  # noqa: E402
+from learning_runs import append_run, recorded_runs  # noqa: E402
 from learning_tasks import HeldOut, _quiet_trainer  # noqa: E402
 from learning_train import run_record  # noqa: E402
 
@@ -235,16 +235,14 @@ def train(condition: str, task: str, seed: int, cfg: dict[str, Any] = CONFIG) ->
         for i in trained:
             torch.save(module.agents[i].state_dict(), weights_path(task, condition, seed, i))
     out = run_record(condition, task, seed, cfg, rec.samples_per_batch, rec, module, t0, load0)
-    calls = (
-        cfg["batch_size"] * module.rollout_config.reward_calls_per_episode(2)
-        if condition == "credit"
-        else None
-    )
+    calls = labelled_per_batch(task, cfg)  # counterfactual credit also scores recombined joint actions
+    if condition == "credit":
+        calls = cfg["batch_size"] * module.rollout_config.reward_calls_per_episode(2)
     return {
         **out,
         "problems": rec.problems,
         "labelled_per_agent": cfg["batches"] * rec.samples_per_batch,
-        "reward_calls_per_batch": calls or labelled_per_batch(task, cfg),
+        "reward_calls_per_batch": calls,
     }
 
 
@@ -264,17 +262,7 @@ def pair(
 
 
 def append(record: dict[str, Any], path: str = RUNS_FILE) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:  # one write of the whole line: two tasks may run in parallel processes
-        os.write(fd, (json.dumps(record) + "\n").encode())
-    finally:
-        os.close(fd)
-    h = record["history"]
-    print(
-        f"[cooperation] {record['task']} {record['algorithm']} seed {record['seed']}: "
-        f"{[round(sum(x['solved']) / len(x['solved']), 3) for x in h]} in {record['wall_s']:.0f} s",
-        flush=True,
-    )
+    append_run(record, path, f"[cooperation] {record['task']} {record['algorithm']} seed {record['seed']}")
 
 
 def pairings(seeds: Sequence[int]) -> dict[tuple[str, int], list[tuple[str, int, int]]]:

@@ -39,8 +39,10 @@ def _mean(xs: Sequence[Sequence[float]]) -> float:
 
 def summarize_task(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per condition: held-out success before (the untrained team, from the joint run of the same
-    seed) and after, 95% two-level bootstrap intervals over seeds and problems, the gain; then joint
-    minus apart (gains), joint minus cross-play and minus swap (success after), each with its interval."""
+    seed) and after, 95% two-level bootstrap intervals over seeds and problems, the gain; then each
+    joint trainer minus apart (gains; joint's also over the first block's seeds, :data:`cooperation.SEEDS`,
+    when a later block added seeds), joint minus cross-play, swap and shared (success after), each with
+    its interval."""
     by = {(r["algorithm"], r["seed"]): r for r in runs}
     out: dict[str, Any] = {}
     afters: dict[str, list[list[float]]] = {}
@@ -76,24 +78,19 @@ def summarize_task(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for row in JOINT_ROWS:
         if row in gains and "apart" in gains:
             out["differences"][f"{row}_minus_apart"] = gain_difference(gains[row], gains["apart"])
-    first = _first_block(runs)
-    if first is not None:
-        out["differences"]["joint_minus_apart_first_block"] = first
+    if (
+        "joint" in gains
+        and "apart" in gains
+        and not {*out["joint"]["seeds"], *out["apart"]["seeds"]} <= set(C.SEEDS)
+    ):
+        first = {
+            c: [g for s, g in zip(out[c]["seeds"], gains[c]) if s in C.SEEDS] for c in ("joint", "apart")
+        }
+        out["differences"]["joint_minus_apart_first_block"] = gain_difference(first["joint"], first["apart"])
     for other in ("cross_play", "swap", "shared"):
         if "joint" in afters and other in afters:
             out["differences"][f"joint_minus_{other}"] = gain_difference(afters["joint"], afters[other])
     return out
-
-
-def _first_block(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """joint − apart (gains) over the first block's seeds (:data:`cooperation.SEEDS`) alone, when a
-    later block added seeds to either row (None otherwise)."""
-    seeds = {r["seed"] for r in runs if r["algorithm"] in ("joint", "apart")}
-    if seeds <= set(C.SEEDS):
-        return None
-    first = [r for r in runs if r["seed"] in C.SEEDS]
-    d = summarize_task(first)["differences"]
-    return d.get("joint_minus_apart")
 
 
 def _calibration() -> dict[str, Any] | None:

@@ -50,17 +50,19 @@ def run_missing(
                 continue
             print(f"[learning] {algorithm} seed {seed} ...", flush=True)
             r = RUNNERS.get(algorithm, run_one)(algorithm, TASK_OF.get(algorithm, task), seed, cfg)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:  # one write of the whole line: runs in parallel processes may share the file
-                os.write(fd, (json.dumps(r) + "\n").encode())
-            finally:
-                os.close(fd)
-            h = r["history"]
-            print(
-                f"[learning] {algorithm} seed {seed}: {[round(sum(x['solved']) / len(x['solved']), 3) for x in h]} "
-                f"in {r['wall_s']:.0f} s",
-                flush=True,
-            )
+            append_run(r, path, f"[learning] {algorithm} seed {seed}")
+
+
+def append_run(record: dict[str, Any], path: str, label: str) -> None:
+    """Append ``record`` to ``path`` as one JSON line, in one write (runs in parallel processes may
+    share the file), and print ``label`` with its held-out success at each evaluation and wall time."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(record) + "\n").encode())
+    finally:
+        os.close(fd)
+    curve = [round(sum(x["solved"]) / len(x["solved"]), 3) for x in record["history"]]
+    print(f"{label}: {curve} in {record['wall_s']:.0f} s", flush=True)
 
 
 QUICK = {**CONFIG, "batches": 2, "eval_every": 1, "k": 2}

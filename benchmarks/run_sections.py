@@ -83,15 +83,23 @@ def vs_comlrl(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]
         "floor_s_per100": _per100(f, s),
         "speedup_vs_comlrl": paired(P["comlrl"], h.loop_s),
         "speedup_vs_comlrl_module": paired(P["comlrl"], h.module_s),
-        "ours_over_floor": paired(h.loop_s, P["floor"]),
-        "ours_module_over_floor": paired(h.module_s, P["floor"]),
         "reward_first20_last20": {"comlrl": [c_first, c_last], "ours": [o_first, o_last]},
+        **_against_floor(h, "comlrl", cm),
+    }
+
+
+def _against_floor(h: Any, name: str, peer: Any) -> dict[str, Any]:
+    """The keys every peer comparison shares: our loop and module step over the floor peer's (paired
+    ratios), mean completion characters (the peer ``name``'s and ours) and the raw step times."""
+    return {
+        "ours_over_floor": paired(h.loop_s, h.peer_s["floor"]),
+        "ours_module_over_floor": paired(h.module_s, h.peer_s["floor"]),
         "mean_chars": {
-            "comlrl": sum(cm.chars) / max(len(cm.chars), 1),
+            name: sum(peer.chars) / max(len(peer.chars), 1),
             "ours": sum(h.chars) / max(len(h.chars), 1),
         },
         "raw": {
-            "comlrl": h.peer_s["comlrl"],
+            name: h.peer_s[name],
             "floor": h.peer_s["floor"],
             "ours_loop": h.loop_s,
             "ours_module": h.module_s,
@@ -127,18 +135,7 @@ def vs_trl(quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
         "floor_step_s": f,
         "ours_over_trl": paired(h.loop_s, P["trl"]),
         "ours_module_over_trl": paired(h.module_s, P["trl"]),
-        "ours_over_floor": paired(h.loop_s, P["floor"]),
-        "ours_module_over_floor": paired(h.module_s, P["floor"]),
-        "mean_chars": {
-            "trl": sum(trl.chars) / max(len(trl.chars), 1),
-            "ours": sum(h.chars) / max(len(h.chars), 1),
-        },
-        "raw": {
-            "trl": h.peer_s["trl"],
-            "floor": h.peer_s["floor"],
-            "ours_loop": h.loop_s,
-            "ours_module": h.module_s,
-        },
+        **_against_floor(h, "trl", trl),
     }
 
 
