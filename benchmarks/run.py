@@ -150,13 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         res["machine"] = recorded_machine(json_path) or res["machine"]
     table = render(res)
     print(table)
-    if args.write or (not args.quick and not args.only):
+    written = args.write or (not args.quick and not args.only)
+    if written:
         write_results(args.results, res, table)
         with open(json_path, "w") as fh:
             json.dump(res, fh, indent=1, default=str)
         print(f"[bench] wrote {args.results}")
     failed = []
-    for name in [n for n in only if n in PLOTS]:
+    for name in [n for n in only if n in PLOTS and written]:  # a plot shows the recorded numbers only
         try:
             PLOTS[name](res[name])
         except Exception as err:  # noqa: BLE001 - the numbers are written; say which plot failed

@@ -27,9 +27,23 @@ def test_a_failing_plot_keeps_the_sections_numbers_and_fails_the_run(
 
     monkeypatch.setitem(run_module.PLOTS, "vs_comlrl", no_matplotlib)
     monkeypatch.setattr(run_module, "render", lambda res: "table")
-    assert run_module.main(["--only", "vs_comlrl", "--results", str(tmp_path / "RESULTS.md")]) == 1
+    args = ["--only", "vs_comlrl", "--write", "--results", str(tmp_path / "RESULTS.md")]
+    assert run_module.main(args) == 1
     assert json.loads((tmp_path / "partial.json").read_text())["vs_comlrl"]["ours_s_per100"] == 1.25
     assert "vs_comlrl: the plot failed (ModuleNotFoundError" in capsys.readouterr().err
+
+
+def test_a_pass_that_writes_no_numbers_draws_no_plot(run_module, monkeypatch, tmp_path):
+    """A ``--quick`` pass (or ``--only`` without ``--write``) once redrew vs_comlrl_reward.png from
+    numbers RESULTS.md never recorded."""
+    monkeypatch.setattr(run_module, "PARTIAL", str(tmp_path / "partial.json"))
+    monkeypatch.setitem(run_module.RUNNERS, "vs_comlrl", lambda quick, base=None: {"ours_s_per100": 1.25})
+    drawn = []
+    monkeypatch.setitem(run_module.PLOTS, "vs_comlrl", drawn.append)
+    monkeypatch.setattr(run_module, "render", lambda res: "table")
+    for args in (["--quick", "--only", "vs_comlrl"], ["--only", "vs_comlrl"]):
+        assert run_module.main([*args, "--results", str(tmp_path / "RESULTS.md")]) == 0
+    assert drawn == [] and not (tmp_path / "RESULTS.md").exists()
 
 
 def test_matplotlib_is_declared_for_make_bench():
