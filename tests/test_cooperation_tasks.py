@@ -2,8 +2,10 @@
 the coupling were wrong), held-out content disjoint from training, the datamodule's checks, the
 frozen agent, and a tiny-model fit of every shipped config through the CLI."""
 
+import contextlib
 import glob
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -194,3 +196,43 @@ def test_the_cli_ends_with_the_paired_held_out_gain(tmp_path, capsys):
           "--data.init_args.val_batch_size=4"])  # fmt: skip
     out = capsys.readouterr().out
     assert "held-out team success: " in out and "paired over 4 problems" in out
+
+
+@contextlib.contextmanager
+def _deadline(seconds: int):
+    """Fail (TimeoutError) instead of hanging when the body runs past ``seconds``."""
+
+    def expire(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize(
+    ("field", "split", "pool"), [("num_held_out", "held-out", "10,080"), ("num_train", "training", "20,160")]
+)
+def test_more_problems_than_the_word_banks_hold_is_refused_at_once(field, split, pool):
+    # it once drew for minutes at full CPU with no output; the deadline turns a hang into a failure
+    with _deadline(20), pytest.raises(ValueError) as err:
+        dm = CooperationDataModule(task="coordination", **{field: 100000})
+        dm.load_train_val()
+    msg = str(err.value)
+    assert msg.startswith(f"data.{field}: got 100000") and f"only {pool} distinct" in msg, msg
+    assert f"set data.{field} to at most {pool.replace(',', '')}" in msg
+
+
+def test_the_pool_is_exact_every_problem_can_be_drawn_and_one_more_is_refused():
+    # division, held-out, 3 options: 6 categories x 8·7·6 ordered draws = 2,016
+    assert TASKS["division"].pool("held_out", 3) == 2016
+    with _deadline(60):
+        rows = TASKS["division"].rows(2016, 1, "held_out", 3)
+    assert len({repr(r) for r in rows}) == 2016
+    assert TASKS["dependence"].pool("held_out", 2) == 6 * 8 * 7 * 2  # and which of the two is the secret
+    with pytest.raises(ValueError, match="data.num_held_out: got 2017.*at most 2016"):
+        CooperationDataModule(task="division", num_held_out=2017)

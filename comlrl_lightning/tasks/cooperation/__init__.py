@@ -36,6 +36,7 @@ class CooperationTask:
         rows: ``(n, seed, split, num_options) -> rows`` (``split``: ``"train"`` or ``"held_out"``).
         formatters: the two agents' turn-0 prompt templates.
         reward: builds the shared reward function.
+        pool: ``(split, num_options) -> n``: how many distinct problems ``rows`` can give.
         num_turns: turns per episode (``rollout.num_turns`` must equal it).
         num_options: the default number of options per problem.
         transition: builds the transition (multi-turn tasks), or None.
@@ -44,6 +45,7 @@ class CooperationTask:
     rows: Callable[[int, int, str, int], list[dict[str, Any]]]
     formatters: tuple[str, str]
     reward: Callable[[], Any]
+    pool: Callable[[str, int], int]
     num_turns: int = 1
     num_options: int = 4
     transition: Callable[[], Any] | None = None
@@ -51,15 +53,23 @@ class CooperationTask:
 
 TASKS: dict[str, CooperationTask] = {
     "coordination": CooperationTask(
-        coordination.coordination_rows, coordination.FORMATTERS, coordination.CoordinationReward
+        coordination.coordination_rows,
+        coordination.FORMATTERS,
+        coordination.CoordinationReward,
+        coordination.coordination_pool,
     ),
     "division": CooperationTask(
-        division.division_rows, division.FORMATTERS, division.DivisionReward, num_options=3
+        division.division_rows,
+        division.FORMATTERS,
+        division.DivisionReward,
+        division.division_pool,
+        num_options=3,
     ),
     "dependence": CooperationTask(
         dependence.dependence_rows,
         dependence.FORMATTERS,
         dependence.DependenceReward,
+        dependence.dependence_pool,
         num_turns=2,
         transition=dependence.MessageTransition,
     ),

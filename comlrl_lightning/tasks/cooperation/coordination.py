@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
-from comlrl_lightning.tasks.cooperation.words import draw, listing, two_choices, unique_rows
+from comlrl_lightning.tasks.cooperation.words import draw, listing, orderings, two_choices, unique_rows
 
 FORMATTERS = (
     "You and a partner each pick one of these {category}: {view0}. You win if you pick the same one.\nI pick:",
@@ -40,7 +40,12 @@ def coordination_rows(n: int, seed: int, split: str, num_options: int = 4) -> li
             "view1": listing(words[::-1]),
         }
 
-    return unique_rows(make, n, seed)
+    return unique_rows(make, n, seed, coordination_pool(split, num_options))
+
+
+def coordination_pool(split: str, num_options: int) -> int:
+    """How many distinct problems :func:`coordination_rows` can give for ``split``: an ordered draw of ``num_options`` words of one category (agent 1's view is its reverse)."""
+    return orderings(split, num_options)
 
 
 class CoordinationReward:

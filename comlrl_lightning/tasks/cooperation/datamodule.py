@@ -19,8 +19,10 @@ class CooperationDataModule(DecPOMDPDataModule):
     Args:
         task: one of :data:`~comlrl_lightning.tasks.cooperation.COOPERATION_TASK` (``coordination``,
             ``division``, ``dependence``; the last has 2 turns: set ``rollout.num_turns: 2``).
-        num_train: training problems (distinct; default 400).
-        num_held_out: held-out problems (distinct; default 50), the same for every ``seed``.
+        num_train: training problems (distinct; default 400; at most the task's ``pool`` of the training
+            categories: coordination with 4 options, 20,160).
+        num_held_out: held-out problems (distinct; default 50), the same for every ``seed`` (at most the
+            ``pool`` of the held-out categories: coordination with 4 options, 10,080).
         num_options: options (words) per problem, in [2, 8]; None: the task's default (4; division 3).
         problem_seed: seed of the problems (training: ``problem_seed``, held-out: ``problem_seed + 1``);
             ``seed`` (a :class:`DecPOMDPDataModule` argument) only orders the training batches.
@@ -28,8 +30,9 @@ class CooperationDataModule(DecPOMDPDataModule):
         **kwargs: :class:`DecPOMDPDataModule` arguments (batch_size, val_batch_size, seed, ...).
 
     Raises:
-        ValueError: an unknown ``task``, ``num_train`` / ``num_held_out`` < 1, ``num_options`` out of
-            [2, 8], or formatters that are not two; each naming the ``data.`` field.
+        ValueError: an unknown ``task``, ``num_train`` / ``num_held_out`` < 1 or above the distinct
+            problems the split's word banks give (``pool``: held-out coordination, 4 options: 10,080),
+            ``num_options`` out of [2, 8], or formatters that are not two; each naming the ``data.`` field.
     """
 
     def __init__(
@@ -53,6 +56,15 @@ class CooperationDataModule(DecPOMDPDataModule):
         num_options = spec.num_options if num_options is None else num_options
         if not isinstance(num_options, int) or not 2 <= num_options <= 8:
             raise ValueError(f"data.num_options: got {num_options!r}, must be an integer in [2, 8]")
+        for name, n, split in (("num_train", num_train, "train"), ("num_held_out", num_held_out, "held_out")):
+            # checked here, not left to the draw: asking for more distinct problems than exist kept the
+            # draw looping (100,000 of 10,080 held-out problems: minutes at full CPU, no output)
+            pool = spec.pool(split, num_options)
+            if n > pool:
+                raise ValueError(
+                    f"data.{name}: got {n}, but the {split.replace('_', '-')} word banks give only {pool:,} distinct "
+                    f"{task!r} problems with {num_options} options; set data.{name} to at most {pool}"
+                )
         formatters = spec.formatters if formatters is None else formatters
         if len(formatters) != 2:
             raise ValueError(f"data.formatters: got {len(formatters)}, the cooperation tasks have 2 agents")

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
-from comlrl_lightning.tasks.cooperation.words import draw, listing, parse_choice, two_choices, unique_rows
+from comlrl_lightning.tasks.cooperation.words import (
+    draw,
+    listing,
+    orderings,
+    parse_choice,
+    two_choices,
+    unique_rows,
+)
 
 FORMATTERS = (
     "The secret is {secret}. Your partner must find it among these {category}: {view0}.\nMy message to my partner:",
@@ -47,7 +54,12 @@ def dependence_rows(n: int, seed: int, split: str, num_options: int = 4) -> list
             "view1": listing(words[::-1]),
         }
 
-    return unique_rows(make, n, seed)
+    return unique_rows(make, n, seed, dependence_pool(split, num_options))
+
+
+def dependence_pool(split: str, num_options: int) -> int:
+    """How many distinct problems :func:`dependence_rows` can give for ``split``: an ordered draw of ``num_options`` words of one category and which of them is the secret."""
+    return orderings(split, num_options) * num_options
 
 
 class MessageTransition:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
-from comlrl_lightning.tasks.cooperation.words import draw, listing, two_choices, unique_rows
+from comlrl_lightning.tasks.cooperation.words import draw, listing, orderings, two_choices, unique_rows
 
 FORMATTERS = (
     "You and a partner each take one of these {category}: {view0}. You win if you take different ones. "
@@ -35,7 +35,12 @@ def division_rows(n: int, seed: int, split: str, num_options: int = 3) -> list[d
         category, words = draw(rng, split, num_options)
         return {"category": category, "options": words, "view0": listing(words)}
 
-    return unique_rows(make, n, seed)
+    return unique_rows(make, n, seed, division_pool(split, num_options))
+
+
+def division_pool(split: str, num_options: int) -> int:
+    """How many distinct problems :func:`division_rows` can give for ``split``: an ordered draw of ``num_options`` words of one category."""
+    return orderings(split, num_options)
 
 
 class DivisionReward:

@@ -9,6 +9,7 @@ The words are short, common and single words, so that an answer of 1-4 new token
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Sequence
@@ -62,25 +63,44 @@ def check_disjoint() -> None:
         raise ValueError(f"word banks: held-out words also in training: {sorted(train & held)}")
 
 
+def _check_num_options(n: int) -> None:
+    if not 2 <= n <= 8:
+        raise ValueError(f"num_options: got {n}, must be in [2, 8] (a category has 8 words)")
+
+
 def draw(rng: random.Random, split: str, n: int) -> tuple[str, list[str]]:
     """A category of ``split`` and ``n`` distinct words of it in random order.
 
     Raises:
         ValueError: ``n`` not in [2, 8] (a category has 8 words), or a bad ``split``.
     """
-    if not 2 <= n <= 8:
-        raise ValueError(f"num_options: got {n}, must be in [2, 8] (a category has 8 words)")
+    _check_num_options(n)
     bank = categories(split)
     category = rng.choice(sorted(bank))
     return category, rng.sample(list(bank[category]), n)
 
 
-def unique_rows(make, n: int, seed: int) -> list[dict]:  # noqa: ANN001 - make: (Random) -> row
-    """``n`` distinct rows from ``make(rng)`` with ``rng = random.Random(seed)``.
+def orderings(split: str, n: int) -> int:
+    """How many distinct ordered draws of ``n`` words from one category ``split``'s bank holds: the
+    sum over its categories of ``8!/(8-n)!`` (held-out, 4 words: 6 x 1,680 = 10,080).
 
     Raises:
-        ValueError: fewer than ``n`` distinct rows after ``1000·n`` draws.
+        ValueError: ``n`` not in [2, 8], or a bad ``split``.
     """
+    _check_num_options(n)
+    return sum(math.perm(len(ws), n) for ws in categories(split).values())
+
+
+def unique_rows(make, n: int, seed: int, pool: int) -> list[dict]:  # noqa: ANN001 - make: (Random) -> row
+    """``n`` distinct rows from ``make(rng)`` with ``rng = random.Random(seed)``; ``pool``: how many
+    distinct rows ``make`` can give at all.
+
+    Raises:
+        ValueError: ``n`` > ``pool`` (at once: drawing for rows that do not exist never ends in time;
+            100,000 of a 10,080 pool ran for minutes), or fewer than ``n`` distinct rows after ``1000·n`` draws.
+    """
+    if n > pool:
+        raise ValueError(f"{n} distinct problems asked, the word banks hold {pool:,}")
     rng, seen, out = random.Random(seed), set(), []
     for _ in range(1000 * n):
         row = make(rng)
