@@ -45,9 +45,44 @@ def test_coordination_pays_only_when_both_name_the_same_option():
 def test_division_pays_only_for_two_valid_different_items():
     joint = [(" owl", " crow"), (" owl", " owl"), (" owl", " cat"), (" crow, owl", " owl")]
     out = DivisionReward()(joint, [ep()] * len(joint), 0)
-    # "cat" is no item (no part taken); "crow, owl": the first item named counts (crow), so it differs
-    assert out.values == [1.0, 0.0, 0.0, 1.0]
+    # "cat" is no item (no part taken); "crow, owl" names two items: no choice, so no split either
+    assert out.values == [1.0, 0.0, 0.0, 0.0]
     assert out.metrics["overlap"] == [0.0, 1.0, 0.0, 0.0]
+
+
+JOBS = {"options": ["chef", "baker", "nurse"]}
+
+
+def test_division_counts_a_reply_naming_two_items_as_no_choice():
+    joint = [
+        (" chef", " baker"),  # one item each, different: the split
+        (" chef, baker", " baker, chef"),  # the old rule read "chef" / "baker": a split in 3 tokens
+        (" chef, baker", " nurse"),  # one agent hedges
+        (" Chef. chef!", " baker"),  # the same item twice is one choice
+        (" chef", " chef"),  # one item each, the same: the collision
+        (" baker and nurse", " chef, baker, nurse"),
+    ]
+    out = DivisionReward()(joint, [Episode(0, JOBS)] * len(joint), 0)
+    assert out.values == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert out.metrics[PASS_AT_1] == out.values
+    # overlap stays the collision of two real choices; listing items is "several", not an overlap
+    assert out.metrics["overlap"] == [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    assert out.metrics["several"] == [0.0, 1.0, 0.5, 0.0, 0.0, 1.0]
+
+
+def test_held_out_success_of_division_reads_the_one_item_rule():
+    # validation's team success is the pass@1 the datamodule's reward reports (core.evaluation.path_solved)
+    dm = CooperationDataModule(task="division", num_train=4, num_held_out=2)
+    out = dm.env.reward_fn([(" chef", " nurse"), (" chef, nurse", " nurse, chef")], [Episode(0, JOBS)] * 2, 0)
+    assert out.pass_at_1.tolist() == [1.0, 0.0]
+
+
+def test_named_options_and_one_choice():
+    assert words.named_options("Chef, baker. chef", JOBS["options"]) == ["chef", "baker"]
+    assert words.one_choice(" I take the chef.", JOBS["options"]) == "chef"
+    assert words.one_choice(" chef or baker", JOBS["options"]) is None
+    assert words.one_choice(" owl", JOBS["options"]) is None
+    assert words.parse_choice(" chef or baker", JOBS["options"]) == "chef"  # coordination's rule is unchanged
 
 
 def test_dependence_pays_at_turn_one_only_when_agent_one_names_the_secret():

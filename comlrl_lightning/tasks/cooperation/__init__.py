@@ -21,7 +21,7 @@ COOPERATION_TASK = Choice(
     "cooperation_task",
     {
         "coordination": "both agents see the same options in different orders; 1.0 when they name the same one",
-        "division": "both see the same items; 1.0 when each names one and the two differ",
+        "division": "both see the same items; 1.0 when each names exactly one and the two differ",
         "dependence": "agent 0 sees a secret and writes a message; at turn 1 agent 1 must name the secret (2 turns)",
     },
 )

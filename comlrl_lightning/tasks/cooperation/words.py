@@ -123,19 +123,37 @@ def parse_choice(text: str, options: Sequence[str]) -> str | None:
     return next((w for w in _WORD.findall(text.lower()) if w in allowed), None)
 
 
+def named_options(text: str, options: Sequence[str]) -> list[str]:
+    """Every distinct option a completion names, in the order it first names them (case and
+    punctuation ignored): "chef, baker" -> ``["chef", "baker"]``; "chef. Chef!" -> ``["chef"]``."""
+    allowed = set(options)
+    return list(dict.fromkeys(w for w in _WORD.findall(text.lower()) if w in allowed))
+
+
+def one_choice(text: str, options: Sequence[str]) -> str | None:
+    """The option a completion names when it names exactly one; None when it names none or two or
+    more (a reply that lists several items has not chosen one: "chef, baker" -> None)."""
+    named = named_options(text, options)
+    return named[0] if len(named) == 1 else None
+
+
 def listing(words: Sequence[str]) -> str:
     """``["cat", "dog", "cow"]`` -> ``"cat, dog, cow"`` (how options appear in a prompt)."""
     return ", ".join(words)
 
 
 def two_choices(
-    who: str, joint_action: Sequence[str], options: Sequence[str]
+    who: str,
+    joint_action: Sequence[str],
+    options: Sequence[str],
+    parse=parse_choice,  # noqa: ANN001
 ) -> tuple[str | None, str | None]:
-    """The option each of the two agents names in ``joint_action`` (:func:`parse_choice`).
+    """The option each of the two agents names in ``joint_action``, read by ``parse`` (:func:`parse_choice`:
+    the first option named; :func:`one_choice`: the option when exactly one is named).
 
     Raises:
         ValueError: ``joint_action`` does not hold exactly two completions (naming ``who``).
     """
     if len(joint_action) != 2:
         raise ValueError(f"{who}: a joint action has {len(joint_action)} completions, need 2")
-    return parse_choice(joint_action[0], options), parse_choice(joint_action[1], options)
+    return parse(joint_action[0], options), parse(joint_action[1], options)
