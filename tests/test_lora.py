@@ -49,7 +49,10 @@ def unique_bytes(params):
         ({"lora_alpha": -1}, "agents[0].adapter.lora_alpha: got -1, allowed: a number > 0"),
         ({"lora_dropout": 1.0}, "agents[0].adapter.lora_dropout: got 1.0, allowed: 0 <= lora_dropout < 1"),
         ({"target_modules": []}, "agents[0].adapter.target_modules: got [], allowed: 'all-linear'"),
-        ({"rank": 8}, "agents[*].adapter: unknown keys ['rank'], allowed: ['r', 'lora_alpha'"),
+        (
+            {"rank": 8},
+            "agents[0].adapter: unknown field 'rank'; did you mean 'r'? allowed: a peft.LoraConfig",
+        ),
     ],
 )
 def test_a_bad_adapter_is_refused_naming_field_value_and_allowed_before_loading(
@@ -165,14 +168,16 @@ class Preempted(Exception):
     pass
 
 
-def run(trainer_factory, batches, ckpt_path=None, callbacks=(), crash_at=None, **kwargs):
+def run(
+    trainer_factory, batches, ckpt_path=None, callbacks=(), crash_at=None, agents=TWO_ON_ONE_BASE, **kwargs
+):
     class Crash(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if trainer.global_step == crash_at:
                 raise Preempted
 
     pl.seed_everything(0)
-    model = lora()
+    model = lora(agents)
     trainer = trainer_factory(max_steps=MAGRPO.max_steps_for(batches, 2), callbacks=[*callbacks, Crash()],
                               **kwargs)  # fmt: skip
     try:
@@ -182,20 +187,38 @@ def run(trainer_factory, batches, ckpt_path=None, callbacks=(), crash_at=None, *
     return model
 
 
-def test_an_adapters_only_checkpoint_resumes_bit_exact(trainer_factory, tmp_path):
+OPTIONS = [  # PEFT options beyond the four declared fields: DoRA, rsLoRA, a trained copy of ln_f, biases
+    {"model": "builtin:tiny-gpt2", "adapter": {**ADAPTER, "use_dora": True, "use_rslora": True,
+                                               "modules_to_save": ["ln_f"], "bias": "lora_only"}},
+    {"model": "builtin:tiny-gpt2", "adapter": {**ADAPTER, "target_modules": ["c_attn"], "init_lora_weights": "gaussian"}},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("agents", [TWO_ON_ONE_BASE, OPTIONS], ids=["two_on_one_base", "peft_options"])
+def test_an_adapters_only_checkpoint_resumes_bit_exact(trainer_factory, tmp_path, agents):
     saver = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=MAGRPO.max_steps_for(3, 2), save_top_k=-1)
-    run(
+    crashed = run(
         trainer_factory,
         6,
         callbacks=[saver],
         crash_at=MAGRPO.max_steps_for(3, 2) + 2,
         enable_checkpointing=True,
+        agents=agents,
     )
     (ckpt,) = os.listdir(tmp_path)
     state = torch.load(tmp_path / ckpt, weights_only=False)["state_dict"]
-    assert state and all("lora_" in k for k in state)  # adapters only: no base weight in the checkpoint
-    resumed = run(trainer_factory, 6, ckpt_path=str(tmp_path / ckpt))
-    straight = run(trainer_factory, 6)
+    trained = {
+        f"agents.{i}.{n}"
+        for i in range(2)
+        for n, p in crashed.agents[i].named_parameters()
+        if p.requires_grad
+    }
+    assert (
+        set(state) == trained
+    )  # what the adapters train (with OPTIONS: ln_f's copy, biases), no frozen base
+    assert any("lora_" in k for k in state)
+    resumed = run(trainer_factory, 6, ckpt_path=str(tmp_path / ckpt), agents=agents)
+    straight = run(trainer_factory, 6, agents=agents)
     for i in range(2):
         for (name, a), b in zip(resumed.agents[i].named_parameters(), straight.agents[i].parameters()):
             assert torch.equal(a, b), f"agent {i} {name}"

@@ -48,10 +48,13 @@ class AgentSpec:
             Lightning's ``global_step`` then counts the other agents' steps only. Default False.
         model_kwargs: extra keyword arguments for ``from_pretrained`` (or config fields for
             ``builtin:tiny-gpt2``, e.g. ``{"n_layer": 2, "n_embd": 64}``).
-        adapter: a LoRA adapter (:class:`~comlrl_lightning.team.adapter.AdapterConfig`: ``r``,
-            ``lora_alpha``, ``target_modules``, ``lora_dropout``): the agent trains only the adapter,
-            its base stays frozen and, with ``beta > 0``, is the reference (adapter disabled, no copy).
-            A dict is accepted. Default None: full fine-tuning. Needs the ``lora`` extra (``peft``).
+        adapter: a LoRA adapter (:class:`~comlrl_lightning.team.adapter.AdapterConfig`): ``r``,
+            ``lora_alpha``, ``target_modules``, ``lora_dropout`` and any other ``peft.LoraConfig``
+            field (``use_dora``, ``use_rslora``, ``bias``, ``modules_to_save``, ...; TRL's
+            ``peft_config``), each checked before any model loads (``target_modules`` against the
+            model's module names). The agent trains only the adapter; its base stays frozen and,
+            with ``beta > 0``, is the reference (adapter disabled, no copy). A dict is accepted.
+            Default None: full fine-tuning. Needs the ``lora`` extra (``peft``).
     """
 
     model: str
@@ -64,7 +67,7 @@ class AgentSpec:
     learning_rate: float | None = None
     frozen: bool = False
     model_kwargs: dict[str, Any] = field(default_factory=dict)
-    adapter: AdapterConfig | None = None
+    adapter: dict[str, Any] | AdapterConfig | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.adapter, dict):  # YAML / asdict / hparams spelling

