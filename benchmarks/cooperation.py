@@ -27,6 +27,7 @@ them are recorded.
     python benchmarks/cooperation.py calibrate        # untrained held-out success per task
     python benchmarks/cooperation.py run TASK [SEEDS [CONDITIONS]]  # the missing runs of one task (resumable)
     python benchmarks/cooperation.py second-block     # the missing runs of SECOND_BLOCK
+    python benchmarks/cooperation_plan.py run         # the pre-registered plan's runs (cooperation_plan.toml)
     python benchmarks/run.py --only cooperation --write
 """
 

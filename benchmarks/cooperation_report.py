@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import cooperation as C
+import cooperation_plan as P
+from cooperation_contrasts import contrast_text, plan_text, reading, seed_level
 from cooperation_main_job import is_summary
 from cooperation_main_job import latest as latest_main_job
 from learning_report import _ci, _pct
@@ -17,6 +19,12 @@ from learning_stats import gain_difference, hierarchical_bootstrap
 
 PNG = "cooperation.png"
 ROWS = ("joint", "iac", "madpo", "credit", "shared", "apart", "apart0", "apart1", "cross_play", "swap")
+SUPERSEDED = {
+    "division": "scored with the first rule, superseded: a reply counted as the first item it names, so "
+    '" chef, baker" / " baker, chef" was a split, and the trained team\'s greedy answers below do just that. '
+    "The pre-registered plan re-runs division under the one-item rule (a reply naming two or more items is no choice)"
+}
+"""Tasks whose recorded (exploratory) runs were scored by a rule since changed, and how."""
 JOINT_ROWS = ("joint",) + C.JOINT_TRAINERS
 """The rows that train both agents together on the shared reward (each compared with ``apart``)."""
 LABEL = {
@@ -42,7 +50,8 @@ def summarize_task(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     seed) and after, 95% two-level bootstrap intervals over seeds and problems, the gain; then each
     joint trainer minus apart (gains; joint's also over the first block's seeds, :data:`cooperation.SEEDS`,
     when a later block added seeds), joint minus cross-play, swap and shared (success after), each with
-    its interval."""
+    its interval (two-level bootstrap); ``seed_level``: the same contrasts over seed means
+    (:func:`cooperation_contrasts.seed_level`)."""
     by = {(r["algorithm"], r["seed"]): r for r in runs}
     out: dict[str, Any] = {}
     afters: dict[str, list[list[float]]] = {}
@@ -90,6 +99,9 @@ def summarize_task(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for other in ("cross_play", "swap", "shared"):
         if "joint" in afters and other in afters:
             out["differences"][f"joint_minus_{other}"] = gain_difference(afters["joint"], afters[other])
+    first = C.SEEDS if "joint_minus_apart_first_block" in out["differences"] else None
+    seeds = {c: out[c]["seeds"] for c in gains}
+    out["seed_level"] = seed_level(seeds, gains, afters, JOINT_ROWS, first)
     return out
 
 
@@ -117,8 +129,14 @@ def section(quick: bool, run: bool = False) -> dict[str, Any]:
     elif run:
         for task in order:
             C.run_missing(task)
-    tasks = {t: summarize_task(recorded_runs(t, cfg if quick else C.config_for(t), path)) for t in order}
+    runs = {t: recorded_runs(t, cfg if quick else C.config_for(t), path) for t in order}
+    tasks = {t: summarize_task(rs) for t, rs in runs.items()}
+    plan = P.load_plan()
+    plan_runs = {t: recorded_runs(t, P.plan_config(t, plan), path) for t in plan["order"] if t in C.TASKS}
     return {
+        "plan": plan,
+        "plan_commits": P.plan_commits(),
+        "plan_summary": P.summarize_plan(plan, plan_runs),
         "rule": C.TASK_RULE,
         "calibration": cal,
         "config": cfg,
@@ -126,16 +144,15 @@ def section(quick: bool, run: bool = False) -> dict[str, Any]:
         "second_block": C.SECOND_BLOCK,
         "main_job": None if quick else latest_main_job(),
         "order": order,
+        "first_record": {t: min(r["date"] for r in rs) for t, rs in runs.items() if rs and "date" in rs[0]},
         "tasks": tasks,
         "png": PNG,
     }
 
 
-def _diff(d: dict[str, Any] | None) -> str:
-    if d is None:
-        return "not measured yet"
-    excl = "excludes 0" if d["ci"][0] > 0 or d["ci"][1] < 0 else "includes 0"
-    return f"{100 * d['difference']:+.1f} pts {_ci(d['ci'], True)} ({excl})"
+def _diff(summ: dict[str, Any], key: str) -> str:
+    """One contrast at seed level with its two-level bootstrap interval beside (secondary)."""
+    return contrast_text(summ.get("seed_level", {}).get(key), summ.get("differences", {}).get(key))
 
 
 def _examples(s: dict[str, Any], task: str) -> str:
@@ -171,29 +188,33 @@ def render_task(task: str, summ: dict[str, Any], cal: dict[str, Any] | None) -> 
             f"| {LABEL[cond]} | {len(s['seeds'])} | {_pct(s['before'])} | {_pct(s['after'])} {_ci(s['after_ci'])} | "
             f"{100 * s['gain']:+.1f} pts {_ci(s['gain_ci'], True)} | {per_seed} | {wall} |"
         )
-    d = summ.get("differences", {})
+    d, sl = summ.get("differences", {}), summ.get("seed_level", {})
+    note = [f"Exploratory runs, not pre-registered; {SUPERSEDED[task]}.", ""] if task in SUPERSEDED else []
     lines = [
         f"### {task}{start}",
         "",
+        *note,
         "\n".join(rows),
         "",
-        f"- joint − apart (gain): {_diff(d.get('joint_minus_apart'))}",
+        f"- joint − apart (gain): {_diff(summ, 'joint_minus_apart')}",
         *(
-            f"- joint − apart (gain), first block only (seeds {', '.join(map(str, C.SEEDS))}): {_diff(d[k])}"
+            f"- joint − apart (gain), first block only (seeds {', '.join(map(str, C.SEEDS))}): {_diff(summ, k)}"
             for k in ("joint_minus_apart_first_block",)
             if k in d
         ),
         *(
-            f"- {LABEL[row]} − apart (gain): {_diff(d[f'{row}_minus_apart'])}{_calls(summ, row, task)}"
+            f"- {LABEL[row]} − apart (gain): {_diff(summ, f'{row}_minus_apart')}{_calls(summ, row, task)}"
             for row in C.JOINT_TRAINERS
             if f"{row}_minus_apart" in d
         ),
-        f"- joint − cross-play (success after): {_diff(d.get('joint_minus_cross_play'))}",
-        f"- joint − swap (success after): {_diff(d.get('joint_minus_swap'))}",
-        f"- joint − shared model (success after): {_diff(d.get('joint_minus_shared'))}",
+        f"- joint − cross-play (success after, paired by joint seed): {_diff(summ, 'joint_minus_cross_play')}",
+        f"- joint − swap (success after, paired by joint seed): {_diff(summ, 'joint_minus_swap')}",
+        f"- joint − shared model (success after): {_diff(summ, 'joint_minus_shared')}",
     ]
-    if d:
-        lines += ["", f"Read: {_reading(d)}"]
+    if sl:
+        lines += ["", f"Contrasts looked at: {len(sl)}, none pre-registered: the p-values are unadjusted and "
+                  f"descriptive (Holm over these {len(sl)} would multiply the smallest by {len(sl)}).",
+                  "", f"Read: {reading(sl)}"]  # fmt: skip
     if "joint" in summ:
         lines += ["", f"Greedy held-out answers of the joint team, seed {summ['joint']['seeds'][0]}, after training:", "",
                   _examples(summ["joint"], task)]  # fmt: skip
@@ -206,28 +227,6 @@ def render_task(task: str, summ: dict[str, Any], cal: dict[str, Any] | None) -> 
             _examples({"final_texts": c["examples"], "problems": c["problems"]}, task),
         ]
     return "\n".join(lines)
-
-
-def _side(d: dict[str, Any] | None) -> int:
-    """+1 / -1 where the interval excludes 0 above / below, 0 where it includes 0 or is not measured."""
-    return 0 if d is None else 1 if d["ci"][0] > 0 else -1 if d["ci"][1] < 0 else 0
-
-
-def _reading(d: dict[str, Any]) -> str:
-    """What the differences' intervals say, one clause each (derived from them, nothing else)."""
-    apart = {1: "the team trained together beats its agents trained apart (joint − apart excludes 0)",
-             0: "joint training is not distinguishable from training apart (joint − apart includes 0)",
-             -1: "agents trained apart beat the team trained together (joint − apart excludes 0, below)"}  # fmt: skip
-    out = [apart[_side(d.get("joint_minus_apart"))]] if "joint_minus_apart" in d else []
-    changed = [_side(d.get(f"joint_minus_{k}")) for k in ("cross_play", "swap") if f"joint_minus_{k}" in d]
-    if changed:
-        out.append(
-            "changing the partner (cross-play or swapped roles) costs success: the convention is the pair's own"
-            if 1 in changed
-            else "changing the partner (cross-play, swapped roles) costs no success these intervals resolve: "
-            "no sign of a convention private to one pair"
-        )
-    return "; ".join(out) + "." if out else "nothing measured yet."
 
 
 def _calls(summ: dict[str, Any], row: str, task: str) -> str:
@@ -253,12 +252,18 @@ episodes, K={cfg["k"]} samples per agent, AdamW lr {cfg["learning_rate"]}, tempe
 {cfg["max_new_tokens"]} new tokens; per task, fixed before its first run: {_task_config(res.get("task_config"))}. Every trained agent sees the same labelled samples (joint actions the reward
 scores) in every condition; trained apart, the pair spends twice the team's, which can only help it.
 Held-out: {cfg["num_held_out"]} problems of categories never seen in training, greedy, one answer per agent;
-success = the shared reward's pass@1 (1 when the pair's answers cooperate). Intervals: 95% two-level bootstrap
-over seeds and held-out problems (`learning.hierarchical_bootstrap`, `learning.gain_difference`: the problems
-drawn once for both rows). Produced by `benchmarks/cooperation.py` (runs) and `cooperation_report.py`.
+success = the shared reward's pass@1 (1 when the pair's answers cooperate). **Contrasts are tested at seed
+level** (`seed_stats.py`: one number per training run; independent groups: exact permutation test of seed
+means, Welch's test as a check, 95% Welch t-interval, Hedges' g; cross-play and swap paired by the joint seed:
+exact sign-flip test). The 95% two-level bootstrap over seeds and held-out problems (`learning_stats`: the
+problems drawn once for both rows) is a secondary view: with 3-6 seeds it is too narrow. Produced by
+`benchmarks/cooperation.py` (runs), `cooperation_plan.py` (the plan's runs) and `cooperation_report.py`.
 
-Task order, fixed before any training: {res["rule"]}
-Order measured: {", ".join(res["order"])}.
+{plan_text(res["plan"], res["plan_commits"], res["plan_summary"])}
+## Exploratory blocks (before the plan)
+
+Task order stated before any training: {res["rule"]}
+Order stated: {", ".join(res["order"])}. Order run (first record of each task): {_first(res)}.
 
 The second block ({res["second_block"]["written"]}): {res["second_block"]["text"]}
 """
@@ -279,6 +284,15 @@ The second block ({res["second_block"]["written"]}): {res["second_block"]["text"
         + f"\n\n![held-out team success per condition]({PNG})\n"
         + _main_job(res.get("main_job"))
     )
+
+
+def _first(res: dict[str, Any]) -> str:
+    """Tasks by their first recorded run, with its time; says whether that is the stated order."""
+    first = res.get("first_record") or {}
+    ran = sorted(first, key=first.get)
+    text = ", ".join(f"{t} {first[t]}" for t in ran) or "none yet"
+    stated = [t for t in res["order"] if t in first]
+    return text + ("" if ran == stated else " (not the stated order)")
 
 
 def _main_job(m: dict[str, Any] | None) -> str:

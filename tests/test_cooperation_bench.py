@@ -156,20 +156,6 @@ def test_the_second_block_runs_what_it_declares(monkeypatch):
     ]
 
 
-def test_the_reading_follows_the_intervals():
-    above, around = {"ci": (0.02, 0.4)}, {"ci": (-0.1, 0.2)}
-    text = R._reading(
-        {"joint_minus_apart": above, "joint_minus_cross_play": around, "joint_minus_swap": around}
-    )
-    assert (
-        text.startswith("the team trained together beats")
-        and "costs no success these intervals resolve" in text
-    )
-    text = R._reading({"joint_minus_apart": around, "joint_minus_swap": above})
-    assert "not distinguishable" in text and "the convention is the pair's own" in text
-    assert R._reading({"joint_minus_apart": {"ci": (-0.4, -0.1)}}).startswith("agents trained apart beat")
-
-
 def test_the_section_shows_the_latest_main_job_record(monkeypatch):
     rec = {"commit": "abcdef1234567", "make_args": [], "wall_s": 409, "loadavg_start": [0.2], "loadavg_end": [1.3],
            "cores": 2, "returncode": 0, "date": "2026-12-03 10:08",
