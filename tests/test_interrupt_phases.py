@@ -1,7 +1,9 @@
-"""SIGTERM outside any training batch (MARLHF's phase 1) under InterruptCheckpoint: abandoned at once,
-nothing saved while the pairs are being built (even with a hanging reward), a checkpoint that resumes
-bit-exact once they are."""
+"""InterruptCheckpoint's phases: outside any training batch (MARLHF's phase 1) a SIGTERM abandons the work
+at once, saving nothing while the pairs are being built (even with a hanging reward) and a checkpoint
+that resumes bit-exact once they are; inside a batch's updates it keeps no copy of the agents (the batch
+finishes, then saves) and a second signal stops at once, saving nothing."""
 
+import gc
 import os
 import signal
 import time
@@ -9,6 +11,7 @@ import time
 import lightning.pytorch as pl
 import pytest
 import torch
+from test_faults import SignalAt, run
 from test_marlhf import assert_same, data, marlhf, params, separable_pairs
 
 from comlrl_lightning import MAGRPO
@@ -107,3 +110,70 @@ def test_sigterm_before_training_starts_stops_before_phase_1(trainer_factory, tm
     assert info.value.code == 128 + signal.SIGTERM
     assert not os.path.exists(stop.ckpt_path) and not os.path.exists(tmp_path / "rm" / "phase1_state.pt")
     assert "stopping before MARLHF phase 1" in lightning_log.text
+
+
+def live_tensor_bytes():
+    """Bytes of every distinct tensor storage alive in this process."""
+    gc.collect()
+    seen, total = set(), 0
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+    return total
+
+
+class TensorsAtLastStep(pl.Callback):
+    """Live tensor bytes added from the start of batch 1 to its last optimizer step (agent 0 stepped,
+    AdamW state exists): what a batch's updates hold, whatever earlier tests left alive."""
+
+    def __init__(self):
+        self.batch, self.steps, self.start, self.added = -1, 0, 0, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.batch, self.steps = self.batch + 1, 0
+        if self.batch == 1:
+            self.start = live_tensor_bytes()
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.steps += 1
+        if self.batch == 1 and self.steps == 2:
+            self.added = live_tensor_bytes() - self.start
+
+
+def test_the_callback_keeps_no_copy_of_the_agents_or_their_optimizer_state_during_updates(
+    trainer_factory, tmp_path
+):
+    without, with_ = TensorsAtLastStep(), TensorsAtLastStep()
+    run(trainer_factory, 3, [without])
+    model = run(trainer_factory, 3, [InterruptCheckpoint(dirpath=str(tmp_path)), with_])
+    weights = sum(p.numel() * p.element_size() for p in model.agents.parameters())
+    # a copy of the stepped agents' weights and AdamW state would add 3x their weights; the batch
+    # end's RNG states (a few KiB) are all the callback holds
+    assert abs(with_.added - without.added) < 0.02 * weights, (with_.added, without.added, weights)
+
+
+@pytest.mark.parametrize(
+    "second,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "Ctrl+C"]
+)
+def test_a_second_signal_during_the_updates_stops_at_once_saving_nothing(
+    trainer_factory, tmp_path, lightning_log, second, code
+):
+    first = SignalAt(signal.SIGTERM, at=2, hook="on_before_optimizer_step", nth=1)  # agent 0 steps
+    again = SignalAt(second, at=2, hook="on_before_backward", nth=2)  # agent 1's backward
+    steps = []
+
+    class Steps(pl.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            steps.append(trainer.global_step)
+
+    stop, before = InterruptCheckpoint(dirpath=str(tmp_path)), signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as info:
+        run(trainer_factory, 6, [stop, first, again, Steps()])
+    assert info.value.code == code
+    assert len(steps) == 2 * 2 + 1  # batches 0, 1 and agent 0 of batch 2: agent 1 never stepped
+    assert not os.path.exists(stop.ckpt_path)  # a half-updated batch is no state to resume from
+    assert "again: stopping now, saving nothing" in lightning_log.text
+    assert signal.getsignal(signal.SIGTERM) is before  # our handlers are gone again

@@ -1,6 +1,7 @@
 """Long work outside any training batch that SIGTERM / Ctrl+C may abandon at once (MARLHF's phase 1).
 
-Inside a batch :class:`~comlrl_lightning.callbacks.InterruptCheckpoint` abandons the work at the signal;
+Inside a batch :class:`~comlrl_lightning.callbacks.InterruptCheckpoint` abandons the work at the signal
+until the batch's first optimizer step (after it, the batch's updates finish, then it saves);
 work that runs in a hook (``on_train_start``) is out of its sight, so a signal there waited for all of
 it (MARLHF's preference pairs and reward-model epochs: forever with a hanging reward). A module wraps
 such work in :func:`interruptible`, which hands it to every callback of the trainer that offers
