@@ -11,6 +11,13 @@ import torch  # noqa: E402
 
 torch.set_num_threads(2)
 
+if os.environ.get(
+    "COMLRL_TOLERANCE_AUDIT"
+):  # how close each tolerance check comes to failing: tests/tolerance_audit.py
+    import tolerance_audit
+
+    tolerance_audit.install(os.environ["COMLRL_TOLERANCE_AUDIT"])
+
 
 def tiny_trainer(max_steps: int, **kwargs) -> pl.Trainer:
     """A quiet CPU trainer for tests."""

@@ -3,7 +3,7 @@ torchrun and the kill -9 test start the ranks themselves).
 
     python tests/sharded_fit.py OUT --algo magrpo|iac --strategy fsdp2|auto --devices 2 --batch-size 2
         [--num-nodes 1] [--max-batches 3] [--ckpt-every 0] [--resume PATH] [--die-after 0]
-        [--real-generate] [--export] [--val] [--precision 32-true] [--accelerator cpu]
+        [--real-generate] [--export] [--val] [--precision 32-true] [--accelerator cpu] [--optimizer adamw|sgd]
 
 Completions are a seeded function of each prompt's text (``fake_generate``), so a 2-rank run and a
 1-process run on the same global batch roll out the same joint actions and take the same steps;
@@ -14,6 +14,7 @@ Rank 0 writes ``OUT/weights.pt``: every agent's and critic's full (gathered) par
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -99,19 +100,29 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--val", action="store_true", help="one validation batch at each epoch end")
     ap.add_argument("--precision", default="32-true")
     ap.add_argument("--accelerator", default="cpu", help="gpu: benchmarks/gpu_check.py's sharded part")
+    ap.add_argument(
+        "--optimizer", choices=["adamw", "sgd"], default="adamw", help="sgd: plain SGD at lr 1e-2"
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if not args.real_generate:
         team_mod.generate = fake_generate
     pl.seed_everything(0)
+    optimizer = functools.partial(torch.optim.SGD, lr=1e-2) if args.optimizer == "sgd" else None
     if args.algo == "magrpo":
         model = MAGRPO(
-            agents=NO_DROPOUT, num_agents=2, num_generations=2, max_new_tokens=8, learning_rate=1e-2, beta=0.1
+            agents=NO_DROPOUT,
+            num_agents=2,
+            num_generations=2,
+            max_new_tokens=8,
+            learning_rate=1e-2,
+            beta=0.1,
+            optimizer=optimizer,
         )
     else:  # batch-wide advantage normalisation is per rank under data parallelism (as under DDP): off here
         model = IAC(agents=NO_DROPOUT, num_agents=2, rollout={"num_generations": 2}, sampling={"max_new_tokens": 8},
                     learning_rate=1e-2, critics=CriticSpec(model="builtin:tiny-gpt2", model_kwargs=NO_DROPOUT["model_kwargs"]),
-                    critic={"advantage_normalization": False, "critic_learning_rate": 1e-2})  # fmt: skip
+                    critic={"advantage_normalization": False, "critic_learning_rate": 1e-2}, optimizer=optimizer)  # fmt: skip
     callbacks: list[pl.Callback] = [RankSeed()] if args.real_generate else []
     if args.ckpt_every:
         callbacks.append(ModelCheckpoint(dirpath=os.path.join(args.out, "ckpt"), every_n_train_steps=args.ckpt_every * model.steps_per_batch,
