@@ -29,12 +29,12 @@ class RewardLogger(pl.Callback):
       actions whose reward raised or was non-finite (and got ``invalid_reward``);
     - ``turn_<t>/reward`` and ``turn_<t>/return``: mean reward and return of turn ``t`` (only when
       an episode has more than one turn);
-    - ``agent_<i>/completions/mean_length``, ``min_length``, ``max_length`` (tokens, EOS included),
-      ``mean_terminated_length`` and ``agent_<i>/completions/clipped_ratio`` (fraction that hit
+    - ``z_agent_<i>/completions/mean_length``, ``min_length``, ``max_length`` (tokens, EOS included),
+      ``mean_terminated_length`` and ``z_agent_<i>/completions/clipped_ratio`` (fraction that hit
       ``max_new_tokens``); the team-level ``completions/min_length``, ``max_length``,
       ``mean_terminated_length`` and ``clipped_ratio`` over all agents' completions;
-    - ``agent_<i>/grad_norm`` (total gradient norm before clipping), ``agent_<i>/kl`` (when
-      ``beta > 0``), ``agent_<i>/clip_ratio/low_mean``, ``high_mean`` and ``region_mean``
+    - ``z_agent_<i>/grad_norm`` (total gradient norm before clipping), ``z_agent_<i>/kl`` (when
+      ``beta > 0``), ``z_agent_<i>/clip_ratio/low_mean``, ``high_mean`` and ``region_mean``
       (fractions of ratio-clipped tokens; 0 on-policy, i.e. ``num_iterations = 1``);
     - TRL's team-level ``entropy``, ``kl`` (when ``beta > 0``), ``clip_ratio/low_mean``,
       ``clip_ratio/low_min``, ``clip_ratio/high_mean``, ``clip_ratio/high_max`` and
@@ -50,11 +50,11 @@ class RewardLogger(pl.Callback):
     Per epoch (``on_epoch``, aggregated with torchmetrics, reset by Lightning each epoch):
     ``epoch/reward`` (mean over all joint actions), ``epoch/reward_std`` (mean per-group reward std,
     weighted by episodes), ``epoch/rewards/<fn>/mean``, ``epoch/completions/clipped_ratio``,
-    ``epoch/agent_<i>/completions/mean_length``, ``min_length`` (MinMetric) and ``max_length``
+    ``epoch/z_agent_<i>/completions/mean_length``, ``min_length`` (MinMetric) and ``max_length``
     (MaxMetric).
 
-    The module itself logs ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``agent_<i>/loss``,
-    ``agent_<i>/entropy`` (MAGRPO) and ``completions/mean_length``; this callback does not repeat
+    The module itself logs ``reward``, ``reward_std``, ``frac_reward_zero_std``, ``z_agent_<i>/loss``,
+    ``z_agent_<i>/entropy`` (MAGRPO) and ``completions/mean_length``; this callback does not repeat
     them. Outputs that are not such a dict (another module, or a skipped step) are ignored.
 
     Args:

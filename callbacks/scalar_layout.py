@@ -1,8 +1,8 @@
 """`TeamFirstLayout`: TensorBoard's CUSTOM SCALARS tab with the team's curves first.
 
-TensorBoard's SCALARS tab orders cards by tag, so a multi-agent run opens on a dozen per-agent cards
-(``agent_0/clip_ratio/...``, all zero on-policy) with the shared reward, the number the team is
-trained on, far below. This callback writes a custom-scalars layout (``SummaryWriter.add_custom_scalars``)
+TensorBoard's SCALARS tab orders cards by tag (per-agent ones last: ``z_agent_<i>/...``, see
+:mod:`comlrl_lightning.core.metrics`) and opens only its first two groups, which are then TRL's
+``clip_ratio`` and ``completions``; the shared reward, the number the team is trained on, is further down. This callback writes a custom-scalars layout (``SummaryWriter.add_custom_scalars``)
 to every :class:`~lightning.pytorch.loggers.TensorBoardLogger` of the fit: the team's reward and
 held-out pass@k first, each on one multi-line chart, then completions, the update, per-agent
 curves and throughput (:data:`LAYOUT`). Every :class:`~comlrl_lightning.algorithms.base.CoMLRLModule`
@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from comlrl_lightning.core import metrics as M
 
-A = r"agent_\d+"
+A = M.AGENT_PREFIX + r"\d+"
 LAYOUT: dict[str, dict[str, list]] = {
     "1 team: the shared reward": {
         "reward (train) and val/reward (held out)": ["Multiline", [rf"^{M.REWARD}$", rf"^{M.VAL_REWARD}$"]],

@@ -300,7 +300,8 @@ def main(args: list[str] | None = None) -> None:
         trainer_defaults={
             "logger": {
                 "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                "init_args": {"save_dir": SAVE_DIR_MARK},
+                # no `hp_metric` card: a constant -1 Lightning logs for the HPARAMS tab, among the curves
+                "init_args": {"save_dir": SAVE_DIR_MARK, "default_hp_metric": False},
             }
         },
         args=args,  # None: parsed from sys.argv

@@ -202,8 +202,8 @@ def test_actor_critic_cli_fit_logs_critic_metrics(tmp_path, config):
         "critic/value_mean",
         "critic/value_loss",
         "critic/explained_variance",
-        "agent_0/entropy",  # docs/magrpo.md says agent_<i>/entropy is logged, for IAC and MAAC too
-        "agent_1/entropy",
+        "z_agent_0/entropy",  # docs/magrpo.md says z_agent_<i>/entropy is logged, for IAC and MAAC too
+        "z_agent_1/entropy",
     } <= tags
 
 

@@ -77,12 +77,13 @@ def test_step_metrics_match_values_computed_by_hand():
     assert m["rewards/len/mean"] == 1.0
     assert m["turn_0/reward"] == 0.5 and m["turn_1/reward"] == 3.0
     assert m["turn_0/return"] == 1.75 and m["turn_1/return"] == 3.0
-    assert [m[f"agent_0/completions/{k}_length"] for k in ("mean", "min", "max")] == [6, 3, 9]
-    assert (m["agent_1/completions/min_length"], m["agent_1/completions/max_length"]) == (2, 10)
-    assert m["agent_0/completions/clipped_ratio"] == 0.25 and m["agent_1/completions/clipped_ratio"] == 0.5
+    assert [m[f"z_agent_0/completions/{k}_length"] for k in ("mean", "min", "max")] == [6, 3, 9]
+    assert (m["z_agent_1/completions/min_length"], m["z_agent_1/completions/max_length"]) == (2, 10)
+    assert (m["z_agent_0/completions/clipped_ratio"], m["z_agent_1/completions/clipped_ratio"]) == (0.25, 0.5)
     assert m["completions/clipped_ratio"] == 3 / 8
-    assert (m["agent_0/kl"], m["agent_1/clip_ratio/region_mean"], m["agent_1/grad_norm"]) == (0.01, 0.4, 4.0)
-    assert (m["agent_0/clip_ratio/low_mean"], m["agent_1/clip_ratio/high_mean"]) == (0.05, 0.15)
+    assert (m["z_agent_0/kl"], m["z_agent_1/clip_ratio/region_mean"]) == (0.01, 0.4)
+    assert m["z_agent_1/grad_norm"] == 4.0
+    assert (m["z_agent_0/clip_ratio/low_mean"], m["z_agent_1/clip_ratio/high_mean"]) == (0.05, 0.15)
     # TRL's team-level names beside the per-agent ones: means over agents, min / max over agents
     assert m["entropy"] == 1.0 and m["kl"] == pytest.approx(0.015)
     assert m["clip_ratio/region_mean"] == pytest.approx(0.3)
@@ -91,13 +92,13 @@ def test_step_metrics_match_values_computed_by_hand():
     assert (m["completions/min_length"], m["completions/max_length"]) == (2, 10)
     # not clipped: agent 0's 3, 5, 9 and agent 1's 4, 4
     assert m["completions/mean_terminated_length"] == pytest.approx(25 / 5)
-    assert m["agent_0/completions/mean_terminated_length"] == pytest.approx(17 / 3)
+    assert m["z_agent_0/completions/mean_terminated_length"] == pytest.approx(17 / 3)
     assert m["tokens_per_second"] == (24 + 20) / 2.0 and m["episodes_per_second"] == 1.0
     # beta = 0, one turn: no KL, no per-turn metrics; the clip ratios are logged (0 on-policy), as in TRL
     single_turn = fake_output([0.0, 1.0], [[1, 2], [3, 4]], [[False] * 2] * 2)
     plain = step_metrics(single_turn, {"beta": 0.0, "num_iterations": 1}, 1.0)
     assert not [k for k in plain if k.endswith("kl") or k.startswith("turn_")]
-    assert "agent_1/grad_norm" in plain and "clip_ratio/region_mean" in plain
+    assert "z_agent_1/grad_norm" in plain and "clip_ratio/region_mean" in plain
 
 
 class ListLogger(Logger):
@@ -155,15 +156,15 @@ def test_reward_logger_logs_each_step_and_aggregates_the_epoch(tmp_path):
     outs[1]["reward_std"] = torch.tensor(0.0)
     logger = ListLogger()
     replay_fit(outs, [RewardLogger()], [logger], beta=0.5)
-    steps = {step: row for step, row in logger.rows if "agent_0/completions/min_length" in row}
+    steps = {step: row for step, row in logger.rows if "z_agent_0/completions/min_length" in row}
     assert sorted(steps) == [0, 1]  # x-axis: batches
-    assert steps[0]["agent_0/completions/min_length"] == 3
-    assert steps[1]["agent_0/completions/max_length"] == 20
-    assert steps[1]["agent_1/kl"] == pytest.approx(0.02)
+    assert steps[0]["z_agent_0/completions/min_length"] == 3
+    assert steps[1]["z_agent_0/completions/max_length"] == 20
+    assert steps[1]["z_agent_1/kl"] == pytest.approx(0.02)
     epoch = {k: v for _, row in logger.rows for k, v in row.items() if k.startswith("epoch/")}
-    assert epoch["epoch/agent_0/completions/min_length"] == 1  # min over both steps
-    assert epoch["epoch/agent_0/completions/max_length"] == 20
-    assert epoch["epoch/agent_1/completions/mean_length"] == pytest.approx((20 + 12) / 6)
+    assert epoch["epoch/z_agent_0/completions/min_length"] == 1  # min over both steps
+    assert epoch["epoch/z_agent_0/completions/max_length"] == 20
+    assert epoch["epoch/z_agent_1/completions/mean_length"] == pytest.approx((20 + 12) / 6)
     assert epoch["epoch/reward"] == pytest.approx(4.0 / 6)  # mean over all 6 joint actions
     assert epoch["epoch/reward_std"] == pytest.approx(0.5 * 2 / 3)  # per-step std weighted by episodes (2, 1)
     assert epoch["epoch/completions/clipped_ratio"] == pytest.approx(5 / 12)
@@ -401,10 +402,10 @@ def test_toy_config_fit_writes_all_metrics_text_and_agent_folders(tmp_path):
         "epoch/completions/clipped_ratio",
     }  # fmt: skip
     for i in range(2):
-        expected |= {f"agent_{i}/completions/{m}_length" for m in ("mean", "min", "max")}
-        expected |= {f"agent_{i}/completions/clipped_ratio"}
-        expected |= {f"agent_{i}/grad_norm"}
-        expected |= {f"epoch/agent_{i}/completions/{m}_length" for m in ("mean", "min", "max")}
+        expected |= {f"z_agent_{i}/completions/{m}_length" for m in ("mean", "min", "max")}
+        expected |= {f"z_agent_{i}/completions/clipped_ratio"}
+        expected |= {f"z_agent_{i}/grad_norm"}
+        expected |= {f"epoch/z_agent_{i}/completions/{m}_length" for m in ("mean", "min", "max")}
     assert expected <= tags, expected - tags
     team = {
         "entropy",
@@ -419,7 +420,8 @@ def test_toy_config_fit_writes_all_metrics_text_and_agent_folders(tmp_path):
     }
     assert team <= tags, team - tags  # a default run has TRL's team-level curves, clip ratio included
     assert not {t for t in tags if t.endswith("kl")}  # beta = 0
-    assert [s.step for s in acc.Scalars("agent_1/grad_norm")] == [0, 1, 2, 3]  # 8 optimizer steps = 4 batches
+    # 8 optimizer steps = 4 batches
+    assert [s.step for s in acc.Scalars("z_agent_1/grad_norm")] == [0, 1, 2, 3]
     assert [e.step for e in acc.Tensors("completions/text_summary")] == [1, 3]
     log_dir = Path(events)
     assert sorted(os.listdir(log_dir / "agents")) == ["step_4"]

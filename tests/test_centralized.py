@@ -250,8 +250,8 @@ def test_the_toy_config_fits_from_the_cli_and_logs_the_parse_metrics(tmp_path):
     acc = EventAccumulator(events)
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"reward", "agent_0/loss", "centralized/parse_failure", "val/centralized/parse_failure"} <= tags
-    assert "agent_1/loss" not in tags  # one trained model
+    assert {"reward", "z_agent_0/loss", "centralized/parse_failure", "val/centralized/parse_failure"} <= tags
+    assert "z_agent_1/loss" not in tags  # one trained model
 
 
 def test_the_humaneval_config_runs_on_the_tiny_model(tmp_path, capsys):

@@ -36,7 +36,7 @@ def test_two_agent_toy_fit_writes_tensorboard_events(tmp_path):
     )  # the run's folder: validation before fit writes a file too
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"reward", "agent_0/loss", "agent_1/loss", "val/reward"} <= tags
+    assert {"reward", "z_agent_0/loss", "z_agent_1/loss", "val/reward"} <= tags
     assert len(acc.Scalars("reward")) >= 1
 
 
@@ -65,8 +65,8 @@ def test_madpo_toy_fit_logs_trls_dpo_metrics_and_one_shot_stops_itself(tmp_path,
     )  # the run's folder: validation before fit writes a file too
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"rewards/margins", "rewards/accuracies", "logps/chosen", "agent_1/rewards/margins"} <= tags
-    assert {"reward", "agent_0/loss", "val/reward", "preference/num_pairs"} <= tags
+    assert {"rewards/margins", "rewards/accuracies", "logps/chosen", "z_agent_1/rewards/margins"} <= tags
+    assert {"reward", "z_agent_0/loss", "val/reward", "preference/num_pairs"} <= tags
     steps = [e.step for e in acc.Scalars("rewards/margins")]
     if (
         mode == "one_shot"

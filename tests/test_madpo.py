@@ -50,7 +50,7 @@ def test_dpo_metrics_sum_agents_and_subtract_the_reference():
     m = dpo_metrics(lp, 0.5)
     # pair 0: Δ = (1 − 0) + (0 − 0) = 1; pair 1: Δ = 0 + (3 − 1) = 2
     assert m["rewards/margins"] == pytest.approx(0.5 * 1.5)
-    assert m["agent_0/rewards/margins"] == pytest.approx(0.25) and m["agent_1/rewards/margins"] == 0.5
+    assert m["z_agent_0/rewards/margins"] == pytest.approx(0.25) and m["z_agent_1/rewards/margins"] == 0.5
     assert m["rewards/chosen"] == pytest.approx(0.5 * (0.5 + 0.0) / 2)
     assert m["logps/chosen"] == pytest.approx((-4.0 - 3.0) / 2) and m["rewards/accuracies"] == 1.0
 
@@ -91,7 +91,7 @@ def test_online_mode_rebuilds_pairs_each_batch_and_moves_every_agent(trainer_fac
     logged = grab.metrics[-1]
     for name in ("rewards/chosen", "rewards/margins", "rewards/accuracies", "logps/rejected"):
         assert name in logged and torch.isfinite(logged[name])
-    assert "agent_1/rewards/margins" in logged and float(logged["preference/num_pairs"]) > 0
+    assert "z_agent_1/rewards/margins" in logged and float(logged["preference/num_pairs"]) > 0
     assert len(model.reference_models) == 2  # DPO proper by default
     for b, agent in zip(before, model.agents):
         assert any(not torch.equal(x, p) for x, p in zip(b, agent.parameters()))
@@ -199,7 +199,7 @@ def test_centralized_trains_one_joint_actor_on_pairs_of_its_joint_completions(tr
     for pair, ix in zip(first.pairs, first.index):
         assert pair.prompts == [joint[0][ix.node]] and " | " in pair.prompts[0]  # the adapter's joint prompt
         assert pair.chosen[0] == first.turn.generations[0].texts[ix.node * 4 + ix.chosen]
-    assert len(model.reference_models) == 1 and "agent_0/rewards/margins" in grab.metrics[-1]
+    assert len(model.reference_models) == 1 and "z_agent_0/rewards/margins" in grab.metrics[-1]
     assert "centralized/parse_failure" in grab.metrics[-1]
     with pytest.raises(ValueError, match="data.formatters: the env has 2 formatters .* model.num_roles=3"):
         bad = MADPO(agents="builtin:tiny-gpt2", collaboration_mode="centralized", num_roles=3)

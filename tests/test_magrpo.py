@@ -88,8 +88,8 @@ def test_training_step_returns_rewards_lengths_and_texts_for_callbacks(trainer_f
         "reward",
         "reward_std",
         "frac_reward_zero_std",
-        "agent_0/loss",
-        "agent_1/loss",
+        "z_agent_0/loss",
+        "z_agent_1/loss",
         "completions/mean_length",
     ):
         assert key in trainer.callback_metrics, key

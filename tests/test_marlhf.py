@@ -332,7 +332,7 @@ def test_toy_marlhf_config_trains_the_reward_model_then_the_agents_from_the_cli(
         "val/reward_model/loss",
         "val/reward_model/accuracy",
     } <= tags
-    assert {"reward", "rewards/joint_reward_model/mean", "agent_0/loss", "val/reward"} <= tags
+    assert {"reward", "rewards/joint_reward_model/mean", "z_agent_0/loss", "val/reward"} <= tags
     assert "marlhf/task_reward" in tags  # the config's log_task_reward: the gold reward in TensorBoard
 
 

@@ -319,7 +319,7 @@ def test_the_toy_config_trains_two_rounds_from_the_cli(tmp_path):
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert {"pairs/current", "pairs/train", "pairs/total", "iter/round", "iter/samples", "val/reward"} <= tags
-    assert {"reward_model/loss", "val/reward_model/accuracy", "reward", "agent_0/loss"} <= tags
+    assert {"reward_model/loss", "val/reward_model/accuracy", "reward", "z_agent_0/loss"} <= tags
     assert sorted({int(e.value) for e in acc.Scalars("iter/round")}) == [0, 1]
     assert {int(e.value) for e in acc.Scalars("pairs/current")} == {len(s) for s in shards}
     assert len(acc.Scalars("reward_model/loss")) == 2 * 2  # 2 rounds x reward_num_train_epochs

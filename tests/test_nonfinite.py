@@ -45,8 +45,8 @@ def test_a_nan_gradient_skips_that_agents_step_only_and_is_counted(monkeypatch, 
         trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=8))
     assert model.skipped_steps == [0, 1]
     assert trainer.global_step == 2  # the skipped step still counts: the cadence is unchanged
-    assert trainer.callback_metrics["agent_1/skipped_steps"] == 1.0
-    assert trainer.callback_metrics["agent_0/skipped_steps"] == 0.0
+    assert trainer.callback_metrics["z_agent_1/skipped_steps"] == 1.0
+    assert trainer.callback_metrics["z_agent_0/skipped_steps"] == 0.0
     assert all(torch.isfinite(p).all() for m in model.agents for p in m.parameters())
 
 
@@ -108,7 +108,7 @@ def test_skipped_steps_survive_a_checkpoint_and_resume(monkeypatch, trainer_fact
         resumed, LengthRatioDataModule(batch_size=2, num_train=8), ckpt_path=tmp_path / "after_skip.ckpt"
     )
     assert resumed.skipped_steps == [0, 1]  # went on from the saved count, not from 0
-    assert trainer.callback_metrics["agent_1/skipped_steps"] == 1.0
+    assert trainer.callback_metrics["z_agent_1/skipped_steps"] == 1.0
 
 
 # ---------------------------------------------------------------- separate critics (IAC)

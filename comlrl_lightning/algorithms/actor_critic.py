@@ -338,7 +338,7 @@ class ActorCritic(CoMLRLModule):
     def log_step(
         self, out: StepOutput, critic_batches: list[CriticBatch], value_losses: dict[int, float]
     ) -> None:
-        """MAGRPO's scalars (``agent_<i>/loss``, ``agent_<i>/entropy``, ...) plus ``critic/value_mean``,
+        """MAGRPO's scalars (``z_agent_<i>/loss``, ``z_agent_<i>/entropy``, ...) plus ``critic/value_mean``,
         ``critic/value_loss``, ``critic/explained_variance`` (mean over critics) and, with several critics, ``critic/agent_<i>/<name>`` (names: core/metrics.py)."""
         dev, n = self.device, out.num_episodes
         self.log(M.REWARD, out.rewards.mean().to(dev), prog_bar=True, batch_size=n, sync_dist=True)

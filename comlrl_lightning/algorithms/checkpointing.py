@@ -95,5 +95,5 @@ class CheckpointHooks:
 
     def skip_counts(self) -> dict[str, list[int]]:
         """The counters of skipped non-finite steps, by owner kind (saved in checkpoints, so a resumed
-        run's ``agent_<i>/skipped_steps`` goes on from the saved count)."""
+        run's ``z_agent_<i>/skipped_steps`` goes on from the saved count)."""
         return {"agents": self.skipped_steps}

@@ -90,7 +90,7 @@ class AgentOptimization(pl.LightningModule):
 
         First the agent's ``loss`` and gradients are checked (:meth:`finite_or_skip`): if any is
         NaN/inf, ``cfg.on_nonfinite`` either skips the step (gradients dropped, counted in
-        :attr:`skipped_steps` and logged as ``agent_<i>/skipped_steps``; the step still counts in
+        :attr:`skipped_steps` and logged as ``z_agent_<i>/skipped_steps``; the step still counts in
         ``global_step``, so the cadence is unchanged) or raises.
 
         Returns:

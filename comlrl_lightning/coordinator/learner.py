@@ -201,7 +201,7 @@ class Learner:
         Returns:
             The last iteration's ``loss`` and :func:`~comlrl_lightning.core.metrics.update_metrics`
             (``grad_norm``, ``entropy``, ``kl`` when ``beta > 0``, TRL's ``clip_ratio/*``: the names a
-            MAGRPO team logs, without the ``agent_<i>/`` prefix), and ``num_samples``.
+            MAGRPO team logs, without the ``z_agent_<i>/`` prefix), and ``num_samples``.
 
         Raises:
             RuntimeError: the buffer is empty. FloatingPointError: a non-finite gradient (nothing stepped).

@@ -5,8 +5,12 @@ Scalars of a training step: the module logs :data:`REWARD`, :data:`REWARD_STD`,
 :class:`~comlrl_lightning.callbacks.RewardLogger` logs the rest. Validation logs the ``VAL_*`` names.
 
 One scheme everywhere: a team-level metric has TRL's name (``entropy``, ``clip_ratio/low_mean``,
-``completions/min_length``); the same quantity for one agent is ``agent_<i>/<that name>``
-(:func:`agent`). TRL reduces ``clip_ratio/low_min`` / ``high_max`` over processes; here they are
+``completions/min_length``); the same quantity for one agent is ``z_agent_<i>/<that name>``
+(:func:`agent`). The ``z_`` is for TensorBoard: its SCALARS tab groups tags by the part before the
+first ``/``, orders the groups by their first tag and opens only the first two; with ``agent_<i>``
+a team's run opened on agent 0's dozen diagnostics (flat-zero clip ratios first) and the shared
+``reward`` was card 40. Every team name starts with a letter before ``z`` (``val/`` is the last), so
+each agent's group sorts below every team group (tests/test_logging_order.py). TRL reduces ``clip_ratio/low_min`` / ``high_max`` over processes; here they are
 the min / max over agents (and ranks). The coordinator's learners, one agent each in their own log
 folder, log :func:`update_metrics` under the same names without a prefix.
 """
@@ -37,7 +41,7 @@ ENTROPY = "entropy"
 KL = "kl"
 """Mean over agents of each agent's k3 KL to its reference model (logged when ``beta > 0``)."""
 GRAD_NORM = "grad_norm"
-"""Total gradient norm before clipping (per agent: ``agent_<i>/grad_norm``; learners: their own)."""
+"""Total gradient norm before clipping (per agent: ``z_agent_<i>/grad_norm``; learners: their own)."""
 LOSS = "loss"
 CLIP_RATIO_LOW_MEAN = "clip_ratio/low_mean"
 """Fraction of completion tokens with ``ρ < 1 − ε`` and ``A < 0`` (clipped below), mean over agents."""
@@ -65,7 +69,7 @@ DPO_CHOSEN = "rewards/chosen"
 DPO_REJECTED = "rewards/rejected"
 """MADPO: the same for the rejected joint action (Σ over agents)."""
 DPO_MARGINS = "rewards/margins"
-"""MADPO: mean of chosen minus rejected, ``β·Σ_i Δ_i`` (Σ over agents; per agent: ``agent_<i>/rewards/margins``)."""
+"""MADPO: mean of chosen minus rejected, ``β·Σ_i Δ_i`` (Σ over agents; per agent: ``z_agent_<i>/rewards/margins``)."""
 DPO_ACCURACIES = "rewards/accuracies"
 """MADPO: fraction of pairs whose joint margin is > 0 (of the Σ over agents)."""
 DPO_LOGPS_CHOSEN = "logps/chosen"
@@ -118,9 +122,14 @@ def val_pass_at(k: int, final: bool = False) -> str:
     return f"val/{'final/' if final else ''}pass@{k}"
 
 
+AGENT_PREFIX = "z_agent_"
+"""The start of every per-agent metric's name: ``z_agent_<i>/`` sorts after every team metric in
+TensorBoard's SCALARS tab (see the module docstring)."""
+
+
 def agent(i: int, name: str) -> str:
-    """``agent_<i>/<name>``: a per-agent metric (``loss``, ``grad_norm``, ``kl``, ``completions/...``)."""
-    return f"agent_{i}/{name}"
+    """``z_agent_<i>/<name>``: a per-agent metric (``loss``, ``grad_norm``, ``kl``, ``completions/...``)."""
+    return f"{AGENT_PREFIX}{i}/{name}"
 
 
 def reward_model(name: str, held_out: bool = False) -> str:

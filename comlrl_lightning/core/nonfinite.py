@@ -16,7 +16,7 @@ ON_NONFINITE = Choice(
     "on_nonfinite",
     {
         "skip": "no step for that agent this pass: its gradients are dropped and the count is logged as "
-        "`agent_<i>/skipped_steps` (the skipped step still counts in `global_step`, so checkpoint cadence "
+        "`z_agent_<i>/skipped_steps` (the skipped step still counts in `global_step`, so checkpoint cadence "
         "and `max_steps` are unchanged; the LR scheduler does not step for it)",
         "stop": "raise `FloatingPointError` naming the agent and batch",
     },
