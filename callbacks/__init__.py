@@ -6,7 +6,8 @@
 - :class:`AgentCheckpoint`: each agent as a Hugging Face folder, atomically, last k kept.
 - :class:`HeldOutOutcomes`: each validation problem's outcome per validation; the before -> after gain.
 - :class:`InterruptCheckpoint`: SIGTERM / Ctrl+C save a resumable checkpoint and exit non-zero.
-- :class:`RichProgress` / :class:`TQDMProgress`: Lightning's progress bars without ``v_num``.
+- :class:`RichProgress` / :class:`TQDMProgress`: Lightning's progress bars without ``v_num``;
+  :class:`ProgressLines`: plain metric lines for a log file; :func:`default_progress_bar` picks one.
 - :class:`FitSummary`: the start -> end of the key scalars when ``fit`` ends (resumed runs too).
 - :class:`TeamFirstLayout`: TensorBoard's CUSTOM SCALARS tab, the team's reward first.
 """
@@ -17,7 +18,12 @@ from comlrl_lightning.callbacks.fit_summary import FitSummary
 from comlrl_lightning.callbacks.gradient_checkpointing import GradientCheckpointing
 from comlrl_lightning.callbacks.held_out import HeldOutOutcomes
 from comlrl_lightning.callbacks.interrupt_checkpoint import InterruptCheckpoint
-from comlrl_lightning.callbacks.progress_bar import RichProgress, TQDMProgress
+from comlrl_lightning.callbacks.progress_bar import (
+    ProgressLines,
+    RichProgress,
+    TQDMProgress,
+    default_progress_bar,
+)
 from comlrl_lightning.callbacks.reward_logger import RewardLogger
 from comlrl_lightning.callbacks.scalar_layout import TeamFirstLayout
 
@@ -28,8 +34,10 @@ __all__ = [
     "GradientCheckpointing",
     "HeldOutOutcomes",
     "InterruptCheckpoint",
+    "ProgressLines",
     "RewardLogger",
     "RichProgress",
     "TQDMProgress",
     "TeamFirstLayout",
+    "default_progress_bar",
 ]

@@ -22,6 +22,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from comlrl_lightning.callbacks.held_out import HeldOutOutcomes
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.evaluation import wilson_interval
+from comlrl_lightning.infra.quiet import quiet_exact_resume, unquiet
 
 SUMMARY_KEYS = ("val/pass@*", "val/final/pass@*", M.VAL_REWARD, "val/rewards/*", M.REWARD)
 """The scalars summarised; a trailing ``*`` matches any ending (``val/rewards/*``: each reward term,
@@ -69,6 +70,7 @@ class FitSummary(pl.Callback):
         """Scalar -> its recorded values, oldest first (saved in checkpoints)."""
         # the last value object recorded per training scalar (kept alive, so its id is not reused)
         self._seen: dict[str, Any] = {}
+        self._quiet: tuple | None = None  # the warning filter of an exact resume, until training starts
 
     def _matches(self, key: str) -> bool:
         return any(key.startswith(p[:-1]) if p.endswith("*") else key == p for p in self.keys)
@@ -84,6 +86,21 @@ class FitSummary(pl.Callback):
             v = float(value)
             if math.isfinite(v):
                 self.history.setdefault(key, []).append(v)
+
+    # In every fit of a CoMLRLModule (configure_callbacks), so this is where a resume that restores the
+    # data position exactly silences Lightning's warning that it cannot (infra/quiet.py), from the
+    # checkpoint's load until the first batch (the warning comes from the epoch loop's reset in between).
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: Any) -> None:
+        unquiet(self._quiet)
+        self._quiet = quiet_exact_resume(getattr(trainer, "datamodule", None), checkpoint)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        unquiet(self._quiet)
+        self._quiet = None
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        unquiet(self._quiet)  # a fit that ended before its first batch
+        self._quiet = None
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:

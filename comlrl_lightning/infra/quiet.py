@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from typing import Any
 
 
 def _drop_litlogger_tips(record: logging.LogRecord) -> bool:
@@ -34,3 +35,32 @@ def silence_start_up_noise() -> None:
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_drop_litlogger_tips)
     logging.getLogger("transformers.modeling_utils").addFilter(_drop_padding_false_alarm)
+
+
+NOT_RESUMABLE = r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not resumable"
+"""Lightning's warning on a mid-epoch resume whose ``DataLoader`` has no ``state_dict``."""
+
+
+def quiet_exact_resume(datamodule: Any, checkpoint: dict[str, Any]) -> tuple | None:
+    """Silence :data:`NOT_RESUMABLE` when ``checkpoint`` holds ``datamodule``'s own data position.
+
+    Lightning asks the ``DataLoader`` for its position; ours keep theirs in the datamodule instead
+    (``DecPOMDPDataModule.state_dict``: ``batches_in_epoch``, the trained batches its sampler skips on
+    resume), so the resume is exact (tests/test_resume.py) and Lightning's "unreliable results"
+    contradicts it. Any other datamodule (or none) keeps the warning.
+
+    Returns:
+        The filter installed (give it to :func:`unquiet`), or None when none was.
+    """
+    saved = checkpoint.get(type(datamodule).__qualname__) if datamodule is not None else None
+    if not isinstance(saved, dict) or "batches_in_epoch" not in saved:
+        return None
+    warnings.filterwarnings("ignore", message=NOT_RESUMABLE)
+    return warnings.filters[0]
+
+
+def unquiet(installed: tuple | None) -> None:
+    """Remove a filter :func:`quiet_exact_resume` installed (no-op for None or one already gone)."""
+    if installed is not None and installed in warnings.filters:
+        warnings.filters.remove(installed)
+        warnings._filters_mutated()  # type: ignore[attr-defined]  # drops the cached filter decisions
