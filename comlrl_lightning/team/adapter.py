@@ -76,7 +76,8 @@ class AdapterConfig:
         which knows the agent's index."""
         declared = [f.name for f in fields(cls) if f.name != "options"]
         given = values.get("options") or {}
-        options = {**given, **{k: v for k, v in values.items() if k not in (*declared, "options")}}
+        rest = {k: v for k, v in values.items() if k not in (*declared, "options")}
+        options = {**given, **rest} if isinstance(given, dict) else given  # not a mapping: check() says so
         return cls(**{k: values[k] for k in declared if k in values}, options=options)
 
     def check(self, where: str) -> None:
