@@ -22,7 +22,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from comlrl_lightning.callbacks.held_out import HeldOutOutcomes
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.evaluation import wilson_interval
-from comlrl_lightning.infra.quiet import quiet_exact_resume, unquiet
+from comlrl_lightning.infra.quiet import quiet_exact_resume, quiet_post_step_checkpoints, unquiet
 
 SUMMARY_KEYS = ("val/pass@*", "val/final/pass@*", M.VAL_REWARD, "val/rewards/*", M.REWARD)
 """The scalars summarised; a trailing ``*`` matches any ending (``val/rewards/*``: each reward term,
@@ -71,6 +71,7 @@ class FitSummary(pl.Callback):
         # the last value object recorded per training scalar (kept alive, so its id is not reused)
         self._seen: dict[str, Any] = {}
         self._quiet: tuple | None = None  # the warning filter of an exact resume, until training starts
+        self._quiet_saves: tuple | None = None  # the post-step checkpoint warning's filter, for the fit
 
     def _matches(self, key: str) -> bool:
         return any(key.startswith(p[:-1]) if p.endswith("*") else key == p for p in self.keys)
@@ -87,9 +88,10 @@ class FitSummary(pl.Callback):
             if math.isfinite(v):
                 self.history.setdefault(key, []).append(v)
 
-    # In every fit of a CoMLRLModule (configure_callbacks), so this is where a resume that restores the
-    # data position exactly silences Lightning's warning that it cannot (infra/quiet.py), from the
-    # checkpoint's load until the first batch (the warning comes from the epoch loop's reset in between).
+    # In every fit of a CoMLRLModule (configure_callbacks), so this is where the fit silences the Lightning
+    # warnings that contradict what it does (infra/quiet.py): a resume that restores the data position
+    # exactly, from the checkpoint's load until the first batch (the warning comes from the epoch loop's
+    # reset in between); batch-end checkpoints of the post-step state, for the whole fit.
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: Any) -> None:
         unquiet(self._quiet)
         self._quiet = quiet_exact_resume(getattr(trainer, "datamodule", None), checkpoint)
@@ -98,9 +100,15 @@ class FitSummary(pl.Callback):
         unquiet(self._quiet)
         self._quiet = None
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":  # the fit's batch-end checkpoints are the post-step state on purpose
+            unquiet(self._quiet_saves)
+            self._quiet_saves = quiet_post_step_checkpoints()
+
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         unquiet(self._quiet)  # a fit that ended before its first batch
-        self._quiet = None
+        unquiet(self._quiet_saves)
+        self._quiet = self._quiet_saves = None
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:

@@ -20,7 +20,7 @@ from comlrl_lightning.callbacks import CompletionLogger, ProgressLines, RewardLo
 from comlrl_lightning.callbacks.completion_logger import COLUMNS
 from comlrl_lightning.cli import main
 from comlrl_lightning.datamodules import LengthRatioDataModule
-from comlrl_lightning.infra.quiet import NOT_RESUMABLE
+from comlrl_lightning.infra.quiet import NOT_RESUMABLE, POST_STEP_CHECKPOINT
 
 TOY = ["--config", "configs/trainer/cpu.yaml", "--config", "configs/callbacks/default.yaml",
        "--config", "configs/toy_length_ratio.yaml", "--trainer.limit_val_batches=1",
@@ -155,6 +155,23 @@ def test_an_exact_resume_prints_no_warning_that_the_dataloader_is_not_resumable(
               f"--trainer.default_root_dir={root / 'resumed'}", f"--ckpt_path={ckpt}"])  # fmt: skip
     assert not [w for w in caught if re.match(NOT_RESUMABLE, str(w.message))]
     assert NOT_RESUMABLE not in str(warnings.filters)  # and no filter outlives the resume
+
+
+def test_batch_end_checkpoints_of_the_post_step_state_print_no_code_sample(tmp_path):
+    pl.seed_everything(0)
+    model = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, rollout={"num_generations": 2},
+                   sampling={"max_new_tokens": 6})  # fmt: skip
+    saver = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path, every_n_train_steps=2, save_top_k=0, save_last=True
+    )
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0, max_steps=MAGRPO.max_steps_for(2, 2), callbacks=[saver])  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(model, LengthRatioDataModule(batch_size=2, num_train=4))
+    assert (tmp_path / "last.ckpt").exists()
+    assert not [w for w in caught if re.match(POST_STEP_CHECKPOINT, str(w.message))]
+    assert POST_STEP_CHECKPOINT not in str(warnings.filters)
 
 
 class Terminal(io.StringIO):
