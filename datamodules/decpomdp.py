@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -9,6 +10,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from comlrl_lightning.datamodules.loader import EpisodeDataset, ResumableSampler, collate_episodes
@@ -72,6 +74,33 @@ def load_rows(source: Any, split: str = "train", field: str = "data.dataset") ->
             f"HF_HUB_OFFLINE=1, its cache) has no dataset of that name: {type(err).__name__}: "
             f"{str(err).splitlines()[0] if str(err) else ''}"
         ) from None
+
+
+def source_fingerprint(source: Any) -> str | None:
+    """``"sha256:<hex>"`` of a local data file's bytes (a data folder: of each file's relative path and
+    bytes, in sorted order); None for a Hub name, a ``datasets.Dataset`` or a list (nothing on disk
+    to compare). A resumed run compares it with the checkpoint's (:meth:`DecPOMDPDataModule.load_state_dict`):
+    a file edited in place keeps its path."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    path = os.path.expanduser(os.fspath(source))
+    if os.path.isfile(path):
+        files = [(os.path.basename(path), path)]
+    elif os.path.isdir(path):
+        files = sorted(
+            (os.path.relpath(os.path.join(folder, name), path), os.path.join(folder, name))
+            for folder, _, names in os.walk(path)
+            for name in names
+        )
+    else:
+        return None
+    digest = hashlib.sha256()
+    for name, file in files:
+        digest.update(name.encode() + b"\0")
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
 
 
 def _json_lines_problem(path: str, field: str) -> str | None:
@@ -155,6 +184,10 @@ class DecPOMDPDataModule(pl.LightningDataModule):
             raise ValueError(f"data.val_fraction: got {val_fraction}, must be in [0, 1)")
         if batch_size < 1:
             raise ValueError(f"data.batch_size: got {batch_size}, must be >= 1")
+        if val_batch_size is not None and (isinstance(val_batch_size, bool) or val_batch_size < 1):
+            raise ValueError(
+                f"data.val_batch_size: got {val_batch_size!r}, must be >= 1 or None (batch_size's value)"
+            )
         for name, cap in (("max_train_samples", max_train_samples), ("max_val_samples", max_val_samples)):
             if cap is not None and cap < 1:
                 raise ValueError(
@@ -175,13 +208,15 @@ class DecPOMDPDataModule(pl.LightningDataModule):
         self.dataset, self.val_dataset = dataset, val_dataset
         self.train_split, self.val_split = train_split, val_split
         self.val_fraction, self.seed = val_fraction, seed
-        self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
+        self.batch_size = batch_size
+        self.val_batch_size = batch_size if val_batch_size is None else val_batch_size
         self.max_train_samples, self.max_val_samples = max_train_samples, max_val_samples
         self.shuffle, self.num_workers = shuffle, num_workers
         self.train_rows: Any = None
         self.val_rows: Any = None
         self._sampler: ResumableSampler | None = None
         self._resume_batches = 0
+        self._fingerprints: dict[str, str] | None = None
 
     def load_train_val(self) -> tuple[Any, Any]:
         """``(train_rows, val_rows)``; subclasses override this to build task data."""
@@ -273,17 +308,50 @@ class DecPOMDPDataModule(pl.LightningDataModule):
     # 0, the next one starts). Lightning's batch counter gives it at a batch end, an epoch end and
     # after fit; CoMLRLModule.on_load_checkpoint rewrites the last two's loop state so that Lightning
     # resumes them at the same position (comlrl_lightning/infra/resume.py, Lightning #19617).
+    # The local data files' fingerprints go with it: a file edited in place keeps its path.
     def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"fingerprints": self.fingerprints()}
         trainer = self.trainer
         if trainer is None:
-            return {}
+            return state
         progress = trainer.fit_loop.epoch_loop.batch_progress.current
         num_batches = trainer.num_training_batches
         done = progress.processed
-        return {"batches_in_epoch": done if done < num_batches else 0, "epoch": trainer.current_epoch}
+        return {
+            **state,
+            "batches_in_epoch": done if done < num_batches else 0,
+            "epoch": trainer.current_epoch,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._resume_batches = int(state_dict.get("batches_in_epoch", 0))
+        for line in self.changed_data_lines(state_dict.get("fingerprints") or {}):
+            rank_zero_info(line)
+
+    def fingerprints(self) -> dict[str, str]:
+        """``{"data.dataset": ..., "data.val_dataset": ...}``: :func:`source_fingerprint` of each local
+        data file or folder (computed once; Hub names and in-memory rows have none)."""
+        if self._fingerprints is None:
+            sources = {"data.dataset": self.dataset, "data.val_dataset": self.val_dataset}
+            found = {field: source_fingerprint(source) for field, source in sources.items()}
+            self._fingerprints = {field: fp for field, fp in found.items() if fp is not None}
+        return self._fingerprints
+
+    def changed_data_lines(self, saved: dict[str, str]) -> list[str]:
+        """One line per data file whose content differs from the checkpoint's ``saved`` fingerprints
+        (applied: the file's rows now run, and the saved position counts batches of the new rows)."""
+        lines = []
+        for field, old in sorted(saved.items()):
+            new = self.fingerprints().get(field, "<none: not a local file now>")
+            if new != old:
+                source = getattr(self, field.split(".")[1])
+                lines.append(
+                    f"resume: {field}: the content of {os.fspath(source)!r} differs from the checkpoint's "
+                    f"({old[:19]} -> {new[:19]}) (applied: its rows now run; the resumed data position "
+                    f"(batch {self._resume_batches} of the epoch) counts the new rows, so the run no longer "
+                    "sees the data an uninterrupted one would)"
+                )
+        return lines
 
 
 def _first_missing(rows: Any, name: str) -> int | None:

@@ -46,10 +46,8 @@ def test_per_agent_values_give_one_column_per_agent_and_shared_ones_broadcast():
         and only_shared.total.shape == (3,)
         and only_shared.agent(1).tolist() == [1, 2, 3]
     )
-    assert WeightedReward([fn("t", torch.ones(3, 2))])(JOINT, EPS, 0).total.shape == (
-        3,
-        2,
-    )  # tensors accepted
+    with pytest.raises(RewardError, match=r"'t' failed.*returned a torch.Tensor \(shape \[3, 2\]\).*tolist"):
+        WeightedReward([fn("t", torch.ones(3, 2))])(JOINT, EPS, 0)  # plain numbers only: said, not dropped
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ agents separately; actor-critic trainers use each agent's column, MAGRPO groups 
 
 from __future__ import annotations
 
-import numbers
 import threading
 import warnings
 from collections.abc import Sequence
@@ -16,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
+
+from comlrl_lightning.envs.reward_values import RewardError as RewardError
+from comlrl_lightning.envs.reward_values import as_values, check_orientation
 
 if TYPE_CHECKING:
     from comlrl_lightning.envs.base import Episode
@@ -67,10 +69,6 @@ class RewardResult:
 
 ERRORS = "errors"
 """The component that marks (1.0) joint actions whose reward was invalid and skipped (``skip_invalid``)."""
-
-
-class RewardError(RuntimeError):
-    """A reward function raised, returned the wrong number of values, or returned NaN/inf."""
 
 
 class RewardTimeout(RewardError):
@@ -261,6 +259,7 @@ class WeightedReward:
         self.num_invalid = 0
         self.timeout_s: float | None = None
         self._warned: set[tuple[str, str]] = set()
+        self._oriented: set[str] = set()
 
     def __call__(
         self, joint_actions: Sequence[Sequence[str]], episodes: Sequence[Episode], turn: int, step: int = -1
@@ -280,7 +279,17 @@ class WeightedReward:
                 out = _call_with_timeout(fn, (joint_actions, episodes, turn), self.timeout_s)
                 if isinstance(out, RewardResult):
                     out, extras = out.values, out.metrics
-                values = _as_values(out, n, num_agents)
+                values = as_values(out, n, num_agents)
+                if values.dim() == 2 and n == num_agents and name not in self._oriented:
+                    # a square [J, N] cannot show whether its rows are joint actions or agents
+                    check_orientation(
+                        lambda ja, ep, fn=fn: _values_of(
+                            _call_with_timeout(fn, (ja, ep, turn), self.timeout_s)
+                        ),
+                        joint_actions,
+                        episodes,
+                    )
+                    self._oriented.add(name)
             except Exception as err:  # noqa: BLE001 - re-raised with context below
                 if not self.skip_invalid and not isinstance(err, RewardTimeout):
                     raise RewardError(
@@ -342,46 +351,8 @@ class WeightedReward:
             )
 
 
-def _as_values(out: object, n: int, num_agents: int) -> torch.Tensor:
-    """``[n]`` (shared) or ``[n, num_agents]`` (per agent) float32 from a reward's return value. Only
-    real numbers are accepted: a dict (whose keys would be iterated) or numeric strings (which
-    ``float`` would coerce) raise, as does any other shape (named in the message)."""
-    if isinstance(out, torch.Tensor):
-        values = out.detach().float().cpu()
-    else:
-        if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
-            raise RewardError(
-                f"returned a {type(out).__name__}; expected a sequence of {n} numbers or a RewardResult"
-            )
-        rows = list(out)
-        if rows and all(
-            hasattr(r, "__len__") and not isinstance(r, (str, bytes, dict, torch.Tensor)) for r in rows
-        ):
-            flat = [v for r in rows for v in r]
-            shape: tuple[int, ...] = (len(rows), len(rows[0])) if len({len(r) for r in rows}) == 1 else (-1,)
-        else:
-            flat, shape = rows, (len(rows),)
-        bad = [v for v in flat if not isinstance(v, (numbers.Real, torch.Tensor))]
-        if bad:
-            raise RewardError(
-                f"returned a non-numeric value {bad[0]!r} ({type(bad[0]).__name__}); expected {n} numbers"
-            )
-        if shape == (-1,):
-            raise RewardError(
-                f"returned rows of different lengths {[len(r) for r in rows]}; expected [{n}] "
-                f"(shared) or [{n}, {num_agents}] (one per agent)"
-            )
-        values = torch.as_tensor([float(v) for v in flat], dtype=torch.float32).view(shape)
-    if values.dim() == 1 and values.numel() == n:
-        return values
-    if values.shape == (n, num_agents):
-        return values
-    if values.dim() == 1:
-        raise RewardError(f"returned {values.numel()} values for {n} joint actions")
-    raise RewardError(
-        f"returned shape {list(values.shape)} for {n} joint actions of {num_agents} agents; expected "
-        f"[{n}] (shared) or [{n}, {num_agents}] (one per agent)"
-    )
+def _values_of(out: Any) -> Any:
+    return out.values if isinstance(out, RewardResult) else out
 
 
 def as_weighted_reward(reward: RewardFunction | WeightedReward | Sequence[RewardFunction]) -> WeightedReward:

@@ -20,6 +20,7 @@ config builds back after the restore (schedulers scaled to match).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -149,6 +150,8 @@ def resume_differences(saved: dict[str, Any], given: dict[str, Any]) -> list[Dif
     only the checkpoint has (another module's group) differs as ``<absent>``."""
     saved = {k: v for k, v in saved.items() if k not in _SKIPPED}
     given = {k: v for k, v in given.items() if k not in _SKIPPED}
+    if not saved:  # a checkpoint without hyperparameters (or a folder without meta.pt): nothing to compare
+        return []
     old_class, new_class = saved.get(CLASS_KEY), given.get(CLASS_KEY)
     if old_class is not None and new_class is not None and old_class != new_class:
         return [Difference("class_path", old_class, new_class, *policy_of(CLASS_KEY))]
@@ -193,6 +196,20 @@ def check_resume(checkpoint: dict[str, Any], hparams: dict[str, Any], trainer: A
         raise ResumeConfigError(error)
 
 
+def check_folder_config(ckpt_path: str, hparams: dict[str, Any]) -> None:
+    """Before a sharded checkpoint folder's tensors load: refuse a module whose ``hparams`` change a
+    field of the folder's saved ones that cannot change (as :func:`check_resume` does for a file,
+    which is read whole before the module sees it).
+
+    Raises:
+        ResumeConfigError: naming each refused field, the checkpoint's and the given value.
+    """
+    saved, _ = saved_records(ckpt_path)
+    error = refusal(resume_differences(saved, hparams), ckpt_path) if saved else None
+    if error is not None:
+        raise ResumeConfigError(error)
+
+
 def applied_lines(differences: list[Difference]) -> list[str]:
     """One line per applied difference: ``resume: model.<field>: checkpoint x, given y (applied: why)``."""
     return [f"resume: model.{d.describe()} (applied: {d.why})" for d in differences if d.policy == APPLY]
@@ -216,11 +233,34 @@ RUN_RECORD = "run_config"
 """The checkpoint key of :class:`RunConfigRecord`'s trainer and data settings."""
 
 
+SHARDED_META = "meta.pt"
+"""The file of a sharded checkpoint folder (``strategy: fsdp2``, torch distributed checkpoint) that
+holds everything but the tensors: hyperparameters, run record, loops (Lightning's ``_METADATA_FILENAME``)."""
+
+
+def folder_refusal(ckpt_path: str, sharded: bool) -> str | None:
+    """The error text for a checkpoint folder given to a run whose strategy reads one file (None:
+    ``ckpt_path`` is a file, or the run is ``sharded``)."""
+    if sharded or not os.path.isdir(ckpt_path):
+        return None
+    return (
+        f"--ckpt_path {ckpt_path}: a sharded checkpoint folder (written under trainer.strategy 'fsdp2'), "
+        "given to a run of another strategy, which reads a single-file checkpoint: resume it with "
+        "trainer.strategy: fsdp2 (any number of devices; a mid-epoch one needs the world size it was "
+        "written under), or give a .ckpt file"
+    )
+
+
 def saved_records(ckpt_path: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """``(hyper_parameters, run_config)`` of the checkpoint at ``ckpt_path`` (memory-mapped: the
-    weights are not read into memory; ``{}`` / None when it has none)."""
+    """``(hyper_parameters, run_config)`` of the checkpoint at ``ckpt_path``: a file (memory-mapped: the
+    weights are not read into memory) or a sharded folder (its :data:`SHARDED_META` alone: no tensor
+    is read); ``{}`` / None when it has none (a folder without it: Lightning's loading refuses it)."""
     import torch
 
+    if os.path.isdir(ckpt_path):
+        ckpt_path = os.path.join(ckpt_path, SHARDED_META)
+        if not os.path.isfile(ckpt_path):
+            return {}, None
     try:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError:  # not a zip checkpoint: mmap needs one
@@ -232,7 +272,16 @@ def run_record(config: dict[str, Any]) -> dict[str, Any]:
     """The trainer's plain settings (limits, logging cadence, precision...; not its callbacks, logger
     or plugins) and the data's, by dotted name, from a ``fit`` section of the CLI's config dump."""
     trainer = {k: v for k, v in (config.get("trainer") or {}).items() if not isinstance(v, (dict, list))}
-    return flatten({"trainer": trainer, "data": config.get("data") or {}}, "", {})
+    record = flatten({"trainer": trainer, "data": config.get("data") or {}}, "", {})
+    return {**record, SEED: config.get(SEED)}
+
+
+SEED = "seed_everything"
+"""The CLI's global seed: recorded so that a resume with another one says what it does."""
+_SEED_WHY = (
+    "not applied: the run continues from the checkpoint's RNG states, which a seed would only have "
+    "started; for another seed, start a new run without --ckpt_path"
+)
 
 
 class RunConfigRecord(pl.Callback):
@@ -249,11 +298,14 @@ class RunConfigRecord(pl.Callback):
 def run_lines(saved: dict[str, Any] | None, given: dict[str, Any]) -> list[str]:
     """One line per trainer or data setting that differs from the checkpoint's record (all applied:
     the given trainer and data run; a changed batch size, seed, shuffle or data set means the resumed
-    run no longer sees the data an uninterrupted one would)."""
+    run no longer sees the data an uninterrupted one would), and one for a changed ``seed_everything``
+    (not applied: the checkpoint's RNG states continue)."""
     lines = []
     for key in sorted(set(saved or {}) | set(given)) if saved else []:
         old, new = saved.get(key, _ABSENT), given.get(key, _ABSENT)
-        if old != new:
+        if key == SEED and old != new and old != _ABSENT:  # a record older than the seed's: nothing said
+            lines.append(f"resume: {key}: checkpoint {old!r}, given {new!r} ({_SEED_WHY})")
+        elif old != new and key != SEED:
             why = "the given trainer runs" if key.startswith("trainer.") else _DATA_WHY
             lines.append(f"resume: {key}: checkpoint {old!r}, given {new!r} (applied: {why})")
     return lines

@@ -334,8 +334,16 @@ class ShardedTeamStrategy(ModelParallelStrategy):
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         """Lightning's loading (DCP reshards every parameter and optimizer state to this world size),
-        after :func:`check_resume`."""
-        check_resume(Path(self.broadcast(checkpoint_path)), self.world_size)
+        after :func:`check_resume` and, for a folder, the model config check of a single-file
+        checkpoint (:func:`~comlrl_lightning.infra.resume_config.check_folder_config`): DCP would
+        otherwise meet another team as ``Missing key in checkpoint state_dict``, or another group size
+        only after loading every shard."""
+        path = Path(self.broadcast(checkpoint_path))
+        check_resume(path, self.world_size)
+        if path.is_dir() and self.lightning_module is not None:
+            from comlrl_lightning.infra.resume_config import check_folder_config
+
+            check_folder_config(str(path), dict(self.lightning_module.hparams))
         return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
     @classmethod

@@ -1,0 +1,175 @@
+"""The last silent cases (issue 44): each ends in a clear error naming what is wrong, or a line
+saying what is applied."""
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_cli_config
+from experiments import experiment
+
+from comlrl_lightning import MAGRPO
+from comlrl_lightning.cli import main
+from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
+from comlrl_lightning.envs.base import Episode
+from comlrl_lightning.envs.rewards import RewardError, WeightedReward
+from comlrl_lightning.infra.resume_config import ResumeConfigError
+from comlrl_lightning.infra.sharded import ShardedTeamStrategy
+from comlrl_lightning.tasks.toy.env import LengthRatioReward
+from comlrl_lightning.team.team import Team
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------ what a reward returns
+def per_agent_credit(joint_actions, episodes, turn):
+    """Agent i's reward is the length of its own completion: one row per joint action."""
+    return [[float(len(text)) for text in joint_action] for joint_action in joint_actions]
+
+
+def per_agent_credit_transposed(joint_actions, episodes, turn):
+    """The same rewards, one row per agent: the shape a [J, N] check cannot tell apart when J = N."""
+    return [list(column) for column in zip(*per_agent_credit(joint_actions, episodes, turn))]
+
+
+SQUARE = [["a", "bbb"], ["cc", "d"]]  # 2 joint actions of 2 agents
+EPISODES = [Episode(0, {"prompt": "p"})] * 2
+
+
+def test_a_per_agent_reward_written_transposed_is_refused_even_when_the_shape_is_square():
+    assert WeightedReward([per_agent_credit])(SQUARE, EPISODES, 0).total.tolist() == [[1.0, 3.0], [2.0, 1.0]]
+    with pytest.raises(RewardError, match=r"'per_agent_credit_transposed' failed.*one row per agent"):
+        WeightedReward([per_agent_credit_transposed])(SQUARE, EPISODES, 0)
+
+
+def test_a_reward_returning_a_tensor_is_refused_naming_the_function():
+    def tensor_reward(joint_actions, episodes, turn):
+        return torch.ones(len(joint_actions), requires_grad=True)
+
+    with pytest.raises(RewardError, match=r"'tensor_reward' failed.*returned a torch.Tensor.*tolist\(\)"):
+        WeightedReward([tensor_reward])(SQUARE, EPISODES, 0)
+
+
+# ------------------------------------------------------------------ the data module
+def test_a_val_batch_size_of_zero_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match=r"data.val_batch_size: got 0, must be >= 1 or None"):
+        DecPOMDPDataModule([{"prompt": "p"}], ["{prompt}"], reward=LengthRatioReward(), val_batch_size=0)
+    assert (
+        DecPOMDPDataModule([{"prompt": "p"}], ["{prompt}"], LengthRatioReward(), batch_size=3).val_batch_size
+        == 3
+    )
+
+
+def test_a_data_file_edited_in_place_before_a_resume_is_said(tmp_path, caplog):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
+    first = DecPOMDPDataModule(str(data), ["{prompt}"], LengthRatioReward())
+    first.setup("fit")
+    saved = first.state_dict()  # what a checkpoint holds of the data module
+    same = DecPOMDPDataModule(str(data), ["{prompt}"], LengthRatioReward())
+    with caplog.at_level(logging.INFO):
+        same.load_state_dict(saved)
+    assert "resume:" not in caplog.text
+    data.write_text('{"prompt": "a"}\n{"prompt": "c"}\n')  # same path, other rows
+    edited = DecPOMDPDataModule(str(data), ["{prompt}"], LengthRatioReward())
+    edited.setup("fit")
+    with caplog.at_level(logging.INFO):
+        edited.load_state_dict(saved)
+    assert (
+        f"resume: data.dataset: the content of '{data}' differs from the checkpoint's (sha256:" in caplog.text
+    )
+    assert "(applied: its rows now run" in caplog.text
+
+
+# ------------------------------------------------------------------ a resumed CLI fit
+CLI = ["--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0", "--trainer.max_steps=2"]
+
+
+@pytest.fixture(scope="module")
+def cli_checkpoint(tmp_path_factory):
+    """Two steps of the toy config through the CLI (seed_everything 0), its last.ckpt."""
+    root = tmp_path_factory.mktemp("cli_resume")
+    os.chdir(ROOT)
+    main(["fit", *experiment("toy_length_ratio.yaml"), *CLI, f"--trainer.default_root_dir={root}",
+          "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+          f"--trainer.callbacks.dirpath={root}/ckpt", "--trainer.callbacks.save_last=true"])  # fmt: skip
+    return root / "ckpt" / "last.ckpt"
+
+
+def test_another_seed_on_resume_is_said_not_applied(cli_checkpoint, tmp_path, capsys):
+    os.chdir(ROOT)
+    main(["fit", *experiment("toy_length_ratio.yaml"), *CLI, f"--trainer.default_root_dir={tmp_path}",
+          f"--ckpt_path={cli_checkpoint}", "--seed_everything=7"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert "resume: seed_everything: checkpoint 0, given 7 (not applied: the run continues from the " in err
+
+
+# ------------------------------------------------------------------ fsdp2 checkpoint folders
+def no_model_loads(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model loaded before the config check")
+
+    monkeypatch.setattr(Team, "load", refuse)
+
+
+@pytest.fixture(scope="module")
+def fsdp2_folder(tmp_path_factory):
+    """A sharded checkpoint folder (meta.pt, shard files, sharding.json) of a 2-step fsdp2 fit on one
+    process: the tiny CLI config (2 agents, num_generations 2)."""
+    root = tmp_path_factory.mktemp("fsdp2_folder")
+    saver = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+             "init_args": {"dirpath": str(root / "ckpt"), "save_last": True, "save_top_k": 0}}  # fmt: skip
+    config = tiny_cli_config(root, "fsdp2", devices=1, enable_checkpointing=True, callbacks=[saver])
+    env = {k: os.environ.pop(k) for k in [*_DIST_ENV] if k in os.environ}
+    try:
+        main(["fit", "--config", config, "--save_on_interrupt=false"])
+    finally:
+        for key in _DIST_ENV:  # Lightning set them for its one-process group
+            os.environ.pop(key, None)
+        os.environ.update(env)
+    folder = root / "ckpt" / "last.ckpt"
+    assert (folder / "meta.pt").is_file() and (folder / "sharding.json").is_file()
+    return root, folder
+
+
+_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "RANK")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "extra", "named"),
+    [
+        ("fsdp2", ["--model.init_args.rollout.num_generations=4"],
+         "model.rollout.num_generations: checkpoint 2, given 4"),
+        ("fsdp2", ["--model.init_args.agents=[{model: builtin:tiny-gpt2}, {model: builtin:smollm2-135m-instruct}]"],
+         "model.agents.1.model: checkpoint 'builtin:tiny-gpt2', given 'builtin:smollm2-135m-instruct'"),
+        ("auto", [], "a sharded checkpoint folder (written under trainer.strategy 'fsdp2'), given to a run of "
+                     "another strategy"),
+    ],
+    ids=["num_generations", "agent-model", "folder-to-a-plain-run"],
+)  # fmt: skip
+def test_an_fsdp2_checkpoint_folder_gets_the_checks_of_a_file_before_any_model_loads(
+    fsdp2_folder, tmp_path, monkeypatch, capsys, strategy, extra, named
+):
+    _, folder = fsdp2_folder
+    no_model_loads(monkeypatch)
+    config = tiny_cli_config(tmp_path, strategy, devices=1)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", config, f"--ckpt_path={folder}", *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err and err.count("\n") <= 4  # the refusal's lines, no traceback
+
+
+def test_an_fsdp2_folder_resumed_from_python_is_refused_before_its_shards_load(fsdp2_folder, monkeypatch):
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    _, folder = fsdp2_folder
+    monkeypatch.setattr(
+        ModelParallelStrategy, "load_checkpoint", lambda *a, **k: pytest.fail("shards loaded")
+    )
+    strategy = ShardedTeamStrategy()
+    strategy._lightning_module = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, num_generations=4)
+    with pytest.raises(ResumeConfigError, match=r"model.rollout.num_generations: checkpoint 2, given 4"):
+        strategy.load_checkpoint(folder)
