@@ -123,8 +123,13 @@ class CoMLRLCLI(LightningCLI):
 
         sub = self.subcommand
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
-        if not ckpt_path or not os.path.isfile(ckpt_path):
+        if not ckpt_path or not os.path.exists(ckpt_path):
             return
+        # a folder: fsdp2's sharded checkpoint, its records read from meta.pt (no tensor loaded)
+        error = R.folder_refusal(ckpt_path, isinstance(self.trainer.strategy, ShardedTeamStrategy))
+        if error is not None:
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(2)
         hparams, run_config = R.saved_records(ckpt_path)
         self._dump_config()
         lines = R.run_lines(run_config, R.run_record(self.config_dump))
