@@ -31,6 +31,7 @@ SECTIONS = (
     "cooperation",
     "lora",
     "lora_learning",
+    "interrupt_memory",
 )
 """Every section ``run.py --only`` knows, in the order RESULTS.md lists them."""
 
