@@ -1,17 +1,21 @@
 """The last silent cases (issue 44): each ends in a clear error naming what is wrong, or a line
 saying what is applied."""
 
+import json
 import logging
 import os
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import tiny_cli_config
+from conftest import tiny_cli_config, tiny_trainer
 from experiments import experiment
+from test_marlhf import marlhf
 
 from comlrl_lightning import MAGRPO
 from comlrl_lightning.cli import main
+from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import RewardError, WeightedReward
@@ -173,3 +177,60 @@ def test_an_fsdp2_folder_resumed_from_python_is_refused_before_its_shards_load(f
     strategy._lightning_module = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2, num_generations=4)
     with pytest.raises(ResumeConfigError, match=r"model.rollout.num_generations: checkpoint 2, given 4"):
         strategy.load_checkpoint(folder)
+
+
+# ------------------------------------------------------------------ MARLHF's reward-model folder
+def marlhf_fit(tmp_path, seed_everything=0, **data_kw):
+    """Seeded: MARLHF (pairs built from 4 prompts of the toy task) for one RL batch, its reward model
+    kept in ``tmp_path / "rm"``."""
+    pl.seed_everything(seed_everything, verbose=False)
+    module = marlhf(tmp_path, epochs=1)
+    data = LengthRatioDataModule(**{"num_train": 8, "num_val": 2, "batch_size": 2, "seed": 0, **data_kw})
+    tiny_trainer(max_steps=MAGRPO.max_steps_for(1, 2)).fit(module, data)
+    return module
+
+
+@pytest.fixture(scope="module")
+def finished_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("marlhf_folder")
+    marlhf_fit(root)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"lo": 1.0}, "task_reward.functions.0.settings.lo: folder 2.0, given 1.0"),
+        ({"seed": 1}, "seed: folder 0, given 1"),
+        ({"data_seed": 1}, "prompts: folder 'sha256:"),
+    ],
+    ids=["task-reward", "seed", "prompts"],
+)
+def test_a_finished_reward_model_is_not_reused_for_another_task_reward_seed_or_prompts(
+    finished_folder, change, named
+):
+    data_kw = (
+        {"lo": change["lo"]}
+        if "lo" in change
+        else {"seed": change["data_seed"]}
+        if "data_seed" in change
+        else {}
+    )
+    with pytest.raises(ValueError, match="reward_model.reward_model_dir") as err:
+        marlhf_fit(finished_folder, seed_everything=change.get("seed", 0), **data_kw)
+    assert named in str(err.value) and "a finished reward model" in str(err.value)
+
+
+def test_a_finished_reward_model_reused_for_its_own_recipe_says_so(finished_folder, caplog):
+    with caplog.at_level(logging.INFO):
+        module = marlhf_fit(finished_folder)
+    assert (
+        f"reward_model.reward_model_dir: '{finished_folder / 'rm'}' holds a finished reward model made "
+        in (caplog.text)
+    )
+    recipe = json.loads((finished_folder / "rm" / "marlhf.json").read_text())["recipe"]
+    assert recipe["seed"] == 0 and recipe["prompts"].startswith("sha256:")
+    assert recipe["task_reward"]["functions"] == [
+        {"name": "comlrl_lightning.tasks.toy.env.LengthRatioReward", "settings": {"hi": 3.0, "lo": 2.0}}
+    ]
+    assert module.reward_info["recipe"] == recipe

@@ -65,6 +65,7 @@ from comlrl_lightning.algorithms.marlhf import (
     RL_ALGORITHM,
     MARLHFMAReMax,
 )
+from comlrl_lightning.algorithms.reward_model_folder import global_seed, training_record
 from comlrl_lightning.algorithms.round_loop import (
     IterativePreferenceConfig,
     RoundLoop,
@@ -293,6 +294,8 @@ class MARLHFIter(RoundLoop, MARLHF):
             "num_pairs": len(self._fit.pairs),
             "skipped_steps": self._fit.skipped_steps,
             "history": self._fit.history,
+            "seed": global_seed(),  # what trained it, beside how: the RNG, the prompts, the task reward
+            **training_record(self),
         }
         folder = os.path.join(self.reward_model_dir, f"round_{self._round}")
         save_reward_model(self.reward_models[self._rm_index], rm._tokenizer, folder, info)

@@ -11,7 +11,9 @@ reusing a model trained for something else.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 import os
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 
 from comlrl_lightning.algorithms.joint_reward_model import (
@@ -40,13 +43,16 @@ _NOT_IN_RECIPE = ("reward_model_dir", "reward_batch_size", "log_task_reward")
 
 def reward_recipe(module: Any) -> dict[str, Any]:
     """What decides MARLHF's trained reward model, as recorded in its folder: the backbone, the
-    ``reward_model`` training knobs (less :data:`_NOT_IN_RECIPE`) and the pairs: the pair file's
-    SHA-256 when ``pair_source.pairs_path`` is given, else the agents' models, ``preference`` and
-    ``pair_source`` (the pairs are built from the initial policy's rollouts)."""
+    ``reward_model`` training knobs (less :data:`_NOT_IN_RECIPE`), the global seed (the pairs' and
+    the training order's RNG) and the pairs: the pair file's SHA-256 when ``pair_source.pairs_path``
+    is given, else what builds them from the initial policy's rollouts: the agents' models,
+    ``preference``, ``pair_source``, the prompts used (:func:`prompts_fingerprint`) and the task
+    reward that ranks the candidates (:func:`reward_identity`)."""
     cfg, source = module.reward_config, module.pair_source
     recipe: dict[str, Any] = {
         "source": cfg.reward_model or module.specs[0].model,
         "reward_model": {k: v for k, v in asdict(cfg).items() if k not in _NOT_IN_RECIPE},
+        "seed": global_seed(),
     }
     if source.pairs_path is not None:
         with open(source.pairs_path, "rb") as f:
@@ -55,23 +61,108 @@ def reward_recipe(module: Any) -> dict[str, Any]:
         recipe["agents"] = [spec.model for spec in module.specs]
         recipe["preference"] = asdict(module.preference_config)
         recipe["pair_source"] = asdict(source)
+        recipe.update(training_record(module, source.preference_num_prompts))
     return json.loads(json.dumps(recipe))  # as it reads back from marlhf.json (tuples -> lists)
+
+
+def training_record(module: Any, num_prompts: int | None = None) -> dict[str, Any]:
+    """Where a reward model's built pairs come from: ``{"prompts": ..., "task_reward": ...}`` of
+    ``module`` (its trainer's training rows, the first ``num_prompts``; its env's reward)."""
+    rows = getattr(getattr(module.trainer, "datamodule", None), "train_rows", None)
+    return {
+        "prompts": prompts_fingerprint(rows, num_prompts),
+        "task_reward": reward_identity(module.env.reward_fn),
+    }
+
+
+def global_seed() -> int | None:
+    """The seed of ``seed_everything`` (``--seed_everything``; Lightning keeps it in ``PL_GLOBAL_SEED``),
+    None when none was set."""
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    return int(seed) if seed is not None and seed.lstrip("-").isdigit() else None
+
+
+def prompts_fingerprint(rows: Any, num_prompts: int | None) -> str | None:
+    """``"sha256:<hex>"`` of the training rows pairs are built from (the first ``num_prompts``; None:
+    all), each as sorted JSON; None without rows. A data file edited, another split or seed of the
+    split, another ``num_train``: another fingerprint."""
+    if rows is None:
+        return None
+    n = len(rows) if num_prompts is None else min(num_prompts, len(rows))
+    digest = hashlib.sha256()
+    for i in range(n):
+        digest.update(json.dumps(dict(rows[i]), sort_keys=True, default=str).encode() + b"\n")
+    return f"sha256:{digest.hexdigest()}"
+
+
+def reward_identity(reward: Any) -> dict[str, Any]:
+    """What a task reward is, as far as its config tells: each function's qualified name and its
+    public plain settings (a ``functools.partial``'s arguments), the weights and the processor."""
+    functions = getattr(reward, "functions", [reward])
+    processor = getattr(reward, "processor", None)
+    return {
+        "functions": [_callable_identity(fn) for fn in functions],
+        "weights": list(getattr(reward, "weights", [1.0])),
+        "processor": None if processor is None else {k: v for k, v in vars(processor).items() if _plain(v)},
+    }
+
+
+def _callable_identity(fn: Any) -> dict[str, Any]:
+    if isinstance(fn, functools.partial):
+        inner = _callable_identity(fn.func)
+        args = {"args": list(fn.args), "keywords": dict(fn.keywords)}
+        return {**inner, "partial": {k: v for k, v in args.items() if _plain(v)}}
+    named = fn if inspect.isroutine(fn) or inspect.isclass(fn) else type(fn)
+    out: dict[str, Any] = {"name": f"{named.__module__}.{named.__qualname__}"}
+    settings = {
+        k: v for k, v in sorted(getattr(fn, "__dict__", {}).items()) if not k.startswith("_") and _plain(v)
+    }
+    if settings:
+        out["settings"] = settings
+    return out
+
+
+def _plain(value: Any) -> bool:
+    """A value JSON keeps as it is (numbers, strings, None, and lists / dicts of them)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+_NEWER = ("seed", "prompts", "task_reward")
+"""Recipe keys a folder of an earlier version does not record: not compared there, said so."""
 
 
 def check_recipe(folder: str, what: str, recorded: dict[str, Any] | None, recipe: dict[str, Any]) -> None:
     """Refuse ``folder``'s ``what`` (its finished model, its phase-1 state) when its ``recorded``
-    recipe is missing or differs from ``recipe``.
+    recipe is missing or differs from ``recipe``; say (one line) what is reused, and which of
+    :data:`_NEWER` the folder does not record (an earlier version's: not compared).
 
     Raises:
         ValueError: naming ``reward_model.reward_model_dir``, the folder and each differing field
             with the folder's and the given value.
     """
-    if recorded == recipe:
+    unrecorded = [k for k in _NEWER if recorded is not None and k in recipe and k not in recorded]
+    compared = {k: v for k, v in recipe.items() if k not in unrecorded}
+    if recorded is not None and compared == recorded:
+        unsaid = (
+            f"; it does not record {', '.join(unrecorded)} (an earlier version): not compared"
+            if unrecorded
+            else ""
+        )
+        rank_zero_info(
+            f"reward_model.reward_model_dir: {folder!r} holds {what} made with this config (backbone, "
+            f"training knobs, seed, pairs or what builds them){unsaid}: using it"
+        )
         return
     if recorded is None:
         detail = "it records no config (written by an earlier version)"
     else:
-        old, new = flatten(recorded, "", {}), flatten(recipe, "", {})
+        old, new = flatten(recorded, "", {}), flatten(compared, "", {})
         diffs = [
             f"{k}: folder {old.get(k, '<absent>')!r}, given {new.get(k, '<absent>')!r}"
             for k in sorted(set(old) | set(new))
