@@ -234,3 +234,15 @@ def test_a_finished_reward_model_reused_for_its_own_recipe_says_so(finished_fold
         {"name": "comlrl_lightning.tasks.toy.env.LengthRatioReward", "settings": {"hi": 3.0, "lo": 2.0}}
     ]
     assert module.reward_info["recipe"] == recipe
+
+
+# ------------------------------------------------------------------ MADPO's online mode
+def test_online_mode_says_once_that_it_ignores_num_train_epochs(recwarn):
+    from comlrl_lightning import MADPO
+    from comlrl_lightning.core.dpo import DPOConfig
+
+    given = DPOConfig(preference_mode="online", num_train_epochs=7)  # as jsonargparse builds it
+    MADPO(agents="builtin:tiny-gpt2", num_agents=2, dpo=given)  # the module copies it
+    lines = [str(w.message) for w in recwarn if "dpo.num_train_epochs" in str(w.message)]
+    assert lines == ["dpo.num_train_epochs: got 7, which preference_mode='online' ignores (each batch's pairs "
+                     "are trained on in one update; it applies to 'one_shot')"]  # fmt: skip

@@ -113,7 +113,9 @@ class DPOConfig:
             need(name, v, isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1")
             if self.preference_mode == "online" and v != type(self).__dataclass_fields__[name].default:
                 warnings.warn(f"dpo.{name}: got {v!r}, which preference_mode='online' ignores (each batch's "
-                              "pairs are trained on in one update; it applies to 'one_shot')", stacklevel=3)  # fmt: skip
+                              "pairs are trained on in one update; it applies to 'one_shot')", stacklevel=2)  # fmt: skip
+                # stacklevel 2: the dataclass's own __init__, one place for every copy of the config
+                # (jsonargparse builds it, the module copies it): one line per field, not one per copy
         mb = self.micro_batch_size
         need("micro_batch_size", mb, mb is None or (isinstance(mb, int) and mb >= 1), ">= 1 or None")
         g = self.max_grad_norm
