@@ -246,3 +246,21 @@ def test_online_mode_says_once_that_it_ignores_num_train_epochs(recwarn):
     lines = [str(w.message) for w in recwarn if "dpo.num_train_epochs" in str(w.message)]
     assert lines == ["dpo.num_train_epochs: got 7, which preference_mode='online' ignores (each batch's pairs "
                      "are trained on in one update; it applies to 'one_shot')"]  # fmt: skip
+
+
+def test_a_folder_of_an_earlier_version_is_used_with_a_line_naming_what_it_does_not_record(tmp_path, caplog):
+    from comlrl_lightning.algorithms.reward_model_folder import check_recipe
+
+    recipe = {"source": "builtin:tiny-gpt2", "reward_model": {"reward_seed": 0}, "seed": 0, "prompts": "sha256:ab",
+              "task_reward": {"functions": [{"name": "m.f"}], "weights": [1.0], "processor": None}}  # fmt: skip
+    earlier = {k: v for k, v in recipe.items() if k not in ("seed", "prompts", "task_reward")}
+    with caplog.at_level(logging.INFO):
+        check_recipe(str(tmp_path), "a finished reward model", earlier, recipe)
+    assert (
+        "it does not record seed, prompts, task_reward (an earlier version): not compared: using it"
+        in caplog.text
+    )
+    with pytest.raises(ValueError, match=r"reward_model.reward_seed: folder 1, given 0"):
+        check_recipe(
+            str(tmp_path), "a finished reward model", {**earlier, "reward_model": {"reward_seed": 1}}, recipe
+        )

@@ -33,6 +33,8 @@ class RewardFunction(Protocol):
     several joint actions) and ``turn`` the 0-based turn (``int``). Returns either plain numbers
     (``J = len(joint_actions)`` floats, or ``J`` rows of ``N`` floats: one per agent) or a :class:`RewardResult` (values plus per-joint-action metrics,
     logged as ``rewards/<name>/<key>``). Nothing is reported through attributes set as a side effect.
+    A ``torch.Tensor`` is refused (``tensor.tolist()`` gives the numbers), and so is a per-agent
+    reward whose rows are its agents (:func:`~comlrl_lightning.envs.reward_values.check_orientation`).
 
     Implementations should set a class attribute ``name`` (used for the ``rewards/<name>/mean``
     metric; default: the class or function name). It is not a protocol member so that
@@ -206,6 +208,8 @@ class WeightedReward:
     ``total_j = processor(sum_f w_f * f(joint_actions)_j)``, per agent when any function returns
     ``[J, N]`` (shared values then count for every agent). Each function's raw values are kept in
     :attr:`RewardOutput.components` so they can be logged as ``rewards/<name>/mean`` (TRL's name).
+    A per-agent function first seen with as many joint actions as agents is called once more, on
+    one joint action more, to tell its rows from its columns (``check_orientation``).
 
     Args:
         functions: the reward functions (see :class:`RewardFunction`).
