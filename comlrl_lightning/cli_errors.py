@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from comlrl_lightning.infra.run_lock import RunFolderBusy
+
 _OPTIMIZER_HINT = (
     "a top-level optimizer/lr_scheduler would replace the per-agent ones: give the factory as "
     "model.init_args.optimizer (and model.init_args.scheduler), e.g. --model.init_args.optimizer=torch.optim.SGD "
@@ -44,8 +46,32 @@ def suggest(name: str, candidates: Iterable[str]) -> str:
 _KEY_HINTS = {
     "log_completions": "completions are logged by a callback: trainer.callbacks lists "
     "comlrl_lightning.callbacks.CompletionLogger",
+    "peft_config": "a LoRA adapter is set per agent: model.init_args.agents[i].adapter takes a peft.LoraConfig's "
+    "fields, e.g. {model: gpt2, adapter: {r: 8, lora_alpha: 16, target_modules: [c_attn]}}",
+    "use_vllm": "vLLM is not available here yet: agents generate with Hugging Face transformers, its "
+    "backend chosen by model.init_args.sampling.generation_backend (auto, dynamic, static_compile, "
+    "continuous_batching)",
+    "report_to": "logging is Lightning's: trainer.logger (TensorBoard by default; e.g. "
+    "{class_path: lightning.pytorch.loggers.WandbLogger})",
+    "per_device_train_batch_size": "prompts per batch are data.init_args.batch_size (TRL's counts "
+    "completions: prompts x num_generations)",
+    "gradient_accumulation_steps": "for memory, model.init_args.loss.micro_batch_size runs a batch's "
+    "backward in slices (the same gradients)",
+    "bf16": "the dtype is set per agent: model.init_args.agents[i].dtype: bfloat16",
+    "gradient_checkpointing": "a callback: trainer.callbacks lists comlrl_lightning.callbacks.GradientCheckpointing",
+    "reward_funcs": "the reward is data.init_args.reward (several: comlrl_lightning.WeightedReward; a "
+    "TRL-style fn(prompts, completions, **kwargs) through comlrl_lightning.envs.TRLReward)",
+    "reward_weights": "data.init_args.reward: {class_path: comlrl_lightning.WeightedReward, init_args: "
+    "{functions: [...], weights: [...]}}",
+    "max_steps": "trainer.max_steps (it counts every agent's optimizer step: agents x batches)",
+    "num_train_epochs": "trainer.max_epochs",
+    "logging_steps": "trainer.log_every_n_steps",
+    "save_steps": "checkpoints every n steps: a ModelCheckpoint in trainer.callbacks with every_n_train_steps",
+    "output_dir": "trainer.default_root_dir",
+    "seed": "the run's seed is seed_everything (top level)",
 }
-"""Unknown keys users carry over from other libraries (CoMLRL, TRL), with where the setting lives here."""
+"""Unknown keys users carry over from other libraries (CoMLRL, TRL), with where the setting lives here;
+keyed by the unknown key's first part (``peft_config.r`` is ``peft_config``'s)."""
 
 
 def _class(class_path: str) -> Any:
@@ -80,6 +106,10 @@ def unknown_key(full: str, name: str, allowed: list[str], owner: str) -> str:
     allowed = [k for k in allowed if k != name]
     groups = sorted({k.split(".")[0] for k in allowed if "." in k})
     of = f" of {owner}" if owner else ""
+    hints = {**_KEY_HINTS, **getattr(_class(owner), "unknown_key_hints", {})}
+    first = name.split(".")[0]
+    if first in hints:  # the key itself, not its sub-keys (peft_config, not peft_config.r)
+        return f"{full[: len(full) - len(name)]}{first}: no such key{of}; {hints[first]}"
     head, _, leaf = name.rpartition(".")
     if head and head not in groups:
         close = difflib.get_close_matches(head, groups, n=1, cutoff=0.6)
@@ -89,9 +119,6 @@ def unknown_key(full: str, name: str, allowed: list[str], owner: str) -> str:
     if not head:
         by_part = {k.rpartition(".")[2]: k for k in allowed if "." in k}
         by_part.update({k: k for k in allowed if "." not in k})  # a top-level key wins a tie
-    hints = {**_KEY_HINTS, **getattr(_class(owner), "unknown_key_hints", {})}
-    if name in hints:
-        return f"{full}: no such key{of}; {hints[name]}"
     close = difflib.get_close_matches(leaf, sorted(by_part), n=1, cutoff=0.6)
     hint = f"; did you mean {by_part[close[0]]!r}?" if close else ""
     return f"{full}: no such key{of}{hint}"
@@ -156,14 +183,28 @@ def explain(message: str, options: Iterable[str] = ()) -> str | None:
                 return f"{full}: {_OPTIMIZER_HINT}"
             allowed = accepted_keys(class_path) if class_path else [o.lstrip("-") for o in options]
             return unknown_key(full, name, allowed, class_path)
-        literal = re.match(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)", text)
-        if literal:
+        literal = re.match(r"(?:- )?Expected a typing\.Literal\[(.*?)\](?:\. Got value: (.*))?$", text)
+        if literal and (literal.group(2) is not None or path):
             allowed = re.findall(r"'([^']*)'", literal.group(1))
             got = literal.group(2)
-            return f"{where}: got {got!r}; allowed: {', '.join(map(repr, allowed))}{suggest(got, allowed)}"
+            if got is None:  # inside a union (Literal | bool | None): the value is the key's "Given value"
+                got = _given(lines, path[-1], None)
+                got = got[1:-1] if got.startswith("'") else got
+            others = [n for n in _subtypes(lines, path[-1]) if n] if literal.group(2) is None else []
+            words = ", ".join([*map(repr, allowed), *(_WORDS.get(n, n) for n in others)])
+            return f"{where}: got {got!r}; allowed: {words}{suggest(got, allowed)}"
         expected = re.match(r"(?:- )?Expected a <class '([^']+)'>(?:\. Got value: (.*))?", text)
         if expected and path:
-            return f"{where}: got {_given(lines, path[-1], expected.group(2))}; allowed: {_allowed(lines, path[-1], expected.group(1))}"
+            given = _given(lines, path[-1], expected.group(2))
+            nested = re.search(r"NestedArg\(key='([^']+)', val='([^']*)'\)", given)
+            if nested:  # --trainer.strategy=fsdp2 --trainer.strategy.mixed_precision=fp16
+                cls = "comlrl_lightning.ShardedTeamStrategy" if where == "trainer.strategy" else "<its class>"
+                return (
+                    f"{where}.{nested.group(1)}: got {nested.group(2)!r}, but {where} is given by name: options "
+                    f"need its class, e.g. --{where}={cls} --{where}.{nested.group(1)}={nested.group(2)} "
+                    "(or class_path and init_args in YAML)"
+                )
+            return f"{where}: got {given}; allowed: {_allowed(lines, path[-1], expected.group(1))}"
         return f"{where}: {text}" if where else text
     return None
 
@@ -181,24 +222,31 @@ def _given(lines: list[str], key: tuple[int, str, int], inline: str | None) -> s
     return "an invalid value"
 
 
-def _allowed(lines: list[str], key: tuple[int, str, int], first: str) -> str:
-    """The types ``key`` accepts, in words: its union's ``Subtypes`` (``int or null``), else ``first``."""
+_WORDS = {
+    "NoneType": "null",
+    "bool": "true or false",
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+}
+
+
+def _subtypes(lines: list[str], key: tuple[int, str, int]) -> list[str]:
+    """The class names of ``key``'s union ``Subtypes`` line (``["bool", "NoneType"]``; a
+    ``typing.Literal`` is left out), empty when it has none."""
     indent, _, start = key
-    names = [first]
     for line in lines[start + 1 :]:
         if len(line) - len(line.lstrip()) <= indent:
             break
         if line.strip().startswith("Subtypes: ") and len(line) - len(line.lstrip()) == indent + 2:
-            names = re.findall(r"<class '([^']+)'>", line) or names
-            break
-    words = {
-        "NoneType": "null",
-        "bool": "true or false",
-        "str": "a string",
-        "int": "an integer",
-        "float": "a number",
-    }
-    return " or ".join(words.get(n, n) for n in names)
+            return re.findall(r"<class '([^']+)'>", line)
+    return []
+
+
+def _allowed(lines: list[str], key: tuple[int, str, int], first: str) -> str:
+    """The types ``key`` accepts, in words: its union's ``Subtypes`` (``int or null``), else ``first``."""
+    names = _subtypes(lines, key) or [first]
+    return " or ".join(_WORDS.get(n, n) for n in names)
 
 
 def parser_options(parser: Any) -> list[str]:
@@ -215,16 +263,31 @@ this project takes (see the design's reliability principles)."""
 
 
 def config_error(err: BaseException) -> str | None:
-    """``"<Type>: <message>"`` when ``err`` is a bad-input error (a ValueError, TypeError or OSError
-    whose message opens with the field it names), which ``comlrl-lightning`` prints alone, without a
-    traceback above it; None for any other error (a bug: its traceback is what helps)."""
+    """``"<Type>: <message>"`` when ``err`` is a refusal (a ValueError, TypeError or OSError whose
+    message opens with the field it names, or a
+    :class:`~comlrl_lightning.infra.run_lock.RunFolderBusy`), which ``comlrl-lightning`` prints alone, without a traceback above it; None for any other
+    error (a bug: its traceback is what helps)."""
     text = str(err)
-    if not (isinstance(err, (ValueError, TypeError, OSError)) and _FIELD_FIRST.match(text)):
+    bad_input = isinstance(err, (ValueError, TypeError, OSError)) and _FIELD_FIRST.match(text)
+    if not (bad_input or isinstance(err, RunFolderBusy)):
         return None
     group = _instantiated_group(err)
     if group and not text.startswith(f"{group}."):  # a config group's own check names its bare field
         text = f"{group}.{text}"
     return f"{type(err).__name__}: {text}"
+
+
+def wrapped_error(err: BaseException) -> str | None:
+    """``"error: <message>"`` for a bad-input error jsonargparse lists inside a union error of ``err``
+    or its causes (a strategy's or logger's own check, e.g. ``ShardedTeamStrategy.mixed_precision: got
+    'fp16', ...``, behind ``Expected a <class 'str'>``); None when there is none."""
+    while err is not None:
+        for line in str(err).splitlines():
+            text = line.strip()[2:] if line.strip().startswith("- ") else ""
+            if _FIELD_FIRST.match(text) and not text.startswith(("Expected a", "Problem with")):
+                return f"error: {text}"
+        err = err.__cause__
+    return None
 
 
 def _instantiated_group(err: BaseException) -> str | None:

@@ -33,6 +33,8 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from comlrl_lightning.infra.run_lock import hold_run_folder
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """``TorchCheckpointIO`` whose local saves are temp-file + fsync + ``os.replace``.
@@ -132,21 +134,31 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
     fsync_dir(folder)
 
 
-def prepare_checkpoint_dir(path: str | os.PathLike[str]) -> list[str]:
-    """Make sure checkpoints can be written to folder ``path`` and remove stale temporary files.
+def prepare_checkpoint_dir(path: str | os.PathLike[str], what: str = "checkpoint folder") -> list[str]:
+    """Lock folder ``path`` for this run, make sure checkpoints can be written there and remove stale
+    temporary files.
 
-    Creates the folder, writes and removes a probe file, and deletes ``*.ckpt.tmp`` files that a killed
+    Takes the folder's run lock first (:func:`~comlrl_lightning.infra.run_lock.hold_run_folder`,
+    held until the fit's teardown): a ``*.ckpt.tmp`` in a folder another running process holds is that
+    run's checkpoint being written, and removing it made the run's rename fail. Then creates the folder,
+    writes and removes a probe file, and deletes ``*.ckpt.tmp`` files that a killed
     :func:`atomic_torch_save` left behind (the complete checkpoints beside them are untouched).
     Called at setup, so a read-only or missing mount fails before any model loads or trains.
+
+    Args:
+        path: the checkpoint folder.
+        what: the setting that chose it, for messages.
 
     Returns:
         The paths of the removed temporary files.
 
     Raises:
+        RunFolderBusy: another running process holds the folder; nothing in it was touched.
         OSError: the folder cannot be created or written, naming it.
     """
     path = os.path.abspath(os.fspath(path))
     try:
+        hold_run_folder(path, what)  # before anything here is written or removed
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, f".write-probe-{os.getpid()}")
         with open(probe, "wb") as f:
