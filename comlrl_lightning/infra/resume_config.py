@@ -316,10 +316,33 @@ _DATA_WHY = "the given data runs; the resumed run's data may differ from an unin
 
 def ignored_lines(given: Any, used: Any) -> list[str]:
     """``--use_checkpoint_config``: one line per given model field the checkpoint's config replaced
-    (``given``, ``used``: the parsed ``model`` namespaces before and after)."""
+    (``given``, ``used``: the parsed ``model`` namespaces before and after).
+
+    Both are compared as the module builds them (its ``hparams``; building loads no model): a field
+    left unset and the value the module fills in (``advantage_mode`` None and an alias's ``mean``),
+    or ``agents: x`` and the list of agents it expands to, are the same. A config the module cannot
+    be built from is compared as given."""
+    import importlib
+
+    from jsonargparse import ArgumentParser
+
+    def built(config: dict[str, Any]) -> dict[str, Any]:
+        module, _, name = config["class_path"].rpartition(".")
+        parser = ArgumentParser(exit_on_error=False)
+        cls = getattr(importlib.import_module(module), name)
+        parser.add_class_arguments(cls, "model", fail_untyped=False)
+        init = {**config.get("init_args", {}), **config.get("dict_kwargs", {})}
+        parsed = parser.parse_object({"model": init})
+        instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in 4.49
+        model = instantiate(parsed).model
+        return {"class_path": config["class_path"], **dict(model.hparams)}
 
     def fields(ns: Any) -> dict[str, Any]:
         value = ns.as_dict() if hasattr(ns, "as_dict") else ns
+        try:
+            value = built(value)
+        except Exception:  # noqa: BLE001 - any failure to build: compared as given
+            pass
         flat = flatten(value if isinstance(value, dict) else {}, "", {})
         return {k.replace("init_args.", "").replace("dict_kwargs.", ""): v for k, v in flat.items()}
 
