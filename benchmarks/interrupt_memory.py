@@ -36,7 +36,7 @@ ROOT = os.path.dirname(HERE)
 CONFIGS = {"main job": "configs/coop_coordination.yaml", "LoRA team": "configs/coop_coordination_lora.yaml"}
 VARIANTS = ("with", "without")
 TARGET = 1.05
-"""Peak memory with the callback over without it, at most (issue 44, item 7)."""
+"""Peak memory with the callback over without it, at most: the interruption-safety target."""
 
 
 def _child(cli_args: list[str], result_path: str, keep: bool) -> None:
