@@ -1,4 +1,4 @@
-"""The last silent cases (issue 44): each ends in a clear error naming what is wrong, or a line
+"""Cases that were silent: each ends in a clear error naming what is wrong, or a line
 saying what is applied."""
 
 import json
@@ -264,3 +264,26 @@ def test_a_folder_of_an_earlier_version_is_used_with_a_line_naming_what_it_does_
         check_recipe(
             str(tmp_path), "a finished reward model", {**earlier, "reward_model": {"reward_seed": 1}}, recipe
         )
+
+
+def test_use_checkpoint_config_reads_an_fsdp2_folders_config(fsdp2_folder, tmp_path, monkeypatch, capsys):
+    class Built(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Built  # the config is parsed and said by now: no need to train
+
+    _, folder = fsdp2_folder
+    monkeypatch.setattr(Team, "load", stop)
+    config = tiny_cli_config(tmp_path, "fsdp2", devices=1)
+    env = {k: os.environ.pop(k) for k in _DIST_ENV if k in os.environ}
+    try:
+        with pytest.raises(Built):
+            main(["fit", "--config", config, f"--ckpt_path={folder}", "--use_checkpoint_config=true",
+                  "--model.init_args.rollout.num_generations=4"])  # fmt: skip
+    finally:
+        for key in _DIST_ENV:
+            os.environ.pop(key, None)
+        os.environ.update(env)
+    err = capsys.readouterr().err
+    assert "resume: model.rollout.num_generations: given 4 ignored, the checkpoint's 2 used" in err

@@ -238,6 +238,13 @@ SHARDED_META = "meta.pt"
 holds everything but the tensors: hyperparameters, run record, loops (Lightning's ``_METADATA_FILENAME``)."""
 
 
+def records_file(ckpt_path: str) -> str:
+    """The file holding ``ckpt_path``'s hyperparameters: a sharded folder's :data:`SHARDED_META`, else
+    ``ckpt_path`` itself."""
+    meta = os.path.join(ckpt_path, SHARDED_META)
+    return meta if os.path.isdir(ckpt_path) and os.path.isfile(meta) else ckpt_path
+
+
 def folder_refusal(ckpt_path: str, sharded: bool) -> str | None:
     """The error text for a checkpoint folder given to a run whose strategy reads one file (None:
     ``ckpt_path`` is a file, or the run is ``sharded``)."""
@@ -257,10 +264,9 @@ def saved_records(ckpt_path: str) -> tuple[dict[str, Any], dict[str, Any] | None
     is read); ``{}`` / None when it has none (a folder without it: Lightning's loading refuses it)."""
     import torch
 
+    ckpt_path = records_file(ckpt_path)
     if os.path.isdir(ckpt_path):
-        ckpt_path = os.path.join(ckpt_path, SHARDED_META)
-        if not os.path.isfile(ckpt_path):
-            return {}, None
+        return {}, None
     try:
         ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
     except RuntimeError:  # not a zip checkpoint: mmap needs one
