@@ -22,10 +22,12 @@ from lightning.pytorch.cli import LightningCLI
 
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.callbacks.fit_summary import summary_line as summary_line  # moved there; kept here
-from comlrl_lightning.cli_errors import config_error
+from comlrl_lightning.cli_errors import config_error, wrapped_error
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule
 from comlrl_lightning.infra.memory import release_freed_memory
 from comlrl_lightning.infra.quiet import silence_start_up_noise
+from comlrl_lightning.infra.run_folders import KeepingSaveConfigCallback, hold_fit_folders
+from comlrl_lightning.infra.run_lock import RunFolderBusy
 from comlrl_lightning.infra.sharded import ShardedTeamStrategy, check_resume
 
 DEFAULT_SAVE_DIR = "runs"
@@ -80,12 +82,15 @@ class CoMLRLCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        """Parse; a config error ends in one line naming the full key, the value, what is allowed
-        and the closest allowed key or value (:func:`~comlrl_lightning.cli_errors.explain`), printed
-        last, exit status 2 (jsonargparse's own report stays above it, its value dumps left out)."""
+        """Parse; a config error ends in one line per problem, exit status 2: every unknown key of the
+        given config at once (:func:`~comlrl_lightning.cli_keys.unknown_keys`: jsonargparse stops at
+        its first), then the error jsonargparse reports, each naming the full key, the value, what is
+        allowed and the closest allowed key or value (:func:`~comlrl_lightning.cli_errors.explain`).
+        jsonargparse's own report is printed only when no line could be made of it."""
         from jsonargparse import ArgumentError
 
         from comlrl_lightning.cli_errors import explain, parser_options
+        from comlrl_lightning.cli_keys import given_config, unknown_keys
 
         parsers = [parser, *getattr(self, "_subcommand_parsers", {}).values()]
         for p in parsers:
@@ -94,23 +99,43 @@ class CoMLRLCLI(LightningCLI):
             # main() passes args only when called from Python with its own (sys.argv is the host's then)
             self.config = parser.parse_object(args) if isinstance(args, dict) else parser.parse_args(args)
         except ArgumentError as err:
-            report = [line for line in str(err).splitlines() if not line.strip().startswith("Given value")]
-            print("\n".join(report), file=sys.stderr)
             options = [o for p in parsers for o in parser_options(p)]
-            print(f"error: {explain(str(err), options) or report[-1].strip()}", file=sys.stderr)
+            first = explain(str(err), options)
+            given = (
+                {} if isinstance(args, dict) else given_config(sys.argv[1:] if args is None else list(args))
+            )
+            lines = unknown_keys(given, options)
+            keys = [line.split(":")[0] for line in lines]
+            key = first.split(":")[0] if first is not None else None
+            if key is not None and key.lstrip("-") in keys:  # found by both: a flag keeps its --form
+                if key.startswith("--"):
+                    lines[keys.index(key.lstrip("-"))] = first
+            elif first is not None:
+                lines.append(first)
+            if not lines:
+                report = [
+                    line for line in str(err).splitlines() if not line.strip().startswith("Given value")
+                ]
+                print("\n".join(report), file=sys.stderr)
+                lines = [report[-1].strip()]
+            for line in lines:
+                print(f"error: {line}", file=sys.stderr)
             raise SystemExit(2) from None
 
     def _parse_ckpt_path(self) -> None:
         """Lightning replaces the given model config with the checkpoint's here; only with
         ``--use_checkpoint_config true`` (naming the given fields it ignores). Otherwise the given
         config is built and compared in :meth:`after_instantiate_classes`."""
-        from comlrl_lightning.infra.resume_config import ignored_lines
+        from comlrl_lightning.infra.resume_config import ignored_lines, records_file
 
         sub = self.config.get("subcommand")
         if not sub or not self.config[sub].get("use_checkpoint_config"):
             return
-        given = self.config[sub].get("model")
+        given, ckpt_path = self.config[sub].get("model"), self.config[sub].get("ckpt_path")
+        if ckpt_path:  # an fsdp2 folder: Lightning reads files only, its config is in meta.pt
+            self.config[sub]["ckpt_path"] = records_file(ckpt_path)
         super()._parse_ckpt_path()
+        self.config[sub]["ckpt_path"] = ckpt_path
         for line in ignored_lines(given, self.config[sub].get("model")):
             print(line, file=sys.stderr)
 
@@ -203,7 +228,7 @@ class CoMLRLCLI(LightningCLI):
             root = err
             while root.__cause__ is not None:
                 root = root.__cause__
-            line = config_error(root)
+            line = config_error(root) or wrapped_error(err)
             if line is None and root is err:
                 raise
             if line is None:
@@ -218,7 +243,7 @@ class CoMLRLCLI(LightningCLI):
         exit status 1; any other error propagates with its traceback."""
         try:
             super()._run_subcommand(subcommand)
-        except (ValueError, TypeError, OSError) as err:
+        except (ValueError, TypeError, OSError, RunFolderBusy) as err:
             line = config_error(err)
             if line is None:
                 raise
@@ -229,7 +254,13 @@ class CoMLRLCLI(LightningCLI):
         """Under ``strategy: fsdp2``, refuse a ``--ckpt_path`` that cannot resume under this world size
         (:func:`~comlrl_lightning.infra.sharded.check_resume`) before any model loads. Then
         ``--validate_before_fit``: validate once (not on a resume: ``--ckpt_path`` given); SIGTERM /
-        Ctrl+C there stop at once (nothing is trained yet, so nothing is saved), with status 143 / 130."""
+        Ctrl+C there stop at once (nothing is trained yet, so nothing is saved), with status 143 / 130.
+
+        First of all, the folders the fit writes are locked
+        (:func:`~comlrl_lightning.infra.run_folders.hold_fit_folders`): a run refused there has
+        written nothing in them."""
+        # a refused run writes nothing in another's folders (infra/run_folders.py)
+        hold_fit_folders(self.trainer)
         ckpt_path = self.config["fit"].get("ckpt_path")
         if ckpt_path and isinstance(self.trainer.strategy, ShardedTeamStrategy):
             check_resume(Path(ckpt_path), self.trainer.world_size)
@@ -254,6 +285,7 @@ class CoMLRLCLI(LightningCLI):
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+        hold_fit_folders(self.trainer)  # the module's teardown after validate released them
 
 
 def _scalar_history(log_dir: str | None, keys: tuple[str, ...]) -> dict[str, list[float]]:
@@ -301,6 +333,7 @@ def main(args: list[str] | None = None) -> None:
         subclass_mode_model=True,
         subclass_mode_data=True,
         auto_configure_optimizers=False,
+        save_config_callback=KeepingSaveConfigCallback,  # an earlier run's config.yaml kept, said
         save_config_kwargs={"overwrite": True},
         trainer_defaults={
             "logger": {
