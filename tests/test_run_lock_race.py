@@ -145,3 +145,34 @@ def test_an_unchanged_config_is_rewritten_without_a_copy(tmp_path):
     assert keep_earlier_config(str(tmp_path / "config.yaml"), "a: 1\n") is None
     assert keep_earlier_config(str(tmp_path / "config.yaml"), "a: 2\n") == str(tmp_path / "config-v1.yaml")
     assert sorted(os.listdir(tmp_path)) == ["config-v1.yaml"]  # the caller writes the new one
+
+
+HOLD = (  # another run's process that holds a folder's lock before its logger made the folder
+    "import importlib.util, sys; spec = importlib.util.spec_from_file_location('run_lock', sys.argv[2]); "
+    "lock = importlib.util.module_from_spec(spec); spec.loader.exec_module(lock); "
+    "lock.hold_run_folder(sys.argv[1], 'trainer.logger'); print('held', flush=True); sys.stdin.read()"
+)
+
+
+def test_a_numbered_log_folder_taken_by_a_run_started_at_the_same_moment_moves_to_the_next(
+    tmp_path, trainer_factory
+):
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from comlrl_lightning.infra.run_folders import hold_fit_folders
+
+    folder = tmp_path / "logs" / "version_0"
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), run_lock.__file__],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert child.stdout.readline().strip() == "held" and not folder.exists()
+        logger = TensorBoardLogger(save_dir=str(tmp_path), name="logs")
+        hold_fit_folders(trainer_factory(max_steps=1, logger=logger))
+        assert logger.log_dir == str(tmp_path / "logs" / "version_1")  # before: refused (version_0)
+        pinned = TensorBoardLogger(save_dir=str(tmp_path), name="logs", version=0)  # a given version: refused
+        with pytest.raises(RunFolderBusy, match=r"^trainer.logger: .*version_0 is in use by another run"):
+            hold_fit_folders(trainer_factory(max_steps=1, logger=pinned))
+    finally:
+        child.kill()
+        child.wait()
+        release_run_folders()
