@@ -8,7 +8,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -91,6 +91,12 @@ class InterruptCheckpoint(pl.Callback):
     Raises:
         ValueError: an empty ``filename``.
     """
+
+    unknown_key_hints: ClassVar[dict[str, str]] = {
+        "undo_updates": "removed: no copy of the weights is kept to undo a half-done batch any more; a signal "
+        "after a batch's first optimizer step lets its updates finish and saves its end (docs/training.md)"
+    }
+    """Keys of earlier versions, with what replaced them (the CLI's "no such key" line adds the text)."""
 
     def __init__(self, dirpath: str | None = None, filename: str = "interrupted") -> None:
         super().__init__()

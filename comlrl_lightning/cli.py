@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -105,11 +106,14 @@ class CoMLRLCLI(LightningCLI):
                 {} if isinstance(args, dict) else given_config(sys.argv[1:] if args is None else list(args))
             )
             lines = unknown_keys(given, options)
-            keys = [line.split(":")[0] for line in lines]
-            key = first.split(":")[0] if first is not None else None
-            if key is not None and key.lstrip("-") in keys:  # found by both: a flag keeps its --form
-                if key.startswith("--"):
-                    lines[keys.index(key.lstrip("-"))] = first
+
+            def same(line: str) -> str:  # one key, as a flag or with a list index (callbacks[0]) or not
+                return re.sub(r"\[\d+\]", "", line.split(":")[0].lstrip("-"))
+
+            keys = [same(line) for line in lines]
+            if first is not None and same(first) in keys:  # found by both: the flag or indexed form kept
+                if first.startswith("--") or "[" in first.split(":")[0]:
+                    lines[keys.index(same(first))] = first
             elif first is not None:
                 lines.append(first)
             if not lines:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from experiments import experiment, subcommand
 
-from comlrl_lightning import MAGRPO, MADPOIter, ShardedTeamStrategy
+from comlrl_lightning import MAGRPO, MADPOIter, MARLHFIter, ShardedTeamStrategy
 from comlrl_lightning.cli import main
 from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.infra.resume_config import ignored_lines
@@ -60,6 +60,17 @@ def test_every_unknown_key_is_reported_at_once_without_the_parsers_report(monkey
             "error: data.init_args.batch_sise: no such key of comlrl_lightning.datamodules.LengthRatioDataModule; "
             "did you mean 'batch_size'?",
         ]
+    )
+
+
+def test_a_removed_callback_key_is_one_line_naming_what_replaced_it(monkeypatch, capsys, tmp_path):
+    # before: the same key twice (the parser's indexed form and the config walk's plain one), with no hint
+    text = "trainer:\n  callbacks:\n    - class_path: comlrl_lightning.callbacks.InterruptCheckpoint\n" \
+           "      init_args:\n        undo_updates: false\n"  # fmt: skip
+    (line,) = refused(monkeypatch, capsys, tmp_path, text)
+    assert line.startswith(
+        "error: trainer.callbacks[0].init_args.undo_updates: no such key of "
+        "comlrl_lightning.callbacks.InterruptCheckpoint; removed: no copy of the weights is kept"
     )
 
 
@@ -141,17 +152,18 @@ def test_an_option_of_a_strategy_given_by_name_says_to_give_its_class(monkeypatc
                      "--trainer.strategy.mixed_precision=fp16 (or class_path and init_args in YAML)"]  # fmt: skip
 
 
-def test_madpo_iter_under_fsdp2_is_refused_before_any_model_loads(monkeypatch, tmp_path):
-    # before: setup passed, every model loaded, then "FSDP does not support deepcopy" at batch 0
+@pytest.mark.parametrize("cls", [MADPOIter, MARLHFIter])
+def test_the_iterative_trainers_under_fsdp2_are_refused_before_any_model_loads(monkeypatch, tmp_path, cls):
+    # before: MADPOIter loaded every model, then "FSDP does not support deepcopy" at batch 0; MARLHFIter
+    # loaded every model, then refused its reward model's parameters in the strategy's setup
     no_model_loads(monkeypatch)
-    model = MADPOIter(
-        agents="builtin:tiny-gpt2", num_agents=2, comparator=dict(comparator_policy="current_copy")
-    )
+    model = cls(agents="builtin:tiny-gpt2", num_agents=2, comparator=dict(comparator_policy="current_copy"))
     model.trainer = SimpleNamespace(strategy=ShardedTeamStrategy(), datamodule=LengthRatioDataModule(num_train=4),
                                     min_steps=None, min_epochs=None, world_size=1, default_root_dir=str(tmp_path))  # fmt: skip
     try:
         with pytest.raises(
-            ValueError, match=r"^trainer.strategy: got 'fsdp2' \(ShardedTeamStrategy\); MADPOIter"
+            ValueError,
+            match=rf"^trainer.strategy: got 'fsdp2' \(ShardedTeamStrategy\); {cls.__name__}\w* runs in one",
         ):
             model.setup("fit")
     finally:

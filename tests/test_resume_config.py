@@ -133,6 +133,10 @@ def test_use_checkpoint_config_takes_the_saved_config_and_names_what_it_ignores(
     )
     err = capsys.readouterr().err
     assert "resume: model.rollout.num_generations: given 2 ignored, the checkpoint's 4 used" in err
+    # only the lines of what changed: a trainer setting the checkpoint's record leaves out (its callbacks list)
+    # and the given config leaves unset is no line ("checkpoint '<absent>', given None")
+    said = sorted(line.split(":")[1].strip() for line in err.splitlines() if line.startswith("resume:"))
+    assert said == ["model.rollout.num_generations", "trainer.default_root_dir", "trainer.max_steps"]
     hparams = yaml.safe_load(next(tmp_path.rglob("hparams.yaml")).read_text())
     assert hparams["rollout"]["num_generations"] == 4
 
@@ -194,3 +198,18 @@ def test_a_magrpo_config_resumed_from_a_madpo_checkpoint_is_refused(tmp_path, mo
     assert "model.class_path: checkpoint 'comlrl_lightning.MADPO', given 'comlrl_lightning.MAGRPO'" in (
         capsys.readouterr().err
     )
+
+
+def test_run_lines_say_nothing_of_a_setting_unrecorded_on_one_side_and_unset_on_the_other():
+    from comlrl_lightning.infra.resume_config import run_lines
+
+    saved = {
+        "trainer.max_steps": 2,
+        "seed_everything": 0,
+    }  # a list-valued setting (callbacks) is not recorded
+    assert run_lines(saved, {**saved, "trainer.callbacks": None}) == []
+    assert run_lines({**saved, "data.val_batch_size": None}, saved) == []
+    (line,) = run_lines(saved, {**saved, "trainer.callbacks": None, "trainer.max_steps": 4})
+    assert line.startswith("resume: trainer.max_steps: checkpoint 2, given 4 (applied")
+    (line,) = run_lines(saved, {**saved, "trainer.limit_val_batches": 0})  # absent against a value: said
+    assert "checkpoint '<absent>', given 0" in line

@@ -61,7 +61,6 @@ from comlrl_lightning.core.pairs import PreferencePair
 from comlrl_lightning.core.records import StepOutput
 from comlrl_lightning.core.replay import ReplayConfig
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.infra.sharded import ShardedTeamStrategy
 from comlrl_lightning.team.agents import AgentSpec
 
 __all__ = ["IterativePreferenceConfig", "MADPOIter", "text_pair_tokens"]
@@ -154,22 +153,7 @@ class MADPOIter(RoundLoop, MADPO):
         self.init_round_loop(groups, seed)  # the comparator loads nothing; checks the key's variable
 
     def setup(self, stage: str) -> None:
-        """Refuse ``strategy: fsdp2`` and several processes, then make the comparator and the replay;
-        all before any model loads.
-
-        Raises:
-            ValueError: the trainer's strategy is :class:`~comlrl_lightning.infra.sharded.ShardedTeamStrategy`.
-        """
-        strategy = self.trainer.strategy
-        if isinstance(strategy, ShardedTeamStrategy):
-            # one process writes a round's pairs (setup_round_loop), so fsdp2 has nothing to shard, and
-            # its sharded agents cannot be copied (comparator_policy current_copy) or logged as MADPO logs
-            raise ValueError(
-                f"trainer.strategy: got {strategy.strategy_name!r} ({type(strategy).__name__}); MADPOIter "
-                "runs in one process, where fsdp2 has nothing to shard: allowed a one-process strategy "
-                "('auto', the default)"
-            )
-        self.setup_round_loop()  # refuses several processes before any model loads
+        self.setup_round_loop()  # refuses fsdp2 and several processes before any model loads
         super().setup(stage)
 
     # ------------------------------------------------------------------ the round's steps

@@ -33,6 +33,7 @@ from comlrl_lightning.core.preference import PreferenceConfig
 from comlrl_lightning.core.replay import PreferenceReplay, ReplayConfig
 from comlrl_lightning.envs.base import DecPOMDP
 from comlrl_lightning.infra.run_lock import hold_run_folder
+from comlrl_lightning.infra.sharded import ShardedTeamStrategy
 
 _GROUPS: dict[str, type] = {"rounds": RoundsConfig, "comparator": ComparatorConfig, "replay": ReplayConfig}
 
@@ -154,7 +155,7 @@ class RoundLoop:
 
         Raises:
             RunFolderBusy: another running process holds the replay or history folder.
-            ValueError: ``trainer.world_size > 1`` (a round's pairs, replay shards and history folders
+            ValueError: the strategy is ``fsdp2`` or ``trainer.world_size > 1`` (a round's pairs, replay shards and history folders
                 are written by one process), or ``trainer.min_steps`` / ``min_epochs`` set (the module
                 ends the fit after the last round; Lightning ignores that stop until the minimum, and
                 a finished round loop steps nothing: with ``max_epochs=-1`` a ``min_steps`` run never
@@ -167,6 +168,13 @@ class RoundLoop:
                     f"trainer.{name}: got {value!r}; {type(self).__name__} ends the fit after its last "
                     "round (rounds.num_rounds), so leave it unset"
                 )
+        strategy = self.trainer.strategy
+        if isinstance(strategy, ShardedTeamStrategy):  # one process writes the pairs: nothing to shard
+            raise ValueError(
+                f"trainer.strategy: got {strategy.strategy_name!r} ({type(strategy).__name__}); "
+                f"{type(self).__name__} runs in one process, where fsdp2 has nothing to shard: allowed a "
+                "one-process strategy ('auto', the default)"
+            )
         if self.trainer.world_size > 1:
             raise ValueError(
                 f"{type(self).__name__}: {self.trainer.world_size} processes; a round's pairs, replay "

@@ -13,9 +13,8 @@ field by field, before any model loads (:func:`resume_differences`):
 - ``fit --use_checkpoint_config true`` takes the checkpoint's model config instead (Lightning's
   behaviour), naming each given value it ignores.
 
-A changed learning rate reaches the optimizers: Lightning restores their ``param_groups`` (the old
-rate) after the module is built, so :func:`apply_given_learning_rates` puts the rates the given
-config builds back after the restore (schedulers scaled to match).
+A changed learning rate reaches the optimizers: Lightning restores their ``param_groups`` (old rates) after
+the module is built; :func:`apply_given_learning_rates` puts the given ones back (schedulers scaled to match).
 """
 
 from __future__ import annotations
@@ -311,13 +310,14 @@ def run_lines(saved: dict[str, Any] | None, given: dict[str, Any]) -> list[str]:
         old, new = saved.get(key, _ABSENT), given.get(key, _ABSENT)
         if key == SEED and old != new and old != _ABSENT:  # a record older than the seed's: nothing said
             lines.append(f"resume: {key}: checkpoint {old!r}, given {new!r} ({_SEED_WHY})")
-        elif old != new and key != SEED:
+        elif old != new and key != SEED and (old, new) not in _UNSET:
             why = "the given trainer runs" if key.startswith("trainer.") else _DATA_WHY
             lines.append(f"resume: {key}: checkpoint {old!r}, given {new!r} (applied: {why})")
     return lines
 
 
 _DATA_WHY = "the given data runs; the resumed run's data may differ from an uninterrupted one's"
+_UNSET = ((_ABSENT, None), (None, _ABSENT))  # not recorded on one side, None on the other: no line
 
 
 def ignored_lines(given: Any, used: Any) -> list[str]:
