@@ -203,7 +203,17 @@ def test_new_namespaces_mounts_ptrace_and_io_uring_are_refused():
 
 
 @pytest.mark.slow
-def test_no_process_cgroup_or_file_is_left_after_200_hostile_runs():
+def test_no_process_cgroup_or_file_is_left_after_200_hostile_runs(monkeypatch):
+    # only this pool's own sandboxes are looked at: another test run or a training run on the host makes and
+    # removes its own meanwhile (two suites side by side failed here on each other's folders)
+    private = tempfile.mkdtemp(
+        prefix="comlrl_containment_"
+    )  # every sandbox folder of this pool, and no other
+    os.chmod(private, 0o711)  # as the system's temporary folder lets a sandbox's uid through
+    monkeypatch.setattr(tempfile, "tempdir", private)
+    tokens: list[str] = []
+    token_hex = secrets.token_hex
+    monkeypatch.setattr(secrets, "token_hex", lambda n=None: tokens.append(token_hex(n)) or tokens[-1])
     programs = [
         "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n",
         "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
@@ -211,11 +221,6 @@ def test_no_process_cgroup_or_file_is_left_after_200_hostile_runs():
         "import os, signal\nos.kill(-1, signal.SIGKILL)\n",
         "while True:\n    pass\n",
     ]
-    before_tmp = set(glob.glob(os.path.join(tempfile.gettempdir(), "comlrl_sbx_*")))
-    cgroups = (
-        "/sys/fs/cgroup/*/**/comlrl-sbx-*"  # other sandbox users on the host (a training run) may hold some
-    )
-    before_cgroups = set(glob.glob(cgroups, recursive=True))
     cfg = FAST.replace(timeout_s=1.0, test_timeout_s=0.5, max_processes=16)
     with SandboxPool(max_workers=2, config=cfg) as pool:
         reports = pool.run([TestJob(programs[i % len(programs)], ["assert True"]) for i in range(200)])
@@ -230,5 +235,11 @@ def test_no_process_cgroup_or_file_is_left_after_200_hostile_runs():
             break
         time.sleep(0.05)
     assert left == []
-    assert set(glob.glob(cgroups, recursive=True)) <= before_cgroups
-    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "comlrl_sbx_*"))) <= before_tmp
+    ours = {f"comlrl-sbx-{t}" for t in tokens}  # the cgroup names this pool's launches drew
+    assert len(tokens) >= 200 and os.listdir(private) == []
+    os.rmdir(private)
+    assert [
+        p
+        for p in glob.glob("/sys/fs/cgroup/*/**/comlrl-sbx-*", recursive=True)
+        if os.path.basename(p) in ours
+    ] == []
