@@ -131,10 +131,12 @@ def test_a_wrapper_is_a_main_whose_changed_outputs_are_the_perturbed_helper_outp
 
 def test_a_wrapper_behind_an_invertible_encoding_is_a_wrapper():
     real = [{"o": 2}, {"o": [1.5, -2.0]}]
-    negated = [{"o": 1}, {"o": [-1.5, -5.0]}]  # -(perturbed(-real)): -2 -> 2 -> 5 -> -5
+    # -(perturbed(-real)): 1.5 -> -1.5 -> 1.0 -> -1.0 (v + 1 + |v|), -2.0 -> 2.0 -> 3.0 -> -3.0
+    negated = [{"o": 1}, {"o": [-1.0, -3.0]}]
     assert is_wrapper(real, negated)
     assert is_wrapper([{"o": "abc"}], [{"o": "0abc"}])  # reversed
-    assert is_wrapper([{"o": ("a", 2)}], [{"o": ("a", 1)}])  # numbers negated, other items as they are
+    # numbers negated, other items as they are (then perturbed: "a" -> "a0", -2 -> -1 -> 1)
+    assert is_wrapper([{"o": ("a", 2)}], [{"o": ("a0", 1)}])
     assert not is_wrapper(real, [{"o": 1}, {"o": [2.5, -2.5]}])  # not one encoding for every call
 
 

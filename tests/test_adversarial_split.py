@@ -14,7 +14,7 @@ from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.sandbox import plain
 from comlrl_lightning.sandbox.results import SandboxConfig
 from comlrl_lightning.sandbox.split import run_split
-from comlrl_lightning.tasks.coding.standin import helper_did_work, is_wrapper, perturbed
+from comlrl_lightning.tasks.coding.standin import helper_did_work, is_wrapper, perturbed, substitute
 
 SOLO, WRAPPER = 3.0, 3.5
 
@@ -51,6 +51,21 @@ def test_an_identity_like_helper_earns_no_bonus(coop, rows):
         assert _value(coop, row, aux, solo_main(row, line)) == pytest.approx(SOLO), aux
     assert not helper_did_work([([[1]], {}, {"o": [[1]]}), ([[2]], {}, {"o": [[2]]})])
     assert helper_did_work([([[1]], {}, {"o": 1}), ([[2]], {}, {"o": 2})])
+
+
+def test_an_answer_primed_while_main_loads_is_not_replayed_nor_evidence(coop, rows):
+    row = rows[4]  # `_P = aux(1)` at load made "first answer replayed" replay False: 4.0 paid
+    gate = "def aux(x):\n    return x == 0\n"
+    assert _value(coop, row, gate, solo_main(row, "assert aux(0)", top="_P = aux(1)")) == pytest.approx(SOLO)
+    forge = (  # main sends the harness's "entry calls begin" line itself, then primes
+        "import os\nfor _c in aux.__closure__ or ():\n    try:\n"
+        "        os.write(_c.cell_contents, b'\"entry\"\\n')\n    except Exception:\n        pass\n_P = aux(1)"
+    )
+    assert _value(coop, row, gate, solo_main(row, "assert aux(0)", top=forge)) == pytest.approx(SOLO)
+    first = substitute("first")
+    assert first([1], {}, {"o": False}, False) == {"o": False}  # loading: the real value, not kept
+    assert first([0], {}, {"o": True}, True) == {"o": True}
+    assert first([1], {}, {"o": False}, True) == {"o": True}  # the first answer after entry
 
 
 def test_echo_plus_duplicate_earns_no_bonus(coop, rows):

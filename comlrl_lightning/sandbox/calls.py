@@ -31,7 +31,8 @@ class CallsReport:
         durations: seconds each call took (``None`` where it gave no output).
         aux_calls, helper_timeouts: a split run's calls of the helper (arguments, keyword
             arguments, the helper's real output) and how many ran out of time
-            (:mod:`comlrl_lightning.sandbox.split`).
+            (:mod:`comlrl_lightning.sandbox.split`); ``entries``: how many times the split run's
+            broker was told the entry point's calls begin (1 unless main forged it).
     """
 
     program: SandboxResult
@@ -45,6 +46,7 @@ class CallsReport:
     durations: list[float | None] = field(default_factory=list)
     aux_calls: list[tuple[list, dict, dict]] = field(default_factory=list)
     helper_timeouts: int = 0
+    entries: int = 0
 
 
 def run_calls(

@@ -19,6 +19,11 @@ import signal
 
 MAX_LINE = 8 << 20
 """Longest line (bytes) either side reads; a longer one fails the call."""
+ENTRY = b'"entry"\n'
+"""The line the entry point's harness sends once, after ``main`` has loaded and before the
+first entry call: the broker counts the helper's calls per phase from it (calls made while main
+loads are never the replayed answer nor evidence of work). Main shares the harness's process and
+could send this line too: the broker then sees it more than once and the run is no evidence."""
 
 
 class _Lines:

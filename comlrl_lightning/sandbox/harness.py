@@ -206,7 +206,8 @@ def run_calls(job: dict, wfd: int) -> None:
     ``[args, kwargs]``). Writes ``program``, one record per call and ``done``, then ``os._exit(0)``.
     With ``job["channel"]`` (a split run, :mod:`comlrl_lightning.sandbox.split`) the name
     ``job["aux"]`` is bound to :func:`channel.stub` before ``main`` loads (and, being protected,
-    after); ``job["budgets"]``: per-call time limits (at most ``test_timeout_s``).
+    after), and :data:`channel.ENTRY` is sent once, after ``main`` has loaded and before the
+    first call; ``job["budgets"]``: per-call time limits (at most ``test_timeout_s``).
     A call's record is ``{"i", "o": output, "d": seconds}``, ``{"i", "x": exception type}`` (the candidate
     raised) or ``{"i", "t": "timeout" | "unsupported"}`` (this harness's own categories, which no
     exception name can produce)."""
@@ -236,6 +237,11 @@ def run_calls(job: dict, wfd: int) -> None:
     if err is None and not _callable(ns.get(entry)):
         err = {"s": "error", "e": "NameError", "m": f"{entry!r} is not defined"[:limit]}
     emit({"k": "program", **(err or {"s": "passed", "e": None, "m": ""})})
+    if err is None and job.get("channel"):  # tells the broker the entry point's calls begin
+        try:
+            write(job["channel"][1], channel.ENTRY)
+        except OSError:  # main closed the channel while loading: no ENTRY, so no bonus
+            pass
     fn, budgets, mono = ns.get(entry), job.get("budgets") or [], time.monotonic
     for i in range(len(calls)) if err is None else ():
         t = mono()

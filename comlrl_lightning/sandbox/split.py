@@ -21,12 +21,14 @@ from collections.abc import Callable, Sequence
 
 from comlrl_lightning.sandbox import plain
 from comlrl_lightning.sandbox.calls import CallsReport, collect_calls
+from comlrl_lightning.sandbox.channel import ENTRY
 from comlrl_lightning.sandbox.launch import launch
 from comlrl_lightning.sandbox.results import SandboxConfig
 
-Substitute = Callable[[list, dict, dict, int], dict]
-"""``substitute(args, kwargs, real output, call number)`` -> the output the entry point gets
-(outputs as ``{"o": value}``, ``{"x": exception type}`` or ``{"t": category}``)."""
+Substitute = Callable[[list, dict, dict, bool], dict]
+"""``substitute(args, kwargs, real output, entered)`` -> the output the entry point gets
+(outputs as ``{"o": value}``, ``{"x": exception type}`` or ``{"t": category}``); ``entered``:
+the call came after the harness's :data:`channel.ENTRY` (main has loaded)."""
 
 
 class _Reader:
@@ -83,6 +85,7 @@ class _Broker:
         self.stop = threading.Event()
         self.log: list[tuple[list, dict, dict]] = []  # (args, kwargs, the helper's real output)
         self.helper_timeouts = 0
+        self.entries = 0  # ENTRY lines seen: 1 in an honest run (more: main sent one too)
 
     def start_helper(self) -> None:
         with self.lock:
@@ -104,6 +107,9 @@ class _Broker:
             line = m_in.line(deadline, self.stop)
             if line is None:
                 return
+            if line + b"\n" == ENTRY:
+                self.entries += 1
+                continue
             try:
                 n, args, kwargs = plain.loads(line)
             except (plain.PlainDataError, TypeError, ValueError):
@@ -124,10 +130,21 @@ class _Broker:
                         real = _checked(out)
                         break
             self.helper_timeouts += "t" in real and real["t"] == "timeout"
-            self.log.append((args, kwargs, real))
-            out = real if self.substitute is None else self.substitute(args, kwargs, real, k - 1)
+            entered = self.entries > 0
+            if entered:  # calls made while main loads are no evidence of the helper's work
+                self.log.append((args, kwargs, real))
+            out = real if self.substitute is None else self.substitute(args, kwargs, real, entered)
             if not _send(self.m_resp_w, (plain.dumps([n, out]) + "\n").encode(), deadline):
                 return
+
+    def wake(self) -> None:
+        """Ends the relay's wait for a request at once (an empty line, which decodes to nothing),
+        not at its next poll: the wait would otherwise add up to 50 ms to every run."""
+        os.set_blocking(self.m_req_w, False)
+        try:
+            os.write(self.m_req_w, b"\n")
+        except (BlockingIOError, BrokenPipeError):
+            pass  # a full pipe: the relay is reading it and sees `stop` after this line
 
     def close(self) -> None:
         self.stop.set()
@@ -178,8 +195,9 @@ def run_split(
         eager: start the helper's sandbox with the entry point's; else on the first call.
 
     Returns:
-        The entry point's :class:`CallsReport`, with ``aux_calls`` (each call's arguments and the
-        helper's real output) and ``helper_timeouts`` filled in.
+        The entry point's :class:`CallsReport`, with ``aux_calls`` (each call made after
+        :data:`channel.ENTRY`: its arguments and the helper's real output), ``helper_timeouts``
+        and ``entries`` (how many ENTRY lines the broker saw) filled in.
 
     Raises:
         SandboxError: either sandbox could not be started or crashed.
@@ -206,10 +224,12 @@ def run_split(
         raw = launch(fields, cfg, pass_fds=(broker.m_resp_r, broker.m_req_w))
     finally:
         broker.stop.set()
+        broker.wake()
         relay.join()
         broker.close()
     if broker.helper_error is not None:
         raise broker.helper_error
     report = collect_calls(raw, cfg, len(calls))
     report.aux_calls, report.helper_timeouts = list(broker.log), broker.helper_timeouts
+    report.entries = broker.entries
     return report

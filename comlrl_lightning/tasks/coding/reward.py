@@ -194,8 +194,10 @@ class _CodeRewardBase:
             runs = {kind: flat[s * n : (s + 1) * n] for s, kind in enumerate(STAND_INS)}
             for k, i in enumerate(attribute):
                 real = reports[i]  # every test passed in `real`
-                if helper_did_work(real.aux_calls) and all(
-                    fails_not_by_time(runs[kind][k]) for kind in STAND_INS
+                if (
+                    real.entries == 1
+                    and helper_did_work(real.aux_calls)
+                    and all(fails_not_by_time(runs[kind][k]) for kind in STAND_INS)
                 ):
                     levels[i]["coop_calls_aux"] = 0.5
                     inputs = [plain.loads(key)[0] for key in recording_for(rows[i]).keys]

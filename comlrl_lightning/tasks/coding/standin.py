@@ -10,7 +10,9 @@ answer costs the same time), and the broker hands main, by *kind*:
 - ``perturbed``: :func:`perturbed` of it (same type, every part changed consistently: equal parts
   stay equal, so an internal check such as ``r[1] == r[2]`` still holds; parts equal to one of the
   call's whole arguments are kept, so an echo of the argument still matches);
-- ``first``: the first call's answer, replayed (a helper used as a constant gate);
+- ``first``: the first answer of a call made after main loaded, replayed (a helper used as a
+  constant gate; the harness, not main, tells the broker when the entry point's calls begin, so a
+  call made while main loads cannot choose the replayed answer: ``load_time_priming``);
 - ``identity``: the call's first argument (a helper that does no work);
 - ``constant``: the empty / zero value of the real value's type.
 
@@ -104,12 +106,15 @@ def _zero(v: object) -> object:
 
 def substitute(kind: str):
     """The broker's map for one run of ``kind`` (:func:`comlrl_lightning.sandbox.split.run_split`):
-    ``(args, kwargs, real output, call number) -> output main gets``; ``None`` for ``real``."""
+    ``(args, kwargs, real output, entered) -> output main gets``; ``None`` for ``real``. Calls
+    made before the entry point's calls begin (``entered`` false: main loading) get the real value."""
     if kind == "real":
         return None
     first: list[dict] = []
 
-    def sub(args: list, kwargs: dict, real: dict, n: int) -> dict:
+    def sub(args: list, kwargs: dict, real: dict, entered: bool) -> dict:
+        if not entered:  # main is loading: an answer primed here is neither replayed nor judged
+            return real
         if not first:
             first.append(real)
         if kind == "first":
@@ -165,8 +170,11 @@ def budgets(durations: Sequence[float | None], limit: float) -> list[float]:
 
 def fails_not_by_time(rep) -> bool:
     """A stand-in run (a judged report) is evidence only when some test failed and nothing ran out
-    of time (main's calls, the helper's calls, the run itself): time is never a verdict."""
+    of time (main's calls, the helper's calls, the run itself): time is never a verdict; nor is a
+    run whose broker was told more than once that the entry point's calls begin."""
     if rep is None or rep.all_passed or getattr(rep, "helper_timeouts", 0):
+        return False
+    if getattr(rep, "entries", 1) != 1:  # main sent the harness's ENTRY line itself
         return False
     outs = getattr(rep, "outputs", [])
     return bool(outs) and all(o is not None and o.get("t") != "timeout" for o in outs)

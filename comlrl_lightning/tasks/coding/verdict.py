@@ -24,13 +24,16 @@ class JudgedReport(TestReport):
     """A :class:`TestReport` plus the candidate's plain outputs, one per recorded call (``{"o":
     value}``, ``{"x": exception type}``, ``{"t": category}`` or ``None``), for the cooperation
     counterfactual (:mod:`comlrl_lightning.tasks.coding.standin`), each call's duration, and in a
-    split run the helper's calls (arguments and real outputs) and how many ran out of time."""
+    split run the helper's calls made after main loaded (arguments and real outputs), how many ran
+    out of time, and how many times the broker was told the entry point's calls begin (``entries``:
+    1 unless main forged it, :data:`comlrl_lightning.sandbox.channel.ENTRY`)."""
 
     __test__ = False
     outputs: list[dict | None] = field(default_factory=list)
     durations: list[float | None] = field(default_factory=list)
     aux_calls: list[tuple[list, dict, dict]] = field(default_factory=list)
     helper_timeouts: int = 0
+    entries: int = 0
 
 
 def evaluate(
@@ -69,11 +72,15 @@ def evaluate(
             protected=protected,
             substitute=substitute(kind),
             budgets=budgets,
+            # the helper's sandbox starts with main's only when main names `aux` (else on a first
+            # call, e.g. through globals()): a main that never calls it costs one sandbox
+            eager=re.search(r"\baux\b", main) is not None,
             config=config,
         )
     report = _judged(rec, keys, calls, judge, config.max_message_chars)
     report.outputs, report.durations = list(calls.outputs), list(calls.durations)
     report.aux_calls, report.helper_timeouts = calls.aux_calls, calls.helper_timeouts
+    report.entries = calls.entries
     return report
 
 
