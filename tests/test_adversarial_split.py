@@ -57,9 +57,10 @@ def test_an_answer_primed_while_main_loads_is_not_replayed_nor_evidence(coop, ro
     row = rows[4]  # `_P = aux(1)` at load made "first answer replayed" replay False: 4.0 paid
     gate = "def aux(x):\n    return x == 0\n"
     assert _value(coop, row, gate, solo_main(row, "assert aux(0)", top="_P = aux(1)")) == pytest.approx(SOLO)
-    forge = (  # main sends the harness's "entry calls begin" line itself, then primes
-        "import os\nfor _c in aux.__closure__ or ():\n    try:\n"
-        "        os.write(_c.cell_contents, b'\"entry\"\\n')\n    except Exception:\n        pass\n_P = aux(1)"
+    forge = (  # main sends the harness's "entry calls begin" line itself (the channel's descriptor
+        # is the one int in the stub's closure), then primes; cleaning keeps assignments before a def
+        "import os\n_F = [os.write(c.cell_contents, b'\"entry\"\\n') for c in aux.__closure__ or ()"
+        " if type(c.cell_contents) is int]\n_P = aux(1)"
     )
     assert _value(coop, row, gate, solo_main(row, "assert aux(0)", top=forge)) == pytest.approx(SOLO)
     first = substitute("first")
