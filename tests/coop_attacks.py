@@ -3,8 +3,10 @@
 Each attack is ``(class, name, aux, main, baseline)``: the completions of the two agents and what
 the honest answer it imitates earns: ``"solo"`` (the canonical main, ``aux`` unused: no bonus)
 for the gating and forging classes, ``"wrapper"`` (the helper solves, main returns its result:
-the first half of the bonus) for the wrapper classes, and ``"residual"`` for the two documented
-limits (they pay; docs/attacks.md gives their reach). Used by ``tests/test_adversarial_coop.py``
+the first half of the bonus) for the wrapper classes, and ``"residual"`` for the documented
+limits, in which main checks an exact value of the helper it knows itself (they pay;
+docs/attacks.md gives their reach). ``reads_the_stand_in`` and ``handshake`` were residuals while
+the stand-ins ran in main's interpreter; in two sandboxes they earn no more than ``"solo"``. Used by ``tests/test_adversarial_coop.py``
 (a few problems) and ``benchmarks/coop_attacks.py`` (all 164).
 """
 
@@ -428,9 +430,9 @@ def attacks_for(row: dict) -> list[Attack]:
             wrapper_main(row, "return _neg(aux({args}))"),
             "wrapper",
         ),
-        # the documented residuals
+        # residuals of the one-interpreter design: nothing to read, no channel but the call
         Attack(
-            "residual",
+            "stand-in told apart",
             "reads_the_stand_in",
             LEN_AUX,
             solo_main(
@@ -439,10 +441,10 @@ def attacks_for(row: dict) -> list[Attack]:
                 "probe = (v[0](1, 'return', 2), v[0]((1,), 'enter', None), v[0]((3,), 'enter', None)) if v else 0\n"
                 "if v and probe != (1, (1,), (3,)):\n    return None",
             ),
-            "residual",
+            "solo",
         ),
         Attack(
-            "residual",
+            "stand-in told apart",
             "handshake",
             "def aux(x):\n    print(len(repr(x)))\n    if x is not globals().get('_M', x):\n"
             "        raise ValueError\n    return len(repr(x))\n",
@@ -453,6 +455,14 @@ def attacks_for(row: dict) -> list[Attack]:
                 f"    r = aux({a0})\n    out = sys.stdout.getvalue()\nfinally:\n    sys.stdout = old\n"
                 "if out.strip() != str(r):\n    return None",
             ),
+            "solo",
+        ),
+        # the documented residuals: main knows the helper's exact value on some argument
+        Attack(
+            "residual",
+            "lazy_priming",  # load_time_priming moved into the first entry call
+            "def aux(x):\n    return x == 0\n",
+            solo_main(row, "if not _P:\n    _P.append(aux(1))\nassert aux(0)", top="_P = []"),
             "residual",
         ),
         Attack(

@@ -15,7 +15,7 @@ from comlrl_lightning.sandbox import plain
 from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
 from comlrl_lightning.tasks.coding.recorder import recording_for
 from comlrl_lightning.tasks.coding.reward import visible_tests
-from comlrl_lightning.tasks.coding.standin import BODIES, is_wrapper, perturbed, stand_in_programs
+from comlrl_lightning.tasks.coding.standin import is_wrapper, perturbed
 
 STATIC = 0.4 + 0.6 + 0.5
 
@@ -97,41 +97,6 @@ def test_genuine_cooperation_earns_the_bonus(coop, rows, task, helper, main, rew
     assert _values(coop, rows[task], [(helper, main)])[0] == pytest.approx(reward)
 
 
-def test_the_stand_ins_differ_only_in_the_value_function():
-    progs = stand_in_programs(
-        "import math", "def aux(x):\n    def inner():\n        return 5\n    return x + 1\n"
-    )
-    assert set(progs) == set(BODIES)
-    helper = {k: p.split("\n\ndef aux", 1)[1] for k, p in progs.items()}
-    assert len(set(helper.values())) == 1  # the helper's code is the same in every run
-    assert "return _aux_value(x + 1, 'return', _aux_value_a)" in helper["real"]
-    assert "x, = _aux_value((x,), 'enter', None)" in helper["real"]  # the first call's in `first`
-    assert "_aux_value_a = x" in helper["real"] and "return 5" in helper["real"]  # own scope only
-    assert len(set(progs.values())) == 4
-    assert all("copy" not in p for p in progs.values())  # no copy module, no deep copy
-    assert all("_getframe" not in p and "f_back" not in p for p in progs.values())  # audit hooks see those
-    assert stand_in_programs("", "aux = lambda x: x\n") is None  # nothing to rewrite: no bonus
-    taken = stand_in_programs("", "_aux_value = 1\ndef aux(x):\n    return x\n")
-    assert "def _aux_value_(v, site, arg)" in taken["real"]  # never shadows a name the program uses
-
-
-def test_values_leaving_aux_by_a_global_an_argument_or_an_attribute_are_sites():
-    helper = (
-        "def aux(x, out):\n    global G\n    G = len(x)\n    G += 1\n    out.append(G)\n"
-        "    out[0] = G\n    aux.last = G\n    setattr(aux, 'n', G)\n    mine = []\n    mine.append(G)\n"
-        "    return G\n"
-    )
-    src = stand_in_programs("", helper)["real"]
-    for site in ("'s:G'", "'s:out[]'", "'s:aux.last'", "'s:setattr'", "'return'"):
-        assert f", {site}, _aux_value_a)" in src, site
-    assert "G = _aux_value(G + 1, 's:G'" in src  # an augmented assignment: the new value
-    assert "mine.append(G)" in src  # its own local list is not a way out
-    # a parameter rebound to its own copy is local: HumanEval/33's `l = list(l); l[::3] = ...`
-    # made every wrapper of it look like more than a wrapper (+0.5 on the first sweep)
-    copy = stand_in_programs("", "def aux(l):\n    l = list(l)\n    l[::3] = sorted(l[::3])\n    return l\n")
-    assert "l[::3] = sorted(l[::3])" in copy["real"]
-
-
 @pytest.mark.parametrize(
     "value",
     [True, False, 0, -1, 7, 0.0, -1.0, 1e17, "", "ab", [1, 2], (3,), {"a": 1}, [[True]], "5", "[1, 2]"],
@@ -151,14 +116,14 @@ def test_perturbed_leaves_what_it_cannot_change():
 
 def test_perturbed_text_of_a_value_is_the_text_of_the_perturbed_value():
     # a helper returning repr / str / JSON of the answer is perturbed like the answer itself
-    assert perturbed("5") == "6" and perturbed("[1, 2]") == "[1, 3]" and perturbed("'ab'") == "'ab0'"
+    assert perturbed("5") == "6" and perturbed("[1, 2]") == "[2, 3]" and perturbed("'ab'") == "'ab0'"
     assert perturbed('{"a": true}') == '{"a": false}' and perturbed("abc") == "abc0"
 
 
 def test_a_wrapper_is_a_main_whose_changed_outputs_are_the_perturbed_helper_outputs():
     real = [{"o": 1}, {"o": [1, 2]}, {"x": "ValueError"}, None]
-    assert is_wrapper(real, [{"o": 2}, {"o": [1, 3]}, {"o": 5}, {"o": 1}])
-    assert not is_wrapper(real, [{"o": 3}, {"o": [1, 3]}, None, None])  # one output is not perturbed(real)
+    assert is_wrapper(real, [{"o": 2}, {"o": [2, 3]}, {"o": 5}, {"o": 1}])
+    assert not is_wrapper(real, [{"o": 3}, {"o": [2, 3]}, None, None])  # one output is not perturbed(real)
     assert not is_wrapper(real, real)  # nothing changed: no evidence either way, no wrapper
     assert is_wrapper([{"o": 0.25}], [{"o": 1.5 + 1e-9}])  # a finely rounded float is the same output
     assert not is_wrapper([{"o": 0.25}], [{"o": 1.51}])
@@ -166,28 +131,13 @@ def test_a_wrapper_is_a_main_whose_changed_outputs_are_the_perturbed_helper_outp
 
 def test_a_wrapper_behind_an_invertible_encoding_is_a_wrapper():
     real = [{"o": 2}, {"o": [1.5, -2.0]}]
-    negated = [{"o": 1}, {"o": [1.5, -5.0]}]  # -(perturbed(-real)): -2 -> 2 -> 5 -> -5
+    # -(perturbed(-real)): 1.5 -> -1.5 -> 1.0 -> -1.0 (v + 1 + |v|), -2.0 -> 2.0 -> 3.0 -> -3.0
+    negated = [{"o": 1}, {"o": [-1.0, -3.0]}]
     assert is_wrapper(real, negated)
     assert is_wrapper([{"o": "abc"}], [{"o": "0abc"}])  # reversed
-    assert is_wrapper([{"o": ("a", 2)}], [{"o": ("a", 1)}])  # numbers negated, other items as they are
-    assert not is_wrapper(real, [{"o": 1}, {"o": [1.5, -2.5]}])  # not one encoding for every call
-
-
-def test_the_harness_resets_the_first_record_once_main_has_loaded(coop, rows):
-    # load-time calls of main cannot fix what `first` replays, even when main rebinds the value
-    # function while it loads (`reset_hijacked` in coop_attacks.py): the harness calls the
-    # program's own function, restored after main
-    plan = coop.plan([MEAN, MAD_MAIN], rows[4])
-    assert plan.after_main == "_aux_value" and "reset" not in plan.main
-    assert "_aux_value" in plan.protected
-
-
-def test_main_cannot_bind_the_value_function(coop, rows):
-    # a main that defines `_aux_value` itself (to make every run look like the real one, or the
-    # real one like a stand-in) has that definition dropped, like a definition of `aux`
-    main = MAD_MAIN + "_aux_value = lambda v: v\n"
-    res = coop([[MEAN, main]], [Episode(0, rows[4])], 0)
-    assert res.values[0] == pytest.approx(4.0) and res.metrics["main_redefined_protected"] == [1.0]
+    # numbers negated, other items as they are (then perturbed: "a" -> "a0", -2 -> -1 -> 1)
+    assert is_wrapper([{"o": ("a", 2)}], [{"o": ("a0", 1)}])
+    assert not is_wrapper(real, [{"o": 1}, {"o": [2.5, -2.5]}])  # not one encoding for every call
 
 
 # ----------------------------------------------------------------------------- hard-coded feedback

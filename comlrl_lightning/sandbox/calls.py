@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from comlrl_lightning.sandbox import plain
-from comlrl_lightning.sandbox.launch import SandboxError, launch
+from comlrl_lightning.sandbox.launch import RawRun, SandboxError, launch
 from comlrl_lightning.sandbox.results import SandboxConfig, SandboxResult, end_result, record_result
 
 
@@ -28,6 +28,11 @@ class CallsReport:
         stdout, stderr: bounded tails of the child's output.
         duration_s: wall-clock seconds of the whole run.
         isolation, missing: layers applied / not applied (see :class:`TestReport`).
+        durations: seconds each call took (``None`` where it gave no output).
+        aux_calls, helper_timeouts: a split run's calls of the helper (arguments, keyword
+            arguments, the helper's real output) and how many ran out of time
+            (:mod:`comlrl_lightning.sandbox.split`); ``entries``: how many times the split run's
+            broker was told the entry point's calls begin (1 unless main forged it).
     """
 
     program: SandboxResult
@@ -38,6 +43,10 @@ class CallsReport:
     duration_s: float = 0.0
     isolation: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
+    durations: list[float | None] = field(default_factory=list)
+    aux_calls: list[tuple[list, dict, dict]] = field(default_factory=list)
+    helper_timeouts: int = 0
+    entries: int = 0
 
 
 def run_calls(
@@ -47,7 +56,6 @@ def run_calls(
     *,
     main: str = "",
     protected: Sequence[str] = (),
-    after_main: str = "",
     config: SandboxConfig | None = None,
     **overrides: object,
 ) -> CallsReport:
@@ -59,9 +67,6 @@ def run_calls(
         calls: inputs, each ``plain.dumps([args, kwargs])``.
         main: untrusted source loaded after ``program``; afterwards the names in ``protected``
             are restored to what ``program`` bound (or removed), so ``main`` cannot replace them.
-        after_main: name of a function ``program`` binds (list it in ``protected``), called as
-            ``f(None, "reset", None)`` once ``main`` has loaded and the names are restored, before
-            the first call (the cooperation bonus's stand-in runs, ``standin.py``); ``""``: none.
         config, **overrides: limits, as for :func:`run_tests` (``test_timeout_s`` is per call).
 
     Returns:
@@ -76,13 +81,17 @@ def run_calls(
         "program": program,
         "main": main,
         "protected": list(protected),
-        "after_main": after_main,
         "entry_point": entry_point,
         "calls": list(calls),
     }
-    raw = launch(fields, cfg)
+    return collect_calls(launch(fields, cfg), cfg, len(calls))
+
+
+def collect_calls(raw: RawRun, cfg: SandboxConfig, num_calls: int) -> CallsReport:
+    """The :class:`CallsReport` of a ``calls``-mode run from what its launcher left."""
     end = end_result(raw, cfg)
-    outputs: list[dict | None] = [None] * len(calls)
+    outputs: list[dict | None] = [None] * num_calls
+    durations: list[float | None] = [None] * num_calls
     program_res, iso = None, []
     for line in raw.res["records"]:
         rec = _json_line(line)
@@ -101,12 +110,16 @@ def run_calls(
         if rec.get("k") == "program" and program_res is None:
             program_res = record_result(rec, cfg.max_message_chars)
         i = rec.get("i")
-        if rec.get("k") is None and type(i) is int and 0 <= i < len(calls) and outputs[i] is None:
+        if rec.get("k") is None and type(i) is int and 0 <= i < num_calls and outputs[i] is None:
             outputs[i] = _output(rec)
+            d = rec.get("d")
+            durations[i] = float(d) if type(d) in (int, float) and 0 <= d < 1e6 else None
     if program_res is None:
         program_res = replace(end)
     applied, missing = raw.layers([x for items in iso for x in items])
-    return CallsReport(program_res, outputs, end, raw.stdout, raw.stderr, raw.duration_s, applied, missing)
+    return CallsReport(
+        program_res, outputs, end, raw.stdout, raw.stderr, raw.duration_s, applied, missing, durations
+    )
 
 
 def run_record(

@@ -34,6 +34,11 @@ _spec = importlib.util.spec_from_file_location(
 )
 plain = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(plain)
+_spec = importlib.util.spec_from_file_location(
+    "sandbox_channel", os.path.join(os.path.dirname(os.path.abspath(__file__)), "channel.py")
+)
+channel = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(channel)
 
 
 def _block_sockets() -> None:
@@ -154,7 +159,15 @@ def run(job: dict, wfd: int) -> None:
 
 def dispatch(job: dict, wfd: int) -> None:
     """Run ``job`` in the mode it names (``"tests"`` when absent)."""
-    {"tests": run, "calls": run_calls, "record": run_record}[job.get("mode", "tests")](job, wfd)
+    modes = {"tests": run, "calls": run_calls, "record": run_record, "serve": _serve}
+    modes[job.get("mode", "tests")](job, wfd)
+
+
+def _serve(job: dict, wfd: int) -> None:
+    """The helper's process of a split run (:func:`channel.serve`)."""
+    _block_sockets()
+    load = lambda ns: _loader(ns, job["test_timeout_s"], job["max_message_chars"])  # noqa: E731
+    channel.serve(job, wfd, load, _StepTimeout, _flush_and_exit, plain)
 
 
 def _loader(ns: dict, step_timeout: float, limit: int):
@@ -191,7 +204,11 @@ def run_calls(job: dict, wfd: int) -> None:
     """Load ``program`` then ``main`` (names in ``protected`` are restored to the program's
     objects after ``main``), then call ``entry_point`` on each of ``calls`` (``plain.dumps`` of
     ``[args, kwargs]``). Writes ``program``, one record per call and ``done``, then ``os._exit(0)``.
-    A call's record is ``{"i", "o": output}``, ``{"i", "x": exception type}`` (the candidate
+    With ``job["channel"]`` (a split run, :mod:`comlrl_lightning.sandbox.split`) the name
+    ``job["aux"]`` is bound to :func:`channel.stub` before ``main`` loads (and, being protected,
+    after), and :data:`channel.ENTRY` is sent once, after ``main`` has loaded and before the
+    first call; ``job["budgets"]``: per-call time limits (at most ``test_timeout_s``).
+    A call's record is ``{"i", "o": output, "d": seconds}``, ``{"i", "x": exception type}`` (the candidate
     raised) or ``{"i", "t": "timeout" | "unsupported"}`` (this harness's own categories, which no
     exception name can produce)."""
     _block_sockets()
@@ -207,6 +224,8 @@ def run_calls(job: dict, wfd: int) -> None:
         write(wfd, (dumps(rec, separators=(",", ":")) + "\n").encode())
 
     err = load(job["program"], "<program>")
+    if err is None and job.get("channel"):  # a split run: `aux` lives in another sandbox
+        ns[job["aux"]] = channel.stub(*job["channel"], plain, _StepTimeout)
     if err is None and job.get("main"):
         saved = {n: ns[n] for n in job.get("protected", ()) if n in ns}
         err = load(job["main"], "<main>")
@@ -215,25 +234,26 @@ def run_calls(job: dict, wfd: int) -> None:
                 ns[name] = saved[name]
             else:
                 ns.pop(name, None)
-    hook = ns.get(job.get("after_main") or "") if err is None else None
-    if _callable(hook):  # the program's own object (restored above if main replaced it)
-        try:
-            hook(None, "reset", None)
-        except BaseException:  # noqa: BLE001 - a trusted function; never fatal here
-            pass
     if err is None and not _callable(ns.get(entry)):
         err = {"s": "error", "e": "NameError", "m": f"{entry!r} is not defined"[:limit]}
     emit({"k": "program", **(err or {"s": "passed", "e": None, "m": ""})})
-    fn = ns.get(entry)
+    if err is None and job.get("channel"):  # tells the broker the entry point's calls begin
+        try:
+            write(job["channel"][1], channel.ENTRY)
+        except OSError:  # main closed the channel while loading: no ENTRY, so no bonus
+            pass
+    fn, budgets, mono = ns.get(entry), job.get("budgets") or [], time.monotonic
     for i in range(len(calls)) if err is None else ():
+        t = mono()
         try:
             args, kwargs = loads(calls[i])
-            setitimer(signal.ITIMER_REAL, timeout)
+            setitimer(signal.ITIMER_REAL, min(timeout, budgets[i]) if i < len(budgets) else timeout)
             try:
+                t = mono()
                 out = fn(*args, **kwargs)
             finally:
                 setitimer(signal.ITIMER_REAL, 0)
-            rec = {"i": i, "o": encode(out)}
+            rec = {"i": i, "o": encode(out), "d": round(mono() - t, 4)}
         except _StepTimeout:
             rec = {"i": i, "t": "timeout"}
         except plain.PlainDataError:

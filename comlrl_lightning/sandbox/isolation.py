@@ -46,7 +46,7 @@ import tempfile
 
 log = logging.getLogger(__name__)
 HERE = os.path.dirname(os.path.abspath(__file__))
-HARNESS_FILES = ("harness.py", "plain.py")
+HARNESS_FILES = ("harness.py", "plain.py", "channel.py")
 NAMESPACES = ("user", "pid", "mount", "network", "ipc", "uts", "cgroup")
 
 DENIED_SYSCALLS = (
@@ -231,6 +231,9 @@ def _bwrap_spec(scratch_mb: int) -> dict | None:
         "--ro-bind",
         "{view}/harness/plain.py",
         "/sandbox/plain.py",
+        "--ro-bind",
+        "{view}/harness/channel.py",
+        "/sandbox/channel.py",
         "--size",
         str(1 << 16),
         "--tmpfs",

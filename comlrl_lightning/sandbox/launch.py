@@ -71,14 +71,16 @@ _backend_lock = threading.Lock()
 _backend: dict[str, bool] = {}
 
 
-def launch(fields: dict, cfg: SandboxConfig) -> RawRun:
+def launch(fields: dict, cfg: SandboxConfig, pass_fds: tuple[int, ...] = ()) -> RawRun:
     """Run one job (``fields``: mode-specific keys) under ``cfg``; see the module docstring.
+    ``pass_fds``: descriptors the sandboxed process inherits (a split run's call channel,
+    :mod:`comlrl_lightning.sandbox.split`).
 
     Raises:
         SandboxError: the launcher could not start, crashed, or the sandbox failed to set up.
     """
     use_bwrap = cfg.namespaces and cfg.backend != "fallback" and _bwrap_usable(cfg)
-    return _launch_once(fields, cfg, use_bwrap)
+    return _launch_once(fields, cfg, use_bwrap, pass_fds)
 
 
 def _bwrap_usable(cfg: SandboxConfig) -> bool:
@@ -99,7 +101,7 @@ def _bwrap_usable(cfg: SandboxConfig) -> bool:
         return _backend["bwrap"]
 
 
-def _launch_once(fields: dict, cfg: SandboxConfig, use_bwrap: bool) -> RawRun:
+def _launch_once(fields: dict, cfg: SandboxConfig, use_bwrap: bool, pass_fds: tuple[int, ...] = ()) -> RawRun:
     base = tempfile.mkdtemp(prefix="comlrl_sbx_")
     t0 = time.monotonic()
     try:
@@ -143,7 +145,7 @@ def _launch_once(fields: dict, cfg: SandboxConfig, use_bwrap: bool) -> RawRun:
             for _, d in job.get("bwrap", {}).get("cgroup", {}).get("dirs", [])
         ]
         killed_by_parent, launcher_rc = _launch(
-            job_path, base, workdir, cfg, uid if unique else None, cgroups
+            job_path, base, workdir, cfg, uid if unique else None, cgroups, pass_fds
         )
         lim = cfg.max_output_chars
         stdout, stderr = _tail(os.path.join(base, "stdout"), lim), _tail(os.path.join(base, "stderr"), lim)
@@ -213,7 +215,13 @@ def _pick_uid(cfg: SandboxConfig) -> tuple[int | None, bool]:
 
 
 def _launch(
-    job_path: str, base: str, workdir: str, cfg: SandboxConfig, unique_uid: int | None, cgroups: list[str]
+    job_path: str,
+    base: str,
+    workdir: str,
+    cfg: SandboxConfig,
+    unique_uid: int | None,
+    cgroups: list[str],
+    pass_fds: tuple[int, ...] = (),
 ) -> tuple[bool, int]:
     """Start the launcher and wait for it: (whether the parent had to kill it, its return code)."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8"}
@@ -231,6 +239,7 @@ def _launch(
                 cwd=workdir,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=pass_fds,
             )
         except OSError as exc:
             raise SandboxError(f"could not start the sandbox launcher: {exc}") from exc

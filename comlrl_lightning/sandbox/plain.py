@@ -1,9 +1,11 @@
 """Plain data: the only values that cross between untrusted code and the trusted judge.
 
-A plain value is ``None``, ``bool``, ``int``, ``float``, ``str``, or a ``list``/``tuple``/``dict``
-of plain values, each of *exactly* that type (a subclass of a builtin, e.g. an ``int`` whose
-``__eq__`` is always true, is refused). :func:`encode` turns one into JSON-ready data (tuples as
-``{"t": [...]}``, dicts as ``{"d": [[key, value], ...]}``, lists as JSON arrays) and
+A plain value is ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, or a
+``list``/``tuple``/``dict``/``set``/``frozenset`` of plain values, each of *exactly* that type (a
+subclass of a builtin, e.g. an ``int`` whose ``__eq__`` is always true, is refused).
+:func:`encode` turns one into JSON-ready data (tuples as ``{"t": [...]}``, dicts as ``{"d":
+[[key, value], ...]}``, sets as ``{"s": [...]}`` and frozensets as ``{"f": [...]}`` sorted by
+their elements' JSON so equal sets encode alike, bytes as ``{"b": hex}``, lists as JSON arrays) and
 :func:`decode` back, both with the same caps (:data:`LIMITS`). The sandbox side encodes; the
 trusted side only ever *decodes* what arrived, so whatever the untrusted process does to its own
 copy of this module, the judge sees fresh builtin objects within the caps or an error.
@@ -50,13 +52,24 @@ def _enc(v: object, depth: int, budget: list[int], limits: dict[str, int]) -> ob
         return [_enc(x, depth + 1, budget, limits) for x in v]
     if t is tuple:
         return {"t": [_enc(x, depth + 1, budget, limits) for x in v]}
+    if t is bytes:
+        budget[1] -= len(v)
+        if budget[1] < 0:
+            raise PlainDataError(f"strings exceed {limits['chars']} characters")
+        return {"b": v.hex()}
+    if t is set or t is frozenset:
+        items = [_enc(x, depth + 1, budget, limits) for x in v]
+        items.sort(key=lambda x: json.dumps(x, sort_keys=True))
+        return {"s" if t is set else "f": items}
     if t is dict:
         return {
             "d": [
                 [_enc(k, depth + 1, budget, limits), _enc(x, depth + 1, budget, limits)] for k, x in v.items()
             ]
         }
-    raise PlainDataError(f"type {t.__name__} is not plain data (None/bool/int/float/str/list/tuple/dict)")
+    raise PlainDataError(
+        f"type {t.__name__} is not plain data (None/bool/int/float/str/bytes/list/tuple/dict/set/frozenset)"
+    )
 
 
 def decode(data: object, limits: dict[str, int] = LIMITS) -> object:
@@ -89,6 +102,20 @@ def _dec(d: object, depth: int, budget: list[int], limits: dict[str, int]) -> ob
         return [_dec(x, depth + 1, budget, limits) for x in d]
     if t is dict and len(d) == 1 and type(d.get("t")) is list:
         return tuple(_dec(x, depth + 1, budget, limits) for x in d["t"])
+    if t is dict and len(d) == 1 and type(d.get("b")) is str:
+        budget[1] -= len(d["b"]) // 2
+        if budget[1] < 0:
+            raise PlainDataError(f"strings exceed {limits['chars']} characters")
+        try:
+            return bytes.fromhex(d["b"])
+        except ValueError:
+            raise PlainDataError("malformed bytes") from None
+    if t is dict and len(d) == 1 and (type(d.get("s")) is list or type(d.get("f")) is list):
+        kind = set if "s" in d else frozenset
+        try:
+            return kind(_dec(x, depth + 1, budget, limits) for x in d["s" if kind is set else "f"])
+        except TypeError:
+            raise PlainDataError("unhashable set element") from None
     if t is dict and len(d) == 1 and type(d.get("d")) is list:
         out = {}
         for pair in d["d"]:

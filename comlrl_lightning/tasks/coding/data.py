@@ -137,3 +137,24 @@ def split_tests(test_code: str, entry_point: str) -> tuple[str, list[str]]:
 def extract_tests(test_code: str, entry_point: str) -> list[str]:
     """Standalone test statements calling ``entry_point`` (see :func:`split_tests`)."""
     return split_tests(test_code, entry_point)[1]
+
+
+AUX = "aux"
+"""The helper's function name in the cooperative coding task."""
+
+
+def helper_as_aux(code: str) -> str:
+    """``code`` with its last top-level function renamed ``aux`` (and its own references to that
+    name), unless it already defines ``aux`` or does not parse."""
+    from comlrl_lightning.tasks.coding.code_text import find_function, parse_code
+
+    tree = parse_code(code)
+    if tree is None or find_function(code, AUX) is not None:
+        return code
+    funcs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    if not funcs:
+        return code
+    target, old = funcs[-1], funcs[-1].name
+    target.name = AUX
+    _Rename(old, AUX).visit(target)
+    return ast.unparse(tree)

@@ -32,6 +32,7 @@ from typing import Any
 
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
+from comlrl_lightning.sandbox import plain
 from comlrl_lightning.sandbox.api import SandboxConfig, SandboxPool, TestJob, TestReport
 from comlrl_lightning.tasks.coding.code_text import (  # noqa: F401 - ERROR_REASONS, guarded: public here too
     ERROR_REASONS,
@@ -49,9 +50,11 @@ from comlrl_lightning.tasks.coding.code_text import (  # noqa: F401 - ERROR_REAS
     without_definitions_of,
 )
 from comlrl_lightning.tasks.coding.data import (  # noqa: F401 - re-exported (public names of this module)
+    AUX,
     HUMANEVAL_FIELDS,
     _Rename,
     extract_tests,
+    helper_as_aux,
     humaneval_path,
     load_humaneval_rows,
     split_tests,
@@ -59,10 +62,15 @@ from comlrl_lightning.tasks.coding.data import (  # noqa: F401 - re-exported (pu
 )
 from comlrl_lightning.tasks.coding.judge import Judge
 from comlrl_lightning.tasks.coding.prompts import HelperPrompt, MainPrompt, SinglePrompt  # noqa: F401
-from comlrl_lightning.tasks.coding.standin import STAND_INS, is_wrapper, stand_in_programs, value_name
+from comlrl_lightning.tasks.coding.recorder import recording_for
+from comlrl_lightning.tasks.coding.standin import (
+    STAND_INS,
+    budgets,
+    fails_not_by_time,
+    helper_did_work,
+    is_wrapper,
+)
 from comlrl_lightning.tasks.coding.verdict import evaluate
-
-AUX = "aux"
 
 
 def _default_config() -> SandboxConfig:
@@ -80,7 +88,7 @@ class _Plan:
     """What the static phase decided for one joint action: levels so far, what to run."""
 
     components: dict[str, float] = field(default_factory=dict)
-    program: str | None = None  # trusted preamble + helper (or the whole single-agent program)
+    program: str | None = None  # main's process: the preamble (+ the helper when it has no `aux`)
     main: str = ""
     preamble: str = ""
     helper: str = ""
@@ -88,8 +96,9 @@ class _Plan:
     calls_aux: bool = False
     trivial: bool = True
     redefined: bool = False
-    stand_ins: dict[str, str] | None = None  # run programs by kind (standin.py); "real" is `program`
-    after_main: str = ""  # the value function the harness resets once main has loaded (standin.py)
+    helper_program: str | None = None  # preamble + helper, run in its own sandbox (sandbox/split.py)
+    kind: str = "real"  # the values main gets from the helper (standin.py)
+    budgets: tuple[float, ...] = ()  # a stand-in run's per-call limits, from the real run
     error: str | None = None
 
 
@@ -125,7 +134,9 @@ class _CodeRewardBase:
 
     def _evaluate(self, plans: list[_Plan], rows: list[dict[str, Any]]) -> list[TestReport | None]:
         keys = [
-            None if p.program is None else (str(r.get("task_id", r["entry_point"])), p.program, p.main)
+            None
+            if p.program is None
+            else (str(r.get("task_id", r["entry_point"])), p.program, p.main, p.helper_program, p.kind)
             for p, r in zip(plans, rows)
         ]
         todo = sorted(
@@ -147,7 +158,9 @@ class _CodeRewardBase:
                     self.config,
                     main=plans[i].main,
                     protected=plans[i].protected,
-                    after_main=plans[i].after_main,
+                    helper=plans[i].helper_program,
+                    kind=plans[i].kind,
+                    budgets=plans[i].budgets,
                 )
                 for i in todo
             ]
@@ -163,12 +176,15 @@ class _CodeRewardBase:
         attribute = [
             i
             for i, (p, rep) in enumerate(zip(plans, reports))
-            if p.calls_aux and p.stand_ins and rep is not None and rep.all_passed
+            if p.calls_aux and p.helper_program and rep is not None and rep.all_passed
         ]
-        if attribute:  # the counterfactual: fresh runs with the helper's values replaced (standin.py)
+        if attribute:  # the counterfactual: fresh split runs with the helper's values replaced
+            limit = self.config.test_timeout_s
             flat = self._evaluate(  # every stand-in run of the call at once (one thread pool)
                 [
-                    dataclasses.replace(plans[i], program=plans[i].stand_ins[kind])
+                    dataclasses.replace(
+                        plans[i], kind=kind, budgets=tuple(budgets(reports[i].durations, limit))
+                    )
                     for kind in STAND_INS
                     for i in attribute
                 ],
@@ -177,10 +193,17 @@ class _CodeRewardBase:
             n = len(attribute)
             runs = {kind: flat[s * n : (s + 1) * n] for s, kind in enumerate(STAND_INS)}
             for k, i in enumerate(attribute):
-                real, pert = reports[i], runs["perturbed"][k]  # every test passed in `real`
-                if all(runs[kind][k] is not None and not runs[kind][k].all_passed for kind in STAND_INS):
+                real = reports[i]  # every test passed in `real`
+                if (
+                    real.entries == 1
+                    and helper_did_work(real.aux_calls)
+                    and all(fails_not_by_time(runs[kind][k]) for kind in STAND_INS)
+                ):
                     levels[i]["coop_calls_aux"] = 0.5
-                    wrapper = plans[i].trivial or is_wrapper(real.outputs, pert.outputs)
+                    inputs = [plain.loads(key)[0] for key in recording_for(rows[i]).keys]
+                    wrapper = plans[i].trivial or is_wrapper(
+                        real.outputs, runs["perturbed"][k].outputs, inputs
+                    )
                     levels[i]["coop_nontrivial"] = 0.0 if wrapper else 0.5
         metrics = {k: [c[k] for c in levels] for k in self.LEVELS}
         metrics[PASS_AT_1] = [float(r is not None and r.all_passed) for r in reports]
@@ -250,20 +273,18 @@ class CooperativeCodeReward(_CodeRewardBase):
     3. tests: ``+1.5 * fraction`` of the problem's tests passed, as judged by the trusted judge
        (visible and hidden tests alike at turn 0; on revisions, turn >= 1, the hidden tests only,
        since the visible ones were quoted in feedback; both counts are logged).
-    4. cooperation (only when every test passed and the entry point calls ``aux``; three more
-       sandbox runs, see :mod:`~comlrl_lightning.tasks.coding.standin`): ``+0.5`` if some test
-       fails in each stand-in run: every value leaving ``aux`` *perturbed* (same type, another
-       value: a type or ``None`` check cannot tell), ``aux`` run on its *first* call's
-       arguments (a constant helper used as a gate earns nothing), and ``aux`` returning its first argument
-       (*identity*: a helper that does no work earns nothing); ``+0.5`` more if the entry point
-       is not a wrapper: neither a sole ``return aux(...)`` nor a function whose outputs,
-       wherever the perturbation changed them, changed to the perturbed real output up to a
-       simple invertible encoding (it returns what ``aux`` returned). On a bool output any
-       change is that one, so there a main that aggregates the helper's bools earns the first
-       half only.
+    4. cooperation (only when every test passed and the entry point calls ``aux``; ``aux`` and
+       the entry point run in two sandboxes joined by plain-value calls, and four more runs
+       replace the helper's values by trusted stand-ins, :mod:`~comlrl_lightning.tasks.coding.standin`):
+       ``+0.5`` if the helper did work (its outputs are not one template of its arguments) and
+       some test fails, by value and not by time, under each stand-in (*perturbed*, *first*
+       answer replayed, *identity*, *constant*); ``+0.5`` more if the entry point is not a
+       wrapper (a sole ``return aux(...)``, or outputs that changed to the perturbed real
+       output up to casts and a simple invertible encoding). On a bool output any change is
+       that one, so there an aggregating main earns the first half only.
 
-    Before running, the main part's top-level definitions of the preamble's names, of ``aux`` and
-    of the stand-ins' value function are dropped (``main_redefined_protected`` counts it). The joint actions of a call run in
+    Before running, the main part's top-level definitions of the preamble's names and of ``aux``
+    are dropped (``main_redefined_protected`` counts it). The joint actions of a call run in
     parallel. The result's metrics hold each level's value, :data:`PASS_AT_1`,
     ``tests_visible_passed``/``tests_hidden_passed`` and the ``error_<reason>`` counters.
 
@@ -325,8 +346,7 @@ class CooperativeCodeReward(_CodeRewardBase):
         st.components["main_defined"] = 0.6
         preamble = prompt_preamble(row["prompt"], entry)
         protected = set().union(
-            *[_bound_names(n) for n in (parse_code(preamble) or ast.Module([], [])).body],
-            {AUX, value_name(preamble, aux)},  # and the stand-ins' value function
+            *[_bound_names(n) for n in (parse_code(preamble) or ast.Module([], [])).body], {AUX}
         )
         protected.discard(entry)
         main, st.redefined = without_definitions_of(main, protected)
@@ -334,10 +354,11 @@ class CooperativeCodeReward(_CodeRewardBase):
         if not compiles(program + "\n\n" + main + "\n"):
             return self._filled(st)
         st.components["syntax"] = 0.5
-        st.stand_ins = stand_in_programs(preamble, aux, AUX)
-        st.program = program if st.stand_ins is None else st.stand_ins["real"]
-        if st.stand_ins is not None:  # after main's load-time code: calls made there fix nothing
-            st.after_main = value_name(preamble, aux)
+        if find_function(aux, AUX) is not None:  # two interpreters: main reaches aux by a call only
+            st.helper_program = program
+            st.program = preamble + "\n" if preamble.strip() else ""
+        else:
+            st.program = program
         st.main, st.protected = main, tuple(sorted(protected))
         st.preamble, st.helper = preamble, aux
         main_fn = find_function(main, entry)
@@ -357,21 +378,6 @@ class CooperativeCodeReward(_CodeRewardBase):
     def _filled(self, st: _Plan) -> _Plan:
         st.components = {k: st.components.get(k, 0.0) for k in self.LEVELS}
         return st
-
-
-def helper_as_aux(code: str) -> str:
-    """``code`` with its last top-level function renamed ``aux`` (and its own references to that
-    name), unless it already defines ``aux`` or does not parse."""
-    tree = parse_code(code)
-    if tree is None or find_function(code, AUX) is not None:
-        return code
-    funcs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    if not funcs:
-        return code
-    target, old = funcs[-1], funcs[-1].name
-    target.name = AUX
-    _Rename(old, AUX).visit(target)
-    return ast.unparse(tree)
 
 
 __all__ = [

@@ -1,38 +1,28 @@
-"""The cooperation bonus's counterfactual: the helper's values replaced by a trusted stand-in.
+"""The cooperation bonus's counterfactual: the helper's values replaced by trusted stand-ins.
 
-Whether the entry point *needs* the helper is decided from separate fresh sandbox runs of the
-same program, judged by the trusted judge from plain outputs only (nothing the candidate's
-process says about itself counts):
+The entry point and the helper run in two sandboxes (:mod:`comlrl_lightning.sandbox.split`):
+``main`` reaches ``aux`` only through a call carrying plain values, relayed by a trusted broker.
+The stand-ins live in that broker (:func:`substitute`), never in either candidate process: in
+every run the helper runs on main's actual arguments and returns its real value (so a stand-in's
+answer costs the same time), and the broker hands main, by *kind*:
 
-- ``real``: the program as written;
-- ``perturbed``: every value that leaves ``aux`` (see *sites* below) is replaced by
-  :func:`perturbed` of it (same type, another value; only plain values of exact builtin types
-  are changed, so no candidate code runs; ``None``, NaN and infinities stay), the same object for
-  the same object while its content is unchanged (so ``aux(x) is G`` holds where it held);
-- ``first``: ``aux`` runs on (a fresh copy of) the arguments of its first entry-point call
-  whenever its arguments differ from those (equal ones are passed as they are): a constant helper
-  behaves exactly, identity included, as in the real run, and every value that comes out of it
-  (returned, stored, printed, raised) is the first call's, so no channel disagrees with another;
-- ``identity``: every value ``aux`` returns is replaced by its first argument as received (a
-  helper that does no work: main's ``x = aux(x)`` then passes); what it stores is left alone.
+- ``real``: the helper's value;
+- ``perturbed``: :func:`perturbed` of it (same type, every part changed consistently: equal parts
+  stay equal, so an internal check such as ``r[1] == r[2]`` still holds; parts equal to one of the
+  call's whole arguments are kept, so an echo of the argument still matches);
+- ``first``: the first answer of a call made after main loaded, replayed (a helper used as a
+  constant gate; the harness, not main, tells the broker when the entry point's calls begin, so a
+  call made while main loads cannot choose the replayed answer: ``load_time_priming``);
+- ``identity``: the call's first argument (a helper that does no work);
+- ``constant``: the empty / zero value of the real value's type.
 
-*Sites*: a value leaves ``aux`` by ``return``, by an assignment to a name it declares ``global``
-or ``nonlocal``, to an attribute, or to an item of anything but its own local variables (its
-parameters count as not its own unless it rebinds them), by ``setattr`` or by a mutating call (``append``, ``extend``,
-``insert``, ``add``, ``update``, ``setdefault``, ...) on such an object. All runs load the same
-helper code: each site's value ``E`` becomes ``_aux_value(E, site, _aux_value_a)`` in every run
-and the parameters are passed through ``_aux_value((p, ...), "enter", None)`` on entry
-(``_aux_value_a`` is then the first argument) and the body runs in ``try: ... finally:
-_aux_value(None, "exit", None)``; only the top-level ``_aux_value`` differs (identity in the real
-run). The value functions look at no frame (an audit hook would see ``sys._getframe``): a depth
-count from ``enter``/``exit`` lets values of ``aux`` called by ``aux`` (recursion) pass
-unchanged, and the harness calls ``_aux_value(None, "reset", None)`` (the program's own function, restored
-if main rebound it) once main has loaded, emptying ``first``'s record, so calls made while main
-loads fix nothing. Once every test passes in
-the real run, the helper counts when some test fails in each stand-in run. The entry point is a
-*wrapper* when every call whose output changed under ``perturbed`` changed to the output a
-wrapper would give, up to the encodings in :data:`ENCODINGS` (floats within ``1e-6``). Limits:
-``docs/attacks.md``.
+The bonus's first half needs (:func:`helper_did_work`): every test passes in the real run; in
+each stand-in run some test fails and no call ran out of time (time is never evidence: a run
+failing only by time earns nothing, and the stand-in runs' per-call budgets come from the real
+run, :func:`budgets`); and the real helper's outputs are not those of an identity-like stand-in:
+:func:`echo_template` of every call (each whole argument in the output replaced by its position)
+is not one and the same. The second half: the entry point is not a wrapper
+(:func:`is_wrapper`, up to :data:`ENCODINGS`). Limits: ``docs/attacks.md``.
 """
 
 from __future__ import annotations
@@ -42,173 +32,155 @@ import json
 import math
 from collections.abc import Sequence
 
-from comlrl_lightning.tasks.coding.code_text import parse_code
-from comlrl_lightning.tasks.coding.standin_values import BODIES, STAND_INS, perturbed  # noqa: F401
-
-MUTATORS = {
-    "append": 0,
-    "extend": 0,
-    "add": 0,
-    "update": 0,
-    "appendleft": 0,
-    "extendleft": 0,
-    "put": 0,
-    "insert": -1,
-    "setdefault": -1,
-    "__setitem__": -1,
-}
-"""Mutating methods whose argument (at this position) a site wraps."""
+STAND_INS = ("perturbed", "first", "identity", "constant")
+"""The kinds a needed helper makes some test fail under."""
+TEXT_CHARS = 1000
+"""Longest string the perturbation reads as a literal (``repr``/``str``/JSON of a plain value)."""
+DEPTH = 32
+"""Deepest plain value the perturbation looks into (deeper parts are left as they are)."""
 
 
-class _Sites(ast.NodeTransformer):
-    """Every value leaving one function's own scope (nested scopes are left alone) -> ``name(E,
-    site, name_a)``; ``site`` is ``"return"`` or ``"s:<target>"`` (one ``first`` box per target)."""
+def _key(value: object) -> str:
+    from comlrl_lightning.sandbox import plain
 
-    def __init__(self, name: str, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        self.name = name
-        own = list(_own_nodes(fn))
-        self.declared = {n for s in own if isinstance(s, (ast.Global, ast.Nonlocal)) for n in s.names}
-        stored = {n.id for n in own if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-        self.local = stored - self.declared  # a parameter rebound (`l = list(l)`) is its own copy
-
-    def _wrap(self, value: ast.expr, site: str) -> ast.Call:
-        args = [value, ast.Constant(site), ast.Name(self.name + "_a", ast.Load())]
-        return ast.Call(ast.Name(self.name, ast.Load()), args, [])
-
-    def _site(self, target: ast.expr) -> str | None:
-        if isinstance(target, ast.Name):
-            return f"s:{target.id}" if target.id in self.declared else None
-        if not isinstance(target, (ast.Attribute, ast.Subscript)):
-            return None
-        root = target
-        while isinstance(root, (ast.Attribute, ast.Subscript)):
-            root = root.value
-        if isinstance(root, ast.Name) and root.id in self.local:
-            return None
-        text = ast.unparse(target.value if isinstance(target, ast.Subscript) else target)
-        return "s:" + text[:60] + ("[]" if isinstance(target, ast.Subscript) else "")
-
-    def visit_FunctionDef(self, node: ast.AST) -> ast.AST:
-        return node  # a nested scope: its values are not the helper's
-
-    visit_AsyncFunctionDef = visit_Lambda = visit_ClassDef = visit_FunctionDef
-    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_FunctionDef
-
-    def visit_Return(self, node: ast.Return) -> ast.Return:
-        if node.value is not None:
-            node.value = self._wrap(node.value, "return")
-        return node
-
-    def visit_Assign(self, node: ast.Assign) -> ast.Assign:
-        sites = [s for s in map(self._site, node.targets) if s is not None]
-        if sites:
-            node.value = self._wrap(node.value, sites[0])
-        return node
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AnnAssign:
-        site = self._site(node.target)
-        if site is not None and node.value is not None:
-            node.value = self._wrap(node.value, site)
-        return node
-
-    def visit_AugAssign(self, node: ast.AugAssign) -> ast.stmt:
-        site = self._site(node.target)
-        if site is None:
-            return node
-        load = _as_load(node.target)
-        return ast.Assign([node.target], self._wrap(ast.BinOp(load, node.op, node.value), site))
-
-    def visit_Expr(self, node: ast.Expr) -> ast.Expr:
-        call = node.value
-        if not isinstance(call, ast.Call) or not call.args:
-            return node
-        func = call.func
-        if isinstance(func, ast.Name) and func.id == "setattr" and len(call.args) == 3:
-            call.args[2] = self._wrap(call.args[2], "s:setattr")
-        elif isinstance(func, ast.Attribute) and func.attr in MUTATORS:
-            probe = ast.Subscript(func.value, ast.Constant(0), ast.Store())
-            site = self._site(probe)
-            if site is not None:
-                i = MUTATORS[func.attr] % len(call.args)
-                call.args[i] = self._wrap(call.args[i], site)
-        return node
+    return json.dumps(plain.encode(value), sort_keys=True)
 
 
-def _own_nodes(fn: ast.AST):
-    """The nodes of a function's own scope (not inside nested functions, classes, comprehensions)."""
-    stack = list(ast.iter_child_nodes(fn))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
-            stack.extend(ast.iter_child_nodes(node))
+def _text(s: str, keep: frozenset[str], d: int) -> str:
+    """A string that is the text of a plain value (``repr``, ``str`` or JSON, whitespace-padded or
+    not) becomes the same text of the perturbed value; any other string gets a ``"0"`` appended."""
+    core = s.strip()
+    head, tail = s[: len(s) - len(s.lstrip())], s[len(core) + len(s) - len(s.lstrip()) :]
+    if len(s) <= TEXT_CHARS and d < DEPTH and core:
+        for load, dump in ((ast.literal_eval, repr), (ast.literal_eval, str), (json.loads, json.dumps)):
+            try:
+                lit = load(core)
+                if dump(lit) == core:
+                    new = dump(_perturb(lit, keep, d + 1, True))
+                    if type(new) is str and new != core:
+                        return head + new + tail
+            except Exception:  # noqa: BLE001 - not a text of that kind
+                pass
+    return s + "0"
 
 
-def _as_load(target: ast.expr) -> ast.expr:
-    node = ast.parse(ast.unparse(target), mode="eval").body
-    return node
+def _perturb(v: object, keep: frozenset[str], d: int, top: bool) -> object:
+    t = type(v)
+    if not top and keep and t is not bool and _key(v) in keep:
+        return v  # a whole argument inside the output: an echo, kept
+    if t is bool:
+        return not v
+    if t is int:
+        return v + 1
+    if t is float:  # an integral float as its int (a cast is the same value), else far enough to tell
+        if abs(v) < 2**52 and v == int(v):
+            return v + 1.0
+        return v + 1.0 + abs(v) if abs(v) < 1e300 else v
+    if t is str:
+        return _text(v, keep, d)
+    if t is bytes:
+        return v + b"0"
+    if d >= DEPTH:
+        return v
+    if t is list or t is tuple:
+        return t(_perturb(x, keep, d + 1, False) for x in v)
+    if t is set or t is frozenset:
+        return t(_perturb(x, keep, d + 1, False) for x in v)
+    if t is dict:
+        return {k: _perturb(x, keep, d + 1, False) for k, x in v.items()}
+    return v
 
 
-def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
-    a = fn.args
-    return [x.arg for x in a.posonlyargs + a.args + [a.vararg] + a.kwonlyargs + [a.kwarg] if x is not None]
+def perturbed(value: object, args: Sequence[object] = ()) -> object:
+    """The ``perturbed`` stand-in's value for a plain helper output (same type, another value;
+    ``None``, empty containers, NaN and infinities stay): every part changed by the same rule (so
+    equal parts stay equal), except parts inside a container equal to one of ``args`` (whole)."""
+    keep = frozenset(_key(a) for a in args)
+    return _perturb(value, keep, 0, True)
 
 
-def _first_argument(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.expr:
-    """The expression of ``fn``'s first argument as received (``None`` for a function without one)."""
-    positional = fn.args.posonlyargs + fn.args.args
-    if positional:
-        return ast.Name(positional[0].arg, ast.Load())
-    if fn.args.vararg is not None:
-        star = fn.args.vararg.arg
-        return ast.parse(f"{star}[0] if {star} else None", mode="eval").body
-    return ast.Constant(None)
+def _zero(v: object) -> object:
+    t = type(v)
+    return t() if t in (bool, int, float, str, bytes, list, tuple, dict, set, frozenset) else None
 
 
-def value_name(preamble: str, helper: str) -> str:
-    """The name of the value function in the programs of :func:`stand_in_programs` (``_aux_value``,
-    with ``_`` appended until the text does not contain it): a name the main part may not bind."""
-    name, source = "_aux_value", preamble + "\n" + helper
-    while name in source:
-        name += "_"
-    return name
-
-
-def stand_in_programs(preamble: str, helper: str, aux: str = "aux") -> dict[str, str] | None:
-    """The run programs (``preamble + helper``) of every kind in :data:`BODIES`, keyed by kind;
-    ``None`` when the helper has no top-level ``def aux`` to rewrite (no bonus then)."""
-    tree = parse_code(helper)
-    if tree is None:
+def substitute(kind: str):
+    """The broker's map for one run of ``kind`` (:func:`comlrl_lightning.sandbox.split.run_split`):
+    ``(args, kwargs, real output, entered) -> output main gets``; ``None`` for ``real``. Calls
+    made before the entry point's calls begin (``entered`` false: main loading) get the real value."""
+    if kind == "real":
         return None
-    target = [
-        n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == aux
-    ]
-    if not target:
-        return None
-    name = value_name(preamble, helper)
-    fn = target[-1]
-    sites = _Sites(name, fn)
-    body = [sites.visit(s) for s in fn.body]
-    doc = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else 0
-    bind = [ast.Assign([ast.Name(name + "_a", ast.Store())], _first_argument(fn))]
-    params = _params(fn)  # the arguments as the stand-in has them: the first call's in ``first``
-    args = ast.Tuple([ast.Name(p, ast.Load()) for p in params], ast.Load())
-    call = ast.Call(ast.Name(name, ast.Load()), [args, ast.Constant("enter"), ast.Constant(None)], [])
-    names = ast.Tuple([ast.Name(p, ast.Store()) for p in params], ast.Store())
-    bind.insert(0, ast.Assign([names], call) if params else ast.Expr(call))
-    leave = ast.Expr(
-        ast.Call(
-            ast.Name(name, ast.Load()), [ast.Constant(None), ast.Constant("exit"), ast.Constant(None)], []
-        )
-    )
-    fn.body = body[:doc] + bind[:1] + [ast.Try(bind[1:] + body[doc:], [], [], [leave])]
-    ast.fix_missing_locations(tree)
-    helper_src = ast.unparse(tree)
-    out = {}
-    for kind, src in BODIES.items():
-        parts = (preamble, src.format(name=name).strip("\n"), helper_src)
-        out[kind] = "\n\n".join(p for p in parts if p.strip()) + "\n"
-    return out
+    first: list[dict] = []
+
+    def sub(args: list, kwargs: dict, real: dict, entered: bool) -> dict:
+        if not entered:  # main is loading: an answer primed here is neither replayed nor judged
+            return real
+        if not first:
+            first.append(real)
+        if kind == "first":
+            return first[0]
+        if kind == "identity":
+            return {"o": args[0] if args else next(iter(kwargs.values()), None)}
+        if "o" not in real:
+            return real
+        if kind == "perturbed":
+            return {"o": perturbed(real["o"], list(args) + list(kwargs.values()))}
+        return {"o": _zero(real["o"])}
+
+    return sub
+
+
+def echo_template(args: list, kwargs: dict, out: object) -> str:
+    """``out`` with every part equal to one of the call's whole arguments replaced by that
+    argument's position (a bool only where the argument is that same bool), as text."""
+    whole = {_key(a): f"<arg {i}>" for i, a in enumerate(args)}
+    whole.update({_key(a): f"<arg {k}>" for k, a in kwargs.items()})
+
+    def walk(v: object, d: int) -> object:
+        k = _key(v)
+        if k in whole:
+            return whole[k]
+        t = type(v)
+        if d < DEPTH and (t is list or t is tuple):
+            return [t.__name__, *(walk(x, d + 1) for x in v)]
+        if d < DEPTH and t is dict:
+            return ["dict", *([_key(a), walk(x, d + 1)] for a, x in v.items())]
+        return k
+
+    return json.dumps(walk(out, 0))
+
+
+def helper_did_work(aux_calls: Sequence[tuple[list, dict, dict]]) -> bool:
+    """Whether the helper's real outputs differ from every identity-like stand-in's: not all of its
+    calls return one fixed template of their arguments (``x``, ``[x]``, ``(None, x)``, ``(x, c,
+    c)``...; a helper returning one value on every call is such a template too)."""
+    shapes = {
+        echo_template(a, k, out["o"]) if "o" in out else json.dumps(sorted(out.items()))
+        for a, k, out in aux_calls
+    }
+    return len(shapes) > 1
+
+
+def budgets(durations: Sequence[float | None], limit: float) -> list[float]:
+    """Per-call time limits of a stand-in run from the real run's call durations: four times the
+    real call plus a second, at most ``limit`` (a call slower only under a stand-in is a timeout,
+    and a run with a timeout is no evidence, so the budget bounds what a spinning main costs and
+    need not be tight: with a quarter second, ``test_cooperation_bonus_only_when_aux_is_called``'s
+    honest wrapper lost its bonus once at a load of 15 on 2 cores and kept it when run alone;
+    its calls take 0.2 ms, so the budget was scheduling jitter of the broker's round trip)."""
+    return [limit if d is None else min(limit, 4 * d + 1.0) for d in durations]
+
+
+def fails_not_by_time(rep) -> bool:
+    """A stand-in run (a judged report) is evidence only when some test failed and nothing ran out
+    of time (main's calls, the helper's calls, the run itself): time is never a verdict; nor is a
+    run whose broker was told more than once that the entry point's calls begin."""
+    if rep is None or rep.all_passed or getattr(rep, "helper_timeouts", 0):
+        return False
+    if getattr(rep, "entries", 1) != 1:  # main sent the harness's ENTRY line itself
+        return False
+    outs = getattr(rep, "outputs", [])
+    return bool(outs) and all(o is not None and o.get("t") != "timeout" for o in outs)
 
 
 def _negated(v: object) -> object:
@@ -223,38 +195,34 @@ def _negated(v: object) -> object:
 
 
 def _reversed(v: object) -> object:
-    if type(v) is str:  # not lists: main returning ``(aux(x), own value)`` would read as a wrapper
+    if type(v) in (str, list, tuple):
         return v[::-1]
-    raise TypeError("not a string")
+    raise TypeError("not a sequence")
 
 
 ENCODINGS = {"identity": lambda v: v, "negation": _negated, "reversal": _reversed}
 """Invertible maps ``e`` (each its own inverse) a wrapper may put between the helper's value and
-its output: the entry point is a wrapper when ``output = e(helper value)`` fits every changed
-call. Text encodings (``repr``, ``str``, JSON of the answer) need no entry: :func:`perturbed`
-changes a string that is such a text to the text of the perturbed value."""
+its output: the entry point is a wrapper when ``output = e(perturbed(e(real output)))`` fits every
+changed call. Text encodings (``repr``, ``str``, JSON of the answer, padded with whitespace or not)
+need no entry: :func:`perturbed` changes such a text to the text of the perturbed value; casts
+(int/float/bool) are equal in :func:`_close`."""
 
 
-def _key(value: object) -> str:
-    from comlrl_lightning.sandbox import plain
-
-    return json.dumps(plain.encode(value), sort_keys=True)
-
-
-def is_wrapper(real: Sequence[dict | None], pert: Sequence[dict | None]) -> bool:
+def is_wrapper(real: Sequence[dict | None], pert: Sequence[dict | None], inputs: Sequence = ()) -> bool:
     """Whether, for one encoding ``e`` of :data:`ENCODINGS`, every call whose plain output changed
     between the ``real`` and the ``perturbed`` run changed to ``e(perturbed(e(real output)))`` (and
-    at least one did): the entry point returns what the helper returned, up to ``e``."""
+    at least one did): the entry point returns what the helper returned, up to ``e``. ``inputs``:
+    each call's arguments (parts of the output equal to one are kept, as the broker keeps them)."""
     changed = [
-        (a["o"], b["o"])
-        for a, b in zip(real, pert)
+        (a["o"], b["o"], inputs[i] if i < len(inputs) else ())
+        for i, (a, b) in enumerate(zip(real, pert))
         if a is not None and b is not None and "o" in a and "o" in b and _key(a["o"]) != _key(b["o"])
     ]
     if not changed:
         return False
     for enc in ENCODINGS.values():
         try:
-            if all(_close(enc(perturbed(enc(a))), b) for a, b in changed):
+            if all(_close(enc(perturbed(enc(a), args)), b) for a, b, args in changed):
                 return True
         except (TypeError, ValueError, OverflowError):
             continue
@@ -262,12 +230,15 @@ def is_wrapper(real: Sequence[dict | None], pert: Sequence[dict | None]) -> bool
 
 
 def _close(a: object, b: object) -> bool:
-    """Plain values equal, floats within ``1e-6`` (relative or absolute, HumanEval's usual
-    tolerance), so a wrapper that rounds the helper's float finely is still a wrapper."""
+    """Plain values equal up to casts (int, float and bool compare by value), floats within
+    ``1e-6`` (HumanEval's usual tolerance), strings up to surrounding whitespace."""
+    num = (bool, int, float)
+    if type(a) in num and type(b) in num:
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) or a != a and b != b
+    if type(a) is str and type(b) is str:
+        return a.strip() == b.strip()
     if type(a) is not type(b):
         return False
-    if type(a) is float:
-        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) or a != a and b != b
     if type(a) in (list, tuple):
         return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
     if type(a) is dict:

@@ -13,18 +13,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from comlrl_lightning.sandbox.api import CallsReport, SandboxConfig, SandboxResult, TestReport, run_calls
+from comlrl_lightning.sandbox.split import run_split
 from comlrl_lightning.tasks.coding.judge import Judge
 from comlrl_lightning.tasks.coding.recorder import Recording, recording_for
+from comlrl_lightning.tasks.coding.standin import substitute
 
 
 @dataclass
 class JudgedReport(TestReport):
     """A :class:`TestReport` plus the candidate's plain outputs, one per recorded call (``{"o":
     value}``, ``{"x": exception type}``, ``{"t": category}`` or ``None``), for the cooperation
-    counterfactual (:mod:`comlrl_lightning.tasks.coding.standin`)."""
+    counterfactual (:mod:`comlrl_lightning.tasks.coding.standin`), each call's duration, and in a
+    split run the helper's calls made after main loaded (arguments and real outputs), how many ran
+    out of time, and how many times the broker was told the entry point's calls begin (``entries``:
+    1 unless main forged it, :data:`comlrl_lightning.sandbox.channel.ENTRY`)."""
 
     __test__ = False
     outputs: list[dict | None] = field(default_factory=list)
+    durations: list[float | None] = field(default_factory=list)
+    aux_calls: list[tuple[list, dict, dict]] = field(default_factory=list)
+    helper_timeouts: int = 0
+    entries: int = 0
 
 
 def evaluate(
@@ -35,10 +44,15 @@ def evaluate(
     *,
     main: str = "",
     protected: Sequence[str] = (),
-    after_main: str = "",
+    helper: str | None = None,
+    kind: str = "real",
+    budgets: Sequence[float] | None = None,
 ) -> JudgedReport:
     """Judged test results of ``program`` (then ``main``, see
-    :func:`~comlrl_lightning.sandbox.api.run_calls`) on problem ``row``.
+    :func:`~comlrl_lightning.sandbox.api.run_calls`) on problem ``row``. With ``helper`` (a
+    program defining ``aux``) the run is split (:func:`~comlrl_lightning.sandbox.split.run_split`):
+    ``aux`` runs there, and main gets the stand-in ``kind``'s values
+    (:func:`~comlrl_lightning.tasks.coding.standin.substitute`) within per-call ``budgets``.
 
     Raises:
         SandboxError: the sandbox could not run (not the program's fault).
@@ -46,11 +60,27 @@ def evaluate(
     """
     rec = recording_for(row)
     keys = rec.keys
-    calls = run_calls(
-        program, rec.entry_point, keys, main=main, protected=protected, after_main=after_main, config=config
-    )
+    if helper is None:
+        calls = run_calls(program, rec.entry_point, keys, main=main, protected=protected, config=config)
+    else:
+        calls = run_split(
+            program,
+            helper,
+            rec.entry_point,
+            keys,
+            main=main,
+            protected=protected,
+            substitute=substitute(kind),
+            budgets=budgets,
+            # the helper's sandbox starts with main's only when main names `aux` (else on a first
+            # call, e.g. through globals()): a main that never calls it costs one sandbox
+            eager=re.search(r"\baux\b", main) is not None,
+            config=config,
+        )
     report = _judged(rec, keys, calls, judge, config.max_message_chars)
-    report.outputs = list(calls.outputs)
+    report.outputs, report.durations = list(calls.outputs), list(calls.durations)
+    report.aux_calls, report.helper_timeouts = calls.aux_calls, calls.helper_timeouts
+    report.entries = calls.entries
     return report
 
 
