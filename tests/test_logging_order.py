@@ -11,6 +11,7 @@ import re
 import warnings
 
 import lightning.pytorch as pl
+import psutil
 import pytest
 from experiments import ROOT
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
@@ -216,6 +217,8 @@ def test_the_completion_table_reaches_wandb_as_a_table(tmp_path, monkeypatch):
         tiny_fit(logger, tmp_path)
     finally:
         wandb.finish()
+        wandb.teardown()  # stops wandb-core: a child process left alive fails later tests' "no child of ours"
+    assert not psutil.Process().children(recursive=True)
     tables = [(m["completions"], step) for m, step in logged if "completions" in m]
     assert len(tables) == 1 and isinstance(tables[0][0], wandb.Table) and tables[0][1] == 0
     table = tables[0][0]
