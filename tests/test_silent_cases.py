@@ -66,25 +66,26 @@ def test_a_val_batch_size_of_zero_is_refused_naming_the_field():
     )
 
 
-def test_a_data_file_edited_in_place_before_a_resume_is_said(tmp_path, caplog):
+def test_a_data_file_edited_in_place_before_a_resume_is_said(tmp_path, lightning_log):
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')
     first = DecPOMDPDataModule(str(data), ["{prompt}"], LengthRatioReward())
     first.setup("fit")
     saved = first.state_dict()  # what a checkpoint holds of the data module
     same = DecPOMDPDataModule(str(data), ["{prompt}"], LengthRatioReward())
-    with caplog.at_level(logging.INFO):
+    with lightning_log.at_level(logging.INFO):
         same.load_state_dict(saved)
-    assert "resume:" not in caplog.text
+    assert "resume:" not in lightning_log.text
     data.write_text('{"prompt": "a"}\n{"prompt": "c"}\n')  # same path, other rows
     edited = DecPOMDPDataModule(str(data), ["{prompt}"], LengthRatioReward())
     edited.setup("fit")
-    with caplog.at_level(logging.INFO):
+    with lightning_log.at_level(logging.INFO):
         edited.load_state_dict(saved)
     assert (
-        f"resume: data.dataset: the content of '{data}' differs from the checkpoint's (sha256:" in caplog.text
+        f"resume: data.dataset: the content of '{data}' differs from the checkpoint's (sha256:"
+        in lightning_log.text
     )
-    assert "(applied: its rows now run" in caplog.text
+    assert "(applied: its rows now run" in lightning_log.text
 
 
 # ------------------------------------------------------------------ a resumed CLI fit
@@ -221,12 +222,12 @@ def test_a_finished_reward_model_is_not_reused_for_another_task_reward_seed_or_p
     assert named in str(err.value) and "a finished reward model" in str(err.value)
 
 
-def test_a_finished_reward_model_reused_for_its_own_recipe_says_so(finished_folder, caplog):
-    with caplog.at_level(logging.INFO):
+def test_a_finished_reward_model_reused_for_its_own_recipe_says_so(finished_folder, lightning_log):
+    with lightning_log.at_level(logging.INFO):
         module = marlhf_fit(finished_folder)
     assert (
         f"reward_model.reward_model_dir: '{finished_folder / 'rm'}' holds a finished reward model made "
-        in (caplog.text)
+        in (lightning_log.text)
     )
     recipe = json.loads((finished_folder / "rm" / "marlhf.json").read_text())["recipe"]
     assert recipe["seed"] == 0 and recipe["prompts"].startswith("sha256:")
@@ -248,17 +249,19 @@ def test_online_mode_says_once_that_it_ignores_num_train_epochs(recwarn):
                      "are trained on in one update; it applies to 'one_shot')"]  # fmt: skip
 
 
-def test_a_folder_of_an_earlier_version_is_used_with_a_line_naming_what_it_does_not_record(tmp_path, caplog):
+def test_a_folder_of_an_earlier_version_is_used_with_a_line_naming_what_it_does_not_record(
+    tmp_path, lightning_log
+):
     from comlrl_lightning.algorithms.reward_model_folder import check_recipe
 
     recipe = {"source": "builtin:tiny-gpt2", "reward_model": {"reward_seed": 0}, "seed": 0, "prompts": "sha256:ab",
               "task_reward": {"functions": [{"name": "m.f"}], "weights": [1.0], "processor": None}}  # fmt: skip
     earlier = {k: v for k, v in recipe.items() if k not in ("seed", "prompts", "task_reward")}
-    with caplog.at_level(logging.INFO):
+    with lightning_log.at_level(logging.INFO):
         check_recipe(str(tmp_path), "a finished reward model", earlier, recipe)
     assert (
         "it does not record seed, prompts, task_reward (an earlier version): not compared: using it"
-        in caplog.text
+        in lightning_log.text
     )
     with pytest.raises(ValueError, match=r"reward_model.reward_seed: folder 1, given 0"):
         check_recipe(
