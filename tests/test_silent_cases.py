@@ -119,6 +119,17 @@ def no_model_loads(monkeypatch):
     monkeypatch.setattr(Team, "load", refuse)
 
 
+def _end_one_process_group(env: dict[str, str]) -> None:
+    """After an fsdp2 fit in this process: the environment as it was (Lightning set _DIST_ENV for its
+    one-process group) and no process group left, which would make every later fit of the test run
+    distributed (Lightning then warns that epoch-level logs are not synced)."""
+    for key in _DIST_ENV:
+        os.environ.pop(key, None)
+    os.environ.update(env)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 @pytest.fixture(scope="module")
 def fsdp2_folder(tmp_path_factory):
     """A sharded checkpoint folder (meta.pt, shard files, sharding.json) of a 2-step fsdp2 fit on one
@@ -131,9 +142,7 @@ def fsdp2_folder(tmp_path_factory):
     try:
         main(["fit", "--config", config, "--save_on_interrupt=false"])
     finally:
-        for key in _DIST_ENV:  # Lightning set them for its one-process group
-            os.environ.pop(key, None)
-        os.environ.update(env)
+        _end_one_process_group(env)
     folder = root / "ckpt" / "last.ckpt"
     assert (folder / "meta.pt").is_file() and (folder / "sharding.json").is_file()
     return root, folder
@@ -285,8 +294,6 @@ def test_use_checkpoint_config_reads_an_fsdp2_folders_config(fsdp2_folder, tmp_p
             main(["fit", "--config", config, f"--ckpt_path={folder}", "--use_checkpoint_config=true",
                   "--model.init_args.rollout.num_generations=4"])  # fmt: skip
     finally:
-        for key in _DIST_ENV:
-            os.environ.pop(key, None)
-        os.environ.update(env)
+        _end_one_process_group(env)
     err = capsys.readouterr().err
     assert "resume: model.rollout.num_generations: given 4 ignored, the checkpoint's 2 used" in err
