@@ -9,6 +9,15 @@ moment: each agent's are freed after its step), of optimizer state, of every dis
 storage, its peak RSS and its per-batch step times (``step_time_s``: rollout + update). The children
 run A B A B (full, LoRA, full, LoRA per N), so the step-time ratio LoRA / full comes from one run,
 with the load average at its start and end.
+
+``rollouts`` (``python benchmarks/lora.py --rollouts``; also part of the section): the main job's
+rollouts as its two configs build them (``configs/coop_coordination.yaml`` against
+``configs/coop_coordination_lora.yaml``: 2 SmolLM2-135M agents, K=4, 3 new tokens, a batch of 2
+training episodes, and the held-out validation's 50 problems, greedy), both teams in this one
+process, A B A B, at 1 intra-op thread and at torch's default. Each rollout is timed in wall and
+process CPU seconds with the load average beside it: on 2 cores shared with other jobs, 2 threads
+make every small op wait at a barrier for a descheduled thread, and a LoRA layer runs 3 linears and 2
+element-wise ops where a full one runs 1 (issue 43).
 """
 
 from __future__ import annotations
@@ -79,6 +88,94 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+ROLLOUT_CONFIGS = {"full": "configs/coop_coordination.yaml", "lora": "configs/coop_coordination_lora.yaml"}
+
+
+def _config_module(path: str) -> Any:
+    """The MAGRPO module and data module a shipped config builds (its ``init_args``), loaded."""
+    import yaml
+
+    from comlrl_lightning import MAGRPO
+    from comlrl_lightning.datamodules import CooperationDataModule
+
+    with open(os.path.join(os.path.dirname(HERE), path)) as f:
+        cfg = yaml.safe_load(f)
+    module = MAGRPO(**cfg["model"]["init_args"])
+    data = CooperationDataModule(**cfg["data"]["init_args"])
+    data.setup("fit")
+    module._env = data.env  # noqa: SLF001 - what fit takes from trainer.datamodule
+    module.configure_model()
+    module.train()  # as in fit: generate puts the model in eval mode and back
+    return module, data
+
+
+def rollouts(quick: bool = False) -> dict[str, Any]:
+    """LoRA / full rollout time at the main job's shape, one process, A B A B per thread count."""
+    import time
+
+    import torch
+
+    modules = {kind: _config_module(path) for kind, path in ROLLOUT_CONFIGS.items()}
+    _, data = modules["full"]
+    train_batch = next(iter(data.train_dataloader()))
+    val_batch = next(iter(data.val_dataloader()))
+    default_threads = torch.get_num_threads()
+    reps = 1 if quick else 2
+    out: dict[str, Any] = {"threads": {}, "loadavg_start": os.getloadavg()}
+    for threads in sorted({1, default_threads}):
+        torch.set_num_threads(threads)
+        rec: dict[str, dict[str, list[list[float]]]] = {k: {"train": [], "val": []} for k in KINDS}
+        for rep in range(reps + 1):  # the first round warms up each team and is not kept
+            for kind in KINDS:
+                module = modules[kind][0]
+                for part, batch in (("train", train_batch), ("val", val_batch)):
+                    torch.manual_seed(rep)
+                    wall, cpu, load = time.perf_counter(), time.process_time(), os.getloadavg()[0]
+                    module.rollout(batch, evaluation=part == "val")
+                    if rep:
+                        t = [time.perf_counter() - wall, time.process_time() - cpu, load]
+                        rec[kind][part].append([round(x, 3) for x in t])
+        row: dict[str, Any] = {"runs": rec}
+        for part in ("train", "val"):
+            for i, name in ((0, "wall"), (1, "cpu")):
+                mine = {k: sorted(r[i] for r in rec[k][part])[len(rec[k][part]) // 2] for k in KINDS}
+                row[f"{part}_{name}_s"] = mine
+                row[f"{part}_{name}_ratio"] = mine["lora"] / mine["full"]
+        out["threads"][threads] = row
+        print(f"threads={threads}: " + ", ".join(
+            f"{part} LoRA/full {row[f'{part}_wall_ratio']:.2f} wall, {row[f'{part}_cpu_ratio']:.2f} CPU "
+            f"({row[f'{part}_wall_s']['lora']:.2f} / {row[f'{part}_wall_s']['full']:.2f} s)"
+            for part in ("train", "val")) + f"; load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    torch.set_num_threads(default_threads)
+    out["loadavg_end"] = os.getloadavg()
+    return out
+
+
+def render_rollouts(res: dict[str, Any]) -> str:
+    """The rollout table: LoRA / full at the main job's shape, per thread count."""
+    lines = [
+        "| intra-op threads | rollout | full (wall) | LoRA (wall) | LoRA / full (wall) | LoRA / full (CPU) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for threads, row in res["threads"].items():
+        for part, name in (
+            ("train", "training batch (2 episodes x K=4)"),
+            ("val", "held-out validation (50)"),
+        ):
+            w = row[f"{part}_wall_s"]
+            lines.append(
+                f"| {threads} | {name} | {w['full']:.2f} s | {w['lora']:.2f} s | "
+                f"**{row[f'{part}_wall_ratio']:.2f}** | {row[f'{part}_cpu_ratio']:.2f} |"
+            )
+    load = f"load average {res['loadavg_start'][0]:.1f} at the start, {res['loadavg_end'][0]:.1f} at the end"
+    return "\n".join(lines) + (
+        "\n\nRollouts of the main job's two configs (`configs/coop_coordination.yaml`, "
+        "`configs/coop_coordination_lora.yaml`: 2 SmolLM2-135M agents, K=4, 3 new tokens), both teams in one "
+        f"process, A B A B, medians of the kept rounds (one warm-up round not kept); {load}. "
+        "`python benchmarks/lora.py --rollouts`."
+    )
+
+
 def section(quick: bool) -> dict[str, Any]:
     """Every (N, kind) twice, A B A B, each in a child process; medians and ratios per N."""
     from bench_lib import SMOLLM2, med
@@ -104,6 +201,8 @@ def section(quick: bool) -> dict[str, Any]:
                 runs.setdefault(f"N={n}/{kind}", []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
     out: dict[str, Any] = {"model": model, "batches": batches, "rounds": rounds, "adapter": ADAPTER,
                            "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "runs": runs}  # fmt: skip
+    if not quick:  # SmolLM2 only: the main job's configs
+        out["rollouts"] = rollouts()
     for n in NUM_AGENTS:
         row: dict[str, Any] = {}
         for kind in KINDS:
@@ -151,17 +250,30 @@ def render(res: dict[str, Any]) -> str:
         )
     a = res["adapter"]
     load = f"load average {res['loadavg_start'][0]:.1f} at the start, {res['loadavg_end'][0]:.1f} at the end"
-    return "\n".join(lines) + (
-        f"\n\n{res['model']}, LoRA `r={a['r']}, lora_alpha={a['lora_alpha']}, target_modules={a['target_modules']}` "
-        f"(N adapters on one frozen base) against N fully trained models, AdamW, K=2, one episode per batch, "
-        f"8 new tokens; {res['batches']} batches per child process, the first 2 not timed, children run A B A B "
-        f"({res['rounds']} rounds per N); {load}. Step time is the module's rollout + update "
-        "(`step_time_s`), so generation, which LoRA does not shrink, is in both. `benchmarks/lora.py`."
+    return (
+        "\n".join(lines)
+        + (
+            f"\n\n{res['model']}, LoRA `r={a['r']}, lora_alpha={a['lora_alpha']}, target_modules={a['target_modules']}` "
+            f"(N adapters on one frozen base) against N fully trained models, AdamW, K=2, one episode per batch, "
+            f"8 new tokens; {res['batches']} batches per child process, the first 2 not timed, children run A B A B "
+            f"({res['rounds']} rounds per N); {load}. Step time is the module's rollout + update "
+            "(`step_time_s`), so generation, which LoRA does not shrink, is in both. `benchmarks/lora.py`."
+        )
+        + (f"\n\n{render_rollouts(res['rollouts'])}" if "rollouts" in res else "")
     )
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         print(json.dumps(child(json.loads(sys.argv[2]))))
+    elif "--rollouts" in sys.argv:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        sys.path.insert(0, HERE)
+        import bench_lib  # noqa: F401 - quiets Lightning / transformers logging and warnings
+
+        result = rollouts("--quick" in sys.argv)
+        print(json.dumps(result))
+        print(render_rollouts(result))
     else:
         print(render(section("--quick" in sys.argv)))
