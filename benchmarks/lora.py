@@ -17,7 +17,7 @@ training episodes, and the held-out validation's 50 problems, greedy), both team
 process, A B A B, at 1 intra-op thread and at torch's default. Each rollout is timed in wall and
 process CPU seconds with the load average beside it: on 2 cores shared with other jobs, 2 threads
 make every small op wait at a barrier for a descheduled thread, and a LoRA layer runs 3 linears and 2
-element-wise ops where a full one runs 1 (issue 43).
+element-wise ops where a full one runs 1.
 """
 
 from __future__ import annotations
