@@ -60,6 +60,8 @@ def writing_run():
     for child in children:
         child.kill()
         child.wait()
+        child.stdin.close()  # left open, the pipes warn (ResourceWarning) in whichever later test collects them
+        child.stdout.close()
     release_run_folders()
 
 
@@ -175,4 +177,6 @@ def test_a_numbered_log_folder_taken_by_a_run_started_at_the_same_moment_moves_t
     finally:
         child.kill()
         child.wait()
+        child.stdin.close()
+        child.stdout.close()
         release_run_folders()
