@@ -405,6 +405,7 @@ def test_one_shot_madpo_spends_the_whole_budget_on_its_pair_set_before_the_first
     # the quick path on the tiny model: 2 x 2 problems x K=2 x 2 agents = 16 completions, then the passes
     patch_everywhere(monkeypatch, "SMOLLM2", "builtin:tiny-gpt2")
     patch_everywhere(monkeypatch, "ExactMatchReward", _ParityReward)  # the tiny model is never right: no pair
+    monkeypatch.setattr(_ParityReward, "scored", [])  # its own count, whatever ran before (random order)
     monkeypatch.setitem(learning_config.ONE_SHOT_CONFIG, "num_train_epochs", 2)
     path = str(tmp_path / "runs.jsonl")
     learning_runs.run_missing(learning_config.TASK, ["madpo_one_shot"], [0], learning_runs.QUICK, path)
@@ -595,7 +596,7 @@ def test_comlrl_madpo_trains_comlrls_own_trainer_on_the_one_shot_rows_settings(t
 
     patch_everywhere(monkeypatch, "ExactMatchReward", _ParityReward)  # the tiny model is never right: no pair
     monkeypatch.setitem(learning_config.COMLRL_MADPO_CONFIG, "pad_token", "<|endoftext|>")
-    _ParityReward.scored.clear()
+    monkeypatch.setattr(_ParityReward, "scored", [])  # its own count; the class list is restored after
     path = str(tmp_path / "runs.jsonl")
     learning_runs.run_missing(learning_config.TASK, ["comlrl_madpo"], [0], learning_runs.QUICK, path)
     (run,) = learning_runs.recorded_runs(learning_config.TASK, learning_runs.QUICK, path)
