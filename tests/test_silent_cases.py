@@ -12,6 +12,7 @@ import torch
 from conftest import tiny_cli_config, tiny_trainer
 from experiments import experiment
 from test_marlhf import marlhf
+from test_resume_config import CLI, cli_checkpoint  # noqa: F401, F811 - a fixture
 
 from comlrl_lightning import MAGRPO
 from comlrl_lightning.cli import main
@@ -89,21 +90,10 @@ def test_a_data_file_edited_in_place_before_a_resume_is_said(tmp_path, lightning
 
 
 # ------------------------------------------------------------------ a resumed CLI fit
-CLI = ["--trainer.enable_progress_bar=false", "--trainer.limit_val_batches=0", "--trainer.max_steps=2"]
+# CLI and the cli_checkpoint fixture (two steps of the toy config, its last.ckpt): tests/test_resume_config.py
 
 
-@pytest.fixture(scope="module")
-def cli_checkpoint(tmp_path_factory):
-    """Two steps of the toy config through the CLI (seed_everything 0), its last.ckpt."""
-    root = tmp_path_factory.mktemp("cli_resume")
-    os.chdir(ROOT)
-    main(["fit", *experiment("toy_length_ratio.yaml"), *CLI, f"--trainer.default_root_dir={root}",
-          "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
-          f"--trainer.callbacks.dirpath={root}/ckpt", "--trainer.callbacks.save_last=true"])  # fmt: skip
-    return root / "ckpt" / "last.ckpt"
-
-
-def test_another_seed_on_resume_is_said_not_applied(cli_checkpoint, tmp_path, capsys):
+def test_another_seed_on_resume_is_said_not_applied(cli_checkpoint, tmp_path, capsys):  # noqa: F811
     os.chdir(ROOT)
     main(["fit", *experiment("toy_length_ratio.yaml"), *CLI, f"--trainer.default_root_dir={tmp_path}",
           f"--ckpt_path={cli_checkpoint}", "--seed_everything=7"])  # fmt: skip
