@@ -1,6 +1,6 @@
 """Every cooperation-bonus attack of ``tests/coop_attacks.py`` on all 164 HumanEval problems.
 
-    python benchmarks/coop_attacks.py [--tasks 0,4,29] > /tmp/coop.md
+    python benchmarks/coop_attacks.py [--tasks 0,4,29] [--every 2] [--record /tmp/coop.jsonl] > /tmp/coop.md
 
 For each attack: on how many problems it earns more than the honest answer it imitates (the
 canonical main with ``aux`` unused, or the honest wrapper, both measured on the same problem in the
@@ -12,6 +12,7 @@ count. Prints a markdown table (docs/attacks.md), the wall-clock time and the lo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -32,55 +33,96 @@ TRIVIAL = "def aux(x):\n    return x\n"
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", default="", help="comma-separated row indices (default: all 164)")
+    ap.add_argument(
+        "--tasks", default="", help="comma-separated row indices, run in that order (default: all 164)"
+    )
+    ap.add_argument(
+        "--every",
+        type=int,
+        default=0,
+        help="every k-th problem first, then the rest (an interrupted run leaves an even sample)",
+    )
     ap.add_argument("--only", default="", help="comma-separated attack names (default: every attack)")
     ap.add_argument("--partial", default="", help="file rewritten with the table after every problem")
+    ap.add_argument(
+        "--record",
+        default="",
+        help="JSON lines, one per problem (its values by attack); problems already in it are not rerun",
+    )
     args = ap.parse_args()
     rows = load_humaneval_rows()
     tasks = [int(t) for t in args.tasks.split(",") if t] or list(range(len(rows)))
+    if args.every > 1:
+        tasks = [t for r in range(args.every) for t in tasks[r :: args.every]]
+    records = {}
+    if args.record and os.path.exists(args.record):
+        with open(args.record) as fh:
+            records = {r["task"]: r for r in map(json.loads, fh) if r["task"] in tasks}
     coop = CooperativeCodeReward()
-    paying, counted, gain = defaultdict(int), defaultdict(int), defaultdict(float)
-    canonical_max, load0, t0 = 0, os.getloadavg()[0], time.perf_counter()
-    names = []
+    load0, t0 = os.getloadavg()[0], time.perf_counter()
+    names = [(a.cls, a.name, a.baseline) for a in attacks_for(rows[tasks[0]]) if _chosen(a, args.only)]
     for idx in tasks:
+        if idx in records:
+            continue
         row = rows[idx]
-        atks = [a for a in attacks_for(row) if not args.only or a.name in args.only.split(",")]
-        names = names or [(a.cls, a.name, a.baseline) for a in atks]
+        atks = [a for a in attacks_for(row) if _chosen(a, args.only)]
         pairs = [(TRIVIAL, solo_main(row)), (helper_solves(row), wrapper_main(row, "return aux({args})"))]
         pairs += [(a.aux, a.main) for a in atks]
-        values = coop([list(p) for p in pairs], [Episode(0, row) for _ in pairs], 0).values
-        solo, wrapper = values[0], values[1]
-        canonical_max += abs(solo - 3.0) < 1e-9
-        if abs(solo - 3.0) > 1e-9:  # the canonical main does not pass here (counted above)
+        try:
+            values = coop([list(p) for p in pairs], [Episode(0, row) for _ in pairs], 0).values
+        except Exception as err:  # noqa: BLE001 - e.g. a sandbox that could not start at a load of 30
+            print(
+                f"{row['task_id']} failed ({type(err).__name__}: {err}); left out",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
-        for a, v in zip(atks, values[2:]):
-            key = (a.cls, a.name)
-            counted[key] += 1
-            honest = {"solo": solo, "wrapper": wrapper}.get(a.baseline, solo)
-            if v > honest + 1e-9:
-                paying[key] += 1
-                gain[key] = max(gain[key], v - honest)
+        records[idx] = {"task": idx, "solo": values[0], "wrapper": values[1]}
+        records[idx]["attacks"] = {a.name: v for a, v in zip(atks, values[2:])}
+        if args.record:
+            with open(args.record, "a") as fh:
+                fh.write(json.dumps(records[idx]) + "\n")
         print(f"{row['task_id']} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         if args.partial:
             with open(args.partial, "w") as fh:
-                fh.write(table(names, paying, counted, gain, canonical_max, idx + 1, t0, load0) + "\n")
+                fh.write(table(names, records, t0, load0) + "\n")
     coop.close()
-    print(table(names, paying, counted, gain, canonical_max, len(tasks), t0, load0))
+    print(table(names, records, t0, load0))
 
 
-def table(names, paying, counted, gain, canonical_max, done, t0, load0) -> str:
-    """The markdown table and its footer line (``done`` problems so far)."""
+def _chosen(attack, only: str) -> bool:
+    return not only or attack.name in only.split(",")
+
+
+def table(names, records, t0, load0) -> str:
+    """The markdown table of the problems in ``records`` and its footer line."""
+    paying, counted, gain = defaultdict(int), defaultdict(int), defaultdict(float)
+    canonical_max = 0
+    for rec in records.values():
+        solo, wrapper = rec["solo"], rec["wrapper"]
+        if abs(solo - 3.0) > 1e-9:  # the canonical main does not pass here: nothing to compare with
+            continue
+        canonical_max += 1
+        for _, name, base in names:
+            if name not in rec["attacks"]:
+                continue
+            counted[name] += 1
+            honest = {"solo": solo, "wrapper": wrapper}.get(base, solo)
+            if rec["attacks"][name] > honest + 1e-9:
+                paying[name] += 1
+                gain[name] = max(gain[name], rec["attacks"][name] - honest)
     out = ["| class | attack | imitates | problems where it earns more | most it earns over that |"]
     out.append("|---|---|---|---|---|")
     for cls, name, base in names:
-        key = (cls, name)
         imitates = {"solo": "canonical main, aux unused", "wrapper": "honest wrapper"}.get(
             base, "canonical main"
         )
-        out.append(f"| {cls} | `{name}` | {imitates} | {paying[key]} / {counted[key]} | +{gain[key]:.2f} |")
+        out.append(
+            f"| {cls} | `{name}` | {imitates} | {paying[name]} / {counted[name]} | +{gain[name]:.2f} |"
+        )
     out.append(
-        f"\ncanonical main (aux unused) at 3.0 on {canonical_max} / {done} problems; "
-        f"{time.perf_counter() - t0:.0f} s wall clock, load {load0:.2f} -> {os.getloadavg()[0]:.2f} "
+        f"\ncanonical main (aux unused) at 3.0 on {canonical_max} / {len(records)} problems; "
+        f"{time.perf_counter() - t0:.0f} s wall clock this run, load {load0:.2f} -> {os.getloadavg()[0]:.2f} "
         f"(1-min average), {os.cpu_count()} cores"
     )
     return "\n".join(out)

@@ -457,12 +457,25 @@ def attacks_for(row: dict) -> list[Attack]:
             ),
             "solo",
         ),
+        *third_design_attacks(row, a0, args),
         # the documented residuals: main knows the helper's exact value on some argument
         Attack(
             "residual",
             "lazy_priming",  # load_time_priming moved into the first entry call
             "def aux(x):\n    return x == 0\n",
             solo_main(row, "if not _P:\n    _P.append(aux(1))\nassert aux(0)", top="_P = []"),
+            "residual",
+        ),
+        Attack(
+            "residual",
+            "inverted_echo",  # the helper reverses / negates its argument, main undoes it
+            "def aux(x):\n    return x[::-1] if type(x) in (list, tuple, str) else -x if type(x) in (int, float) "
+            "else x\n",
+            solo_main(
+                row,
+                f"r = aux({a0})\n{a0} = r[::-1] if type(r) in (list, tuple, str) else -r "
+                "if type(r) in (int, float) else r",
+            ),
             "residual",
         ),
         Attack(
@@ -476,5 +489,175 @@ def attacks_for(row: dict) -> list[Attack]:
     return out
 
 
+def third_design_attacks(row: dict, a0: str, args: str) -> list[Attack]:
+    """The classes issue 41 found against the second design (stand-ins in main's interpreter), and
+    the echo variants tried on the third: each imitates ``solo`` or ``wrapper``."""
+    returns = _entry(row).returns
+    bool_out = returns is not None and ast.unparse(returns) == "bool"
+    return [
+        # identity-like helpers: the echo in a container, after a dummy argument, apply / varargs
+        Attack(
+            "identity-like helper",
+            "echo_in_list",
+            "def aux(x):\n    return [x]\n",
+            solo_main(row, f"{a0} = aux({a0})[0]"),
+            "solo",
+        ),
+        Attack(
+            "identity-like helper",
+            "echo_after_none",
+            "def aux(_, x):\n    return x\n",
+            solo_main(row, f"{a0} = aux(None, {a0})"),
+            "solo",
+        ),
+        Attack(
+            "identity-like helper",
+            "varargs_last",
+            "def aux(*a):\n    return a[-1]\n",
+            solo_main(row, f"{a0} = aux(1, {a0})"),
+            "solo",
+        ),
+        Attack(
+            "identity-like helper",
+            "varargs_tuple",
+            "def aux(*a):\n    return a\n",
+            solo_main(row, f"{a0} = aux({a0})[0]"),
+            "solo",
+        ),
+        Attack(
+            "identity-like helper",
+            "kwargs_echo",
+            "def aux(**k):\n    return k['v']\n",
+            solo_main(row, f"{a0} = aux(v={a0})"),
+            "solo",
+        ),
+        Attack(
+            "identity-like helper",
+            "apply_by_name",
+            "import copy\ndef aux(f, *a):\n    return getattr(copy, f)(*a)\n",
+            solo_main(row, f"{a0} = aux('deepcopy', {a0})"),
+            "solo",
+        ),
+        Attack(
+            "identity-like helper",
+            "apply_callable",
+            "def aux(f, *a):\n    return f(*a)\n",
+            solo_main(row, f"{a0} = aux(type({a0}), {a0})"),
+            "solo",
+        ),
+        # echoes inside a larger value: the argument spliced into the output (found on this design)
+        Attack(
+            "identity-like helper",
+            "echo_with_suffix",
+            "def aux(x):\n    return x + ([0] if type(x) is list else '!' if type(x) is str else ())\n",
+            solo_main(row, f"if type({a0}) in (list, str):\n    {a0} = aux({a0})[:-1]"),
+            "solo",
+        ),
+        Attack(
+            "identity-like helper",
+            "count_then_echo",
+            "def aux(x):\n    return [len(repr(x))] + x if type(x) is list else [len(repr(x)), x]\n",
+            solo_main(row, f"r = aux({a0})\n{a0} = r[1:] if type({a0}) is list else r[1]"),
+            "solo",
+        ),
+        # telling the stand-ins apart by introspecting main's `aux`
+        Attack(
+            "stand-in told apart by introspection",
+            "qualname_closure_probe",
+            helper_solves(row),
+            wrapper_main(
+                row,
+                "if '<locals>' in aux.__qualname__ or aux.__closure__:\n"
+                "    if any('value' in repr(c.cell_contents) for c in aux.__closure__ or ()):\n"
+                "        return None\nreturn aux({args})",
+            ),
+            "wrapper",
+        ),
+        Attack(
+            "stand-in told apart by introspection",
+            "code_names_probe",
+            LEN_AUX,
+            solo_main(
+                row,
+                f"r = aux({a0})\nif 'perturb' in repr(aux.__code__.co_names) or r is None:\n    return None",
+            ),
+            "solo",
+        ),
+        Attack(
+            "echo plus duplicate",
+            "echo_plus_duplicate",
+            "def aux(x):\n    v = len(repr(x))\n    return (x, v, v)\n",
+            solo_main(row, f"r = aux({a0})\nif not (r[0] == {a0} and r[1] == r[2]):\n    return None"),
+            "solo",
+        ),
+        # cost asymmetry: main makes only the stand-in runs slow
+        Attack(
+            "cost asymmetry",
+            "spin_unless_real",
+            helper_solves(row),
+            wrapper_main(
+                row,
+                "r = aux({args})\nif repr(r) != repr(_solo({args})):\n"
+                "    while True:\n        pass\nreturn r",
+                top=_solo_source(row),
+            ),
+            "wrapper",
+        ),
+        Attack(
+            "cost asymmetry",
+            "large_argument_timed",
+            "def aux(x, big):\n    return (len(repr(x)), big)\n",
+            solo_main(
+                row,
+                f"import time\nbig = [len(repr({a0}))] * 200000\nt = time.perf_counter()\n"
+                f"r = aux({a0}, big)\ndt = time.perf_counter() - t\nt = time.perf_counter()\n"
+                "repr(big)\nref = time.perf_counter() - t\n"
+                "if type(r) is not tuple or r[1] != big or dt > 40 * ref:\n    return None",
+            ),
+            "solo",
+        ),
+        # wrappers behind an encoding the earlier list did not name
+        Attack(
+            "encoded wrapper",
+            "newline_text_wrapper",
+            encoded_helper(row, "(lambda v: repr(v) + '\\n')"),
+            wrapper_main(row, "import ast\nreturn ast.literal_eval(aux({args}))"),
+            "wrapper",
+        ),
+        Attack(
+            "encoded wrapper",
+            "reversed_wrapper",
+            encoded_helper(row, "(lambda v: v[::-1] if type(v) in (list, tuple, str) else v)"),
+            wrapper_main(row, "r = aux({args})\nreturn r[::-1] if type(r) in (list, tuple, str) else r"),
+            "wrapper",
+        ),
+        Attack(
+            "encoded wrapper",
+            "int_to_float_wrapper",
+            encoded_helper(row, "(lambda v: float(v) if type(v) is int else v)"),
+            wrapper_main(row, "r = aux({args})\nreturn int(r) if type(r) is float and r == int(r) else r"),
+            "wrapper",
+        ),
+        Attack(
+            "encoded wrapper",
+            "bool_to_int_wrapper",
+            encoded_helper(row, "(lambda v: int(v) if type(v) is bool else v)"),
+            wrapper_main(row, f"r = aux({{args}})\nreturn bool(r) if {bool_out} and type(r) is int else r"),
+            "wrapper",
+        ),
+    ]
+
+
+def _solo_source(row: dict) -> str:
+    """The canonical solution as a module-level ``_solo`` (main's own answer, to compare with aux's)."""
+    fn = _entry(row)
+    _Rename(row["entry_point"], "_solo").visit(fn)
+    fn.name, fn.decorator_list = "_solo", []
+    return "import sys\n" + ast.unparse(fn)
+
+
+ALWAYS_PAYS = ("lazy_priming", "pre_arranged_exact_value")
+"""The residuals that pay the whole bonus on every problem (``inverted_echo`` pays only where
+main's result depends on the order or sign main undoes)."""
 BASELINE = {"solo": 3.0, "wrapper": 3.5}
 """What the imitated honest answer earns on a problem whose canonical solution passes every test."""

@@ -8,7 +8,7 @@ The attacks are built from each problem's canonical solution (``tests/coop_attac
 from __future__ import annotations
 
 import pytest
-from coop_attacks import BASELINE, attacks_for, solo_main
+from coop_attacks import ALWAYS_PAYS, BASELINE, attacks_for, solo_main
 
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.sandbox import plain
@@ -34,8 +34,10 @@ def _check_problem(coop, row):
     for a in atks:
         if a.baseline in BASELINE:
             assert got[a.name] <= BASELINE[a.baseline] + 1e-9, (a.cls, a.name, got[a.name])
-        else:  # the documented residuals pay the whole bonus, never more (docs/attacks.md)
+        elif a.name in ALWAYS_PAYS:  # the documented residuals pay the whole bonus, never more
             assert got[a.name] == pytest.approx(4.0), (a.cls, a.name)
+        else:  # a residual that pays only where the problem lets it (docs/attacks.md)
+            assert got[a.name] <= 4.0 + 1e-9, (a.cls, a.name)
 
 
 def test_no_attack_class_earns_more_than_the_honest_answer_it_imitates(coop, rows):

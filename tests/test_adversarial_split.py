@@ -8,7 +8,7 @@ canonical main, helper unused: 3.0) or ``wrapper`` (the helper solves, main retu
 from __future__ import annotations
 
 import pytest
-from coop_attacks import encoded_helper, helper_solves, solo_main, wrapper_main
+from coop_attacks import attacks_for, encoded_helper, helper_solves, solo_main, wrapper_main
 
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.sandbox import plain
@@ -75,6 +75,25 @@ def test_echo_plus_duplicate_earns_no_bonus(coop, rows):
     main = solo_main(row, "r = aux(numbers)\nif not (r[0] == numbers and r[1] == r[2]):\n    return None")
     assert _value(coop, row, aux, main) == pytest.approx(SOLO)
     assert perturbed(([1], 5, 5), [[1]]) == ([1], 6, 6)  # equal parts stay equal, the echo is kept
+
+
+def test_an_echo_spliced_into_a_larger_value_earns_no_bonus(coop, rows):
+    # found on this design: 4.0 on 3 of 5 list/str problems (x + [0] or x + "!"), 2 of 5 ([n] + x)
+    for task in (7, 1):  # a list of strings, a string
+        atk = {a.name: a for a in attacks_for(rows[task])}
+        for name in ("echo_with_suffix", "count_then_echo"):  # an echo + a constant; work main ignores
+            assert _value(coop, rows[task], atk[name].aux, atk[name].main) == pytest.approx(SOLO), (
+                task,
+                name,
+            )
+    assert perturbed([2, 1, 2], [[1, 2]]) == [3, 1, 2]  # the spliced argument is kept, the rest changes
+    assert perturbed([1, 2], [[1, 2]]) == [2, 3]  # the whole output is not an echo kept
+    assert not helper_did_work([([[1, 2]], {}, {"o": [1, 2, 0]}), ([[3]], {}, {"o": [3, 0]})])
+    assert not helper_did_work([(["ab"], {}, {"o": "ab!"}), (["c"], {}, {"o": "c!"})])
+    # an empty argument's echo is found nowhere: "" + "!" still fits x + "!" (paid on 3 of 14 problems)
+    assert not helper_did_work([(["ab"], {}, {"o": "ab!"}), ([""], {}, {"o": "!"})])
+    assert not helper_did_work([([[1, 2]], {}, {"o": [1, 2, 0]}), ([[]], {}, {"o": [0]})])
+    assert helper_did_work([([[1, 2]], {}, {"o": [2, 1, 2]}), ([[3]], {}, {"o": [1, 3]})])
 
 
 def test_main_cannot_tell_the_stand_ins_apart_by_introspection(coop, rows):

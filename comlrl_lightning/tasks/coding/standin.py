@@ -20,7 +20,7 @@ The bonus's first half needs (:func:`helper_did_work`): every test passes in the
 each stand-in run some test fails and no call ran out of time (time is never evidence: a run
 failing only by time earns nothing, and the stand-in runs' per-call budgets come from the real
 run, :func:`budgets`); and the real helper's outputs are not those of an identity-like stand-in:
-:func:`echo_template` of every call (each whole argument in the output replaced by its position)
+:func:`echo_templates` of every call (each argument echoed in the output replaced by its position)
 is not one and the same. The second half: the entry point is not a wrapper
 (:func:`is_wrapper`, up to :data:`ENCODINGS`). Limits: ``docs/attacks.md``.
 """
@@ -46,7 +46,7 @@ def _key(value: object) -> str:
     return json.dumps(plain.encode(value), sort_keys=True)
 
 
-def _text(s: str, keep: frozenset[str], d: int) -> str:
+def _text(s: str, keep: frozenset[str], d: int, runs: Sequence[list[str]] = ()) -> str:
     """A string that is the text of a plain value (``repr``, ``str`` or JSON, whitespace-padded or
     not) becomes the same text of the perturbed value; any other string gets a ``"0"`` appended."""
     core = s.strip()
@@ -56,7 +56,7 @@ def _text(s: str, keep: frozenset[str], d: int) -> str:
             try:
                 lit = load(core)
                 if dump(lit) == core:
-                    new = dump(_perturb(lit, keep, d + 1, True))
+                    new = dump(_perturb(lit, keep, d + 1, True, runs))
                     if type(new) is str and new != core:
                         return head + new + tail
             except Exception:  # noqa: BLE001 - not a text of that kind
@@ -64,7 +64,35 @@ def _text(s: str, keep: frozenset[str], d: int) -> str:
     return s + "0"
 
 
-def _perturb(v: object, keep: frozenset[str], d: int, top: bool) -> object:
+def _spliced(keys: list[str], runs: Sequence[list[str]], whole: bool) -> set[int]:
+    """Positions of ``keys`` (a sequence's items) inside a contiguous run equal to one of ``runs``
+    (a list/tuple argument's items); a run covering every item counts only when ``whole``."""
+    if not keys or not runs:
+        return set()
+    sep = "\x00"  # never inside a key: JSON escapes control characters
+    hay, starts, pos = sep + sep.join(keys) + sep, [], 0
+    for k in keys:  # text offset of each item, to map a match back to item positions
+        starts.append(pos)
+        pos += len(k) + 1
+    index = {s: i for i, s in enumerate(starts)}
+    out: set[int] = set()
+    for run in runs:
+        if len(run) > len(keys) or (len(run) == len(keys) and not whole):
+            continue
+        needle, at = sep + sep.join(run) + sep, hay.find(sep + sep.join(run) + sep)
+        while at >= 0:  # str.find is linear-time even on repetitive items
+            i = index[at]
+            out.update(range(i, i + len(run)))
+            at = hay.find(needle, at + 1)
+    return out
+
+
+def _runs(args: Sequence[object]) -> list[list[str]]:
+    """The items' keys of each non-empty list/tuple argument (an echo may be spliced in whole)."""
+    return [[_key(x) for x in a] for a in args if type(a) in (list, tuple) and a]
+
+
+def _perturb(v: object, keep: frozenset[str], d: int, top: bool, runs: Sequence[list[str]] = ()) -> object:
     t = type(v)
     if not top and keep and t is not bool and _key(v) in keep:
         return v  # a whole argument inside the output: an echo, kept
@@ -77,26 +105,28 @@ def _perturb(v: object, keep: frozenset[str], d: int, top: bool) -> object:
             return v + 1.0
         return v + 1.0 + abs(v) if abs(v) < 1e300 else v
     if t is str:
-        return _text(v, keep, d)
+        return _text(v, keep, d, runs)
     if t is bytes:
         return v + b"0"
     if d >= DEPTH:
         return v
-    if t is list or t is tuple:
-        return t(_perturb(x, keep, d + 1, False) for x in v)
+    if t is list or t is tuple:  # an argument's items spliced in (`[n] + x`) are an echo too, kept
+        kept = _spliced([_key(x) for x in v], runs, not top) if runs else set()
+        return t(x if i in kept else _perturb(x, keep, d + 1, False, runs) for i, x in enumerate(v))
     if t is set or t is frozenset:
-        return t(_perturb(x, keep, d + 1, False) for x in v)
+        return t(_perturb(x, keep, d + 1, False, runs) for x in v)
     if t is dict:
-        return {k: _perturb(x, keep, d + 1, False) for k, x in v.items()}
+        return {k: _perturb(x, keep, d + 1, False, runs) for k, x in v.items()}
     return v
 
 
 def perturbed(value: object, args: Sequence[object] = ()) -> object:
     """The ``perturbed`` stand-in's value for a plain helper output (same type, another value;
     ``None``, empty containers, NaN and infinities stay): every part changed by the same rule (so
-    equal parts stay equal), except parts inside a container equal to one of ``args`` (whole)."""
+    equal parts stay equal), except parts inside a container equal to one of ``args`` (whole) and
+    items of a list/tuple that form one of ``args`` (a list/tuple) spliced in, as in ``[n] + x``."""
     keep = frozenset(_key(a) for a in args)
-    return _perturb(value, keep, 0, True)
+    return _perturb(value, keep, 0, True, _runs(args))
 
 
 def _zero(v: object) -> object:
@@ -130,35 +160,74 @@ def substitute(kind: str):
     return sub
 
 
-def echo_template(args: list, kwargs: dict, out: object) -> str:
+def echo_templates(args: list, kwargs: dict, out: object) -> set[str]:
     """``out`` with every part equal to one of the call's whole arguments replaced by that
-    argument's position (a bool only where the argument is that same bool), as text."""
-    whole = {_key(a): f"<arg {i}>" for i, a in enumerate(args)}
-    whole.update({_key(a): f"<arg {k}>" for k, a in kwargs.items()})
+    argument's position (a bool only where the argument is that same bool), an argument's text
+    inside a string output and an argument's items spliced into a list/tuple output too, as text.
+    An empty text/list argument is found nowhere, so its echo may sit anywhere in the output:
+    one template per place it could be (``"" + "!"`` fits ``x + "!"``), for outputs up to 64 long."""
+    named = [(f"<arg {i}>", a) for i, a in enumerate(args)] + [(f"<arg {k}>", a) for k, a in kwargs.items()]
+    whole = {_key(a): name for name, a in named}
+    texts = sorted(((a, n) for n, a in named if type(a) is str and a), key=lambda p: -len(p[0]))
+    seqs = [(n, [_key(x) for x in a]) for n, a in named if type(a) in (list, tuple) and a]
+
+    def text(v: str) -> str:
+        for a, name in texts:  # an argument's text inside the output (`x + "!"`): an echo
+            v = v.replace(a, name)
+        return v
+
+    def items(v: list | tuple, d: int) -> list[object]:
+        got: list[object] = [walk(x, d + 1) for x in v]
+        keys = [_key(x) for x in v]
+        for name, run in seqs:  # an argument's items spliced in (`x + [0]`): one echo
+            at = sorted(_spliced(keys, [run], True))
+            for i in at:
+                got[i] = None if i - 1 in at and got[i - 1] in (name, None) else name
+        return [x for x in got if x is not None]
 
     def walk(v: object, d: int) -> object:
         k = _key(v)
         if k in whole:
             return whole[k]
         t = type(v)
+        if t is str and texts:
+            return json.dumps(text(v))
         if d < DEPTH and (t is list or t is tuple):
-            return [t.__name__, *(walk(x, d + 1) for x in v)]
+            return [t.__name__, *items(v, d)]
         if d < DEPTH and t is dict:
             return ["dict", *([_key(a), walk(x, d + 1)] for a, x in v.items())]
         return k
 
-    return json.dumps(walk(out, 0))
+    found = {json.dumps(walk(out, 0))}
+    empty = [n for n, a in named if type(a) in (str, list, tuple) and not a and type(a) is type(out)]
+    if empty and _key(out) not in whole and len(out) <= 64:
+        if type(out) is str:
+            rep = text(out)
+            found |= {
+                json.dumps(json.dumps(rep[:i] + n + rep[i:])) for n in empty for i in range(len(rep) + 1)
+            }
+        else:
+            got = items(out, 0)
+            found |= {
+                json.dumps([type(out).__name__, *got[:i], n, *got[i:]])
+                for n in empty
+                for i in range(len(got) + 1)
+            }
+    return found
 
 
 def helper_did_work(aux_calls: Sequence[tuple[list, dict, dict]]) -> bool:
-    """Whether the helper's real outputs differ from every identity-like stand-in's: not all of its
-    calls return one fixed template of their arguments (``x``, ``[x]``, ``(None, x)``, ``(x, c,
-    c)``...; a helper returning one value on every call is such a template too)."""
-    shapes = {
-        echo_template(a, k, out["o"]) if "o" in out else json.dumps(sorted(out.items()))
-        for a, k, out in aux_calls
-    }
-    return len(shapes) > 1
+    """Whether the helper's real outputs differ from every identity-like stand-in's: no one fixed
+    template of their arguments fits all of its calls (``x``, ``[x]``, ``(None, x)``, ``(x, c,
+    c)``, ``x + [0]``, ``x + "!"``...; a helper returning one value on every call is such a
+    template too)."""
+    common: set[str] | None = None
+    for a, k, out in aux_calls:
+        shapes = echo_templates(a, k, out["o"]) if "o" in out else {json.dumps(sorted(out.items()))}
+        common = shapes if common is None else common & shapes
+        if not common:
+            return True
+    return False
 
 
 def budgets(durations: Sequence[float | None], limit: float) -> list[float]:

@@ -1,0 +1,52 @@
+"""Honest helper/main solutions still earn the cooperation bonus (issue 41's guard against a
+judgement that refuses real cooperation): each pair of ``tests/honest_pairs.py`` passes every
+test and earns the whole bonus, 4.0 (no pair has a bool output, where the reward pays 3.5).
+
+The three pairs marked ``xfail`` are refused by the value judgement today (docs/attacks.md,
+"honest pairs"): a key function whose values only order the items is not changed in effect by the
+``perturbed`` stand-in (one added to every key keeps their order), and a count of the helper's
+values above 0 moves by exactly one under it, which reads as a wrapper.
+"""
+
+from __future__ import annotations
+
+import pytest
+from honest_pairs import PAIRS
+
+from comlrl_lightning.envs.base import Episode
+from comlrl_lightning.envs.rewards import PASS_AT_1
+
+GENUINE = 4.0
+REFUSED = {
+    19: "a key function: perturbed keys (+1 each) keep the order, the perturbed run passes",
+    116: "a key function: perturbed keys (+1 each) keep the order, the perturbed run passes",
+    108: "a count of values > 0: each changed count is the real one + 1, read as a wrapper",
+}
+
+
+@pytest.fixture(scope="module")
+def judged(coop, rows):
+    """Every pair scored in one reward call (they run in parallel)."""
+    res = coop([[p.aux, p.main] for p in PAIRS], [Episode(0, rows[p.task]) for p in PAIRS], 0)
+    return {p.task: (res.values[k], res.metrics[PASS_AT_1][k]) for k, p in enumerate(PAIRS)}
+
+
+def test_the_honest_pairs_are_at_least_twenty_problems_with_distinct_work():
+    assert len({p.task for p in PAIRS}) == len(PAIRS) >= 20 + len(REFUSED)
+    assert all(p.aux.strip() not in ("def aux(x):\n    return x",) for p in PAIRS)
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=REFUSED[p.task]))
+        if p.task in REFUSED
+        else p
+        for p in PAIRS
+    ],
+    ids=[f"{p.task}-{p.work.split(' (')[0].replace(' ', '_')}" for p in PAIRS],
+)
+def test_an_honest_pair_whose_main_needs_the_helper_earns_the_bonus(judged, pair):
+    value, passed = judged[pair.task]
+    assert passed == 1.0, "the pair must be a correct solution"
+    assert value == pytest.approx(GENUINE)
