@@ -96,6 +96,18 @@ def test_an_echo_spliced_into_a_larger_value_earns_no_bonus(coop, rows):
     assert helper_did_work([([[1, 2]], {}, {"o": [2, 1, 2]}), ([[3]], {}, {"o": [1, 3]})])
 
 
+def test_a_gate_on_a_property_of_the_helpers_values_earns_no_bonus(coop, rows):
+    # found on this design: a helper returning even numbers, main refusing an odd or a repeated
+    # answer, broke perturbed (+1), first, identity and constant alike: 4.0 on 5 of 5 problems
+    for task in (4, 13):  # a list argument, an int argument
+        atk = next(a for a in attacks_for(rows[task]) if a.name == "property_gate")
+        assert _value(coop, rows[task], atk.aux, atk.main) == pytest.approx(SOLO), task
+    reverse = substitute("reversed", [{"o": 2}, {"o": 4}, {"x": "ValueError"}])
+    assert reverse([0], {}, {"o": 9}, False) == {"o": 9}  # loading: the real value
+    got = [reverse([k], {}, {"o": 9}, True) for k in range(4)]
+    assert got == [{"x": "ValueError"}, {"o": 4}, {"o": 2}, {"x": "ValueError"}]  # then around again
+
+
 def test_main_cannot_tell_the_stand_ins_apart_by_introspection(coop, rows):
     row = rows[4]  # a stand-in was a closure in main's interpreter: 21/21 paid
     aux = helper_solves(row)

@@ -5,7 +5,9 @@ test and earns the whole bonus, 4.0 (no pair has a bool output, where the reward
 The three pairs marked ``xfail`` are refused by the value judgement today (docs/attacks.md,
 "honest pairs"): a key function whose values only order the items is not changed in effect by the
 ``perturbed`` stand-in (one added to every key keeps their order), and a count of the helper's
-values above 0 moves by exactly one under it, which reads as a wrapper.
+values above 0 moves by exactly one under it, which reads as a wrapper. Pair 91 (a count of a
+predicate's answers) and HumanEval/0's pair predicate guarded the choice of the ``reversed``
+stand-in: the answer to the call before kept their per-test counts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from honest_pairs import PAIRS
 
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import PASS_AT_1
+from comlrl_lightning.sandbox.results import SandboxConfig
+from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward
 
 GENUINE = 4.0
 REFUSED = {
@@ -25,10 +29,20 @@ REFUSED = {
 
 
 @pytest.fixture(scope="module")
-def judged(coop, rows):
-    """Every pair scored in one reward call (they run in parallel)."""
-    res = coop([[p.aux, p.main] for p in PAIRS], [Episode(0, rows[p.task]) for p in PAIRS], 0)
-    return {p.task: (res.values[k], res.metrics[PASS_AT_1][k]) for k, p in enumerate(PAIRS)}
+def judged(rows):
+    """Every pair scored in one reward call (they run in parallel, 6 sandbox runs each). A test's
+    time limit of 3 s, not 1 s: at a load of 13 on 2 cores one stand-in call of string_xor's 11 ran
+    past 1 s once, and a run with a timeout is no evidence; time is not what these pairs pin."""
+    coop = CooperativeCodeReward(SandboxConfig(timeout_s=8.0, test_timeout_s=3.0))
+    try:
+        res = coop([[p.aux, p.main] for p in PAIRS], [Episode(0, rows[p.task]) for p in PAIRS], 0)
+    finally:
+        coop.close()
+    levels = ("tests", "coop_calls_aux", "coop_nontrivial")
+    return {
+        p.task: (res.values[k], res.metrics[PASS_AT_1][k], {n: res.metrics[n][k] for n in levels})
+        for k, p in enumerate(PAIRS)
+    }
 
 
 def test_the_honest_pairs_are_at_least_twenty_problems_with_distinct_work():
@@ -47,6 +61,6 @@ def test_the_honest_pairs_are_at_least_twenty_problems_with_distinct_work():
     ids=[f"{p.task}-{p.work.split(' (')[0].replace(' ', '_')}" for p in PAIRS],
 )
 def test_an_honest_pair_whose_main_needs_the_helper_earns_the_bonus(judged, pair):
-    value, passed = judged[pair.task]
+    value, passed, levels = judged[pair.task]
     assert passed == 1.0, "the pair must be a correct solution"
-    assert value == pytest.approx(GENUINE)
+    assert value == pytest.approx(GENUINE), levels

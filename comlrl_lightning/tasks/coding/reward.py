@@ -65,10 +65,10 @@ from comlrl_lightning.tasks.coding.prompts import HelperPrompt, MainPrompt, Sing
 from comlrl_lightning.tasks.coding.recorder import recording_for
 from comlrl_lightning.tasks.coding.standin import (
     STAND_INS,
-    budgets,
     fails_not_by_time,
     helper_did_work,
     is_wrapper,
+    stand_in_fields,
 )
 from comlrl_lightning.tasks.coding.verdict import evaluate
 
@@ -99,6 +99,7 @@ class _Plan:
     helper_program: str | None = None  # preamble + helper, run in its own sandbox (sandbox/split.py)
     kind: str = "real"  # the values main gets from the helper (standin.py)
     budgets: tuple[float, ...] = ()  # a stand-in run's per-call limits, from the real run
+    answers: tuple[dict, ...] = ()  # the real run's helper outputs (the `reversed` stand-in's values)
     error: str | None = None
 
 
@@ -161,6 +162,7 @@ class _CodeRewardBase:
                     helper=plans[i].helper_program,
                     kind=plans[i].kind,
                     budgets=plans[i].budgets,
+                    answers=plans[i].answers,
                 )
                 for i in todo
             ]
@@ -182,9 +184,7 @@ class _CodeRewardBase:
             limit = self.config.test_timeout_s
             flat = self._evaluate(  # every stand-in run of the call at once (one thread pool)
                 [
-                    dataclasses.replace(
-                        plans[i], kind=kind, budgets=tuple(budgets(reports[i].durations, limit))
-                    )
+                    dataclasses.replace(plans[i], kind=kind, **stand_in_fields(reports[i], limit))
                     for kind in STAND_INS
                     for i in attribute
                 ],
@@ -274,11 +274,11 @@ class CooperativeCodeReward(_CodeRewardBase):
        (visible and hidden tests alike at turn 0; on revisions, turn >= 1, the hidden tests only,
        since the visible ones were quoted in feedback; both counts are logged).
     4. cooperation (only when every test passed and the entry point calls ``aux``; ``aux`` and
-       the entry point run in two sandboxes joined by plain-value calls, and four more runs
+       the entry point run in two sandboxes joined by plain-value calls, and five more runs
        replace the helper's values by trusted stand-ins, :mod:`~comlrl_lightning.tasks.coding.standin`):
        ``+0.5`` if the helper did work (its outputs are not one template of its arguments) and
        some test fails, by value and not by time, under each stand-in (*perturbed*, *first*
-       answer replayed, *identity*, *constant*); ``+0.5`` more if the entry point is not a
+       answer replayed, *identity*, *constant*, *reversed* real answers); ``+0.5`` more if the entry point is not a
        wrapper (a sole ``return aux(...)``, or outputs that changed to the perturbed real
        output up to casts and a simple invertible encoding). On a bool output any change is
        that one, so there an aggregating main earns the first half only.

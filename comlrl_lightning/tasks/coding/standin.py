@@ -14,7 +14,12 @@ answer costs the same time), and the broker hands main, by *kind*:
   constant gate; the harness, not main, tells the broker when the entry point's calls begin, so a
   call made while main loads cannot choose the replayed answer: ``load_time_priming``);
 - ``identity``: the call's first argument (a helper that does no work);
-- ``constant``: the empty / zero value of the real value's type.
+- ``constant``: the empty / zero value of the real value's type;
+- ``reversed``: the real run's answers in reverse order (call k of n gets the answer to call
+  n + 1 - k): real values of the helper, so a gate on a property they all share (``r % 2 == 0``
+  for a helper returning even numbers, two calls' answers differing) passes, while a main that
+  needs each call's own answer fails. (The answer to the call before, tried first, kept too many
+  counts of a predicate's answers: a sparse run of booleans shifted by one sums the same per test.)
 
 The bonus's first half needs (:func:`helper_did_work`): every test passes in the real run; in
 each stand-in run some test fails and no call ran out of time (time is never evidence: a run
@@ -32,7 +37,7 @@ import json
 import math
 from collections.abc import Sequence
 
-STAND_INS = ("perturbed", "first", "identity", "constant")
+STAND_INS = ("perturbed", "first", "identity", "constant", "reversed")
 """The kinds a needed helper makes some test fail under."""
 TEXT_CHARS = 1000
 """Longest string the perturbation reads as a literal (``repr``/``str``/JSON of a plain value)."""
@@ -134,13 +139,16 @@ def _zero(v: object) -> object:
     return t() if t in (bool, int, float, str, bytes, list, tuple, dict, set, frozenset) else None
 
 
-def substitute(kind: str):
+def substitute(kind: str, answers: Sequence[dict] = ()):
     """The broker's map for one run of ``kind`` (:func:`comlrl_lightning.sandbox.split.run_split`):
     ``(args, kwargs, real output, entered) -> output main gets``; ``None`` for ``real``. Calls
-    made before the entry point's calls begin (``entered`` false: main loading) get the real value."""
+    made before the entry point's calls begin (``entered`` false: main loading) get the real value.
+    ``answers``: the real run's helper outputs in call order (``reversed`` answers call k of n
+    with the one of call n + 1 - k, and wraps around past n)."""
     if kind == "real":
         return None
     first: list[dict] = []
+    seen = [0]
 
     def sub(args: list, kwargs: dict, real: dict, entered: bool) -> dict:
         if not entered:  # main is loading: an answer primed here is neither replayed nor judged
@@ -149,6 +157,9 @@ def substitute(kind: str):
             first.append(real)
         if kind == "first":
             return first[0]
+        if kind == "reversed":  # real answers of other calls: any property they share is kept
+            seen[0] += 1
+            return answers[-seen[0] % len(answers)] if answers else real
         if kind == "identity":
             return {"o": args[0] if args else next(iter(kwargs.values()), None)}
         if "o" not in real:
@@ -238,6 +249,15 @@ def budgets(durations: Sequence[float | None], limit: float) -> list[float]:
     honest wrapper lost its bonus once at a load of 15 on 2 cores and kept it when run alone;
     its calls take 0.2 ms, so the budget was scheduling jitter of the broker's round trip)."""
     return [limit if d is None else min(limit, 4 * d + 1.0) for d in durations]
+
+
+def stand_in_fields(real, limit: float) -> dict:
+    """What a stand-in run takes from the real run's report: its per-call ``budgets`` and the
+    helper's real ``answers`` in call order (the ``reversed`` stand-in's values)."""
+    return {
+        "budgets": tuple(budgets(real.durations, limit)),
+        "answers": tuple(out for _, _, out in real.aux_calls),
+    }
 
 
 def fails_not_by_time(rep) -> bool:

@@ -47,12 +47,14 @@ def evaluate(
     helper: str | None = None,
     kind: str = "real",
     budgets: Sequence[float] | None = None,
+    answers: Sequence[dict] = (),
 ) -> JudgedReport:
     """Judged test results of ``program`` (then ``main``, see
     :func:`~comlrl_lightning.sandbox.api.run_calls`) on problem ``row``. With ``helper`` (a
     program defining ``aux``) the run is split (:func:`~comlrl_lightning.sandbox.split.run_split`):
     ``aux`` runs there, and main gets the stand-in ``kind``'s values
-    (:func:`~comlrl_lightning.tasks.coding.standin.substitute`) within per-call ``budgets``.
+    (:func:`~comlrl_lightning.tasks.coding.standin.substitute`; ``answers``: the real run's helper
+    outputs, for ``reversed``) within per-call ``budgets``.
 
     Raises:
         SandboxError: the sandbox could not run (not the program's fault).
@@ -70,7 +72,7 @@ def evaluate(
             keys,
             main=main,
             protected=protected,
-            substitute=substitute(kind),
+            substitute=substitute(kind, answers),
             budgets=budgets,
             # the helper's sandbox starts with main's only when main names `aux` (else on a first
             # call, e.g. through globals()): a main that never calls it costs one sandbox
