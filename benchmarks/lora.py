@@ -89,10 +89,18 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 ROLLOUT_CONFIGS = {"full": "configs/coop_coordination.yaml", "lora": "configs/coop_coordination_lora.yaml"}
+ROLLOUT_KINDS = {
+    "full": ("full", {}),
+    "lora": ("lora", {}),
+    "lora_unmerged": ("lora", {"adapter_rollouts": "unmerged"}),
+}
+"""Rollout rows: the config each is built from and its ``sampling`` changes (``lora``: the shipped default,
+``adapter_rollouts: merged``; ``lora_unmerged``: through PEFT's adapter layers, as before it existed)."""
 
 
-def _config_module(path: str) -> Any:
-    """The MAGRPO module and data module a shipped config builds (its ``init_args``), loaded."""
+def _config_module(path: str, sampling: dict[str, Any] | None = None) -> Any:
+    """The MAGRPO module and data module a shipped config builds (its ``init_args``, ``sampling``
+    entries changed), loaded."""
     import yaml
 
     from comlrl_lightning import MAGRPO
@@ -100,7 +108,9 @@ def _config_module(path: str) -> Any:
 
     with open(os.path.join(os.path.dirname(HERE), path)) as f:
         cfg = yaml.safe_load(f)
-    module = MAGRPO(**cfg["model"]["init_args"])
+    init = cfg["model"]["init_args"]
+    init["sampling"] = {**init.get("sampling", {}), **(sampling or {})}
+    module = MAGRPO(**init)
     data = CooperationDataModule(**cfg["data"]["init_args"])
     data.setup("fit")
     module._env = data.env  # noqa: SLF001 - what fit takes from trainer.datamodule
@@ -115,7 +125,7 @@ def rollouts(quick: bool = False) -> dict[str, Any]:
 
     import torch
 
-    modules = {kind: _config_module(path) for kind, path in ROLLOUT_CONFIGS.items()}
+    modules = {k: _config_module(ROLLOUT_CONFIGS[c], change) for k, (c, change) in ROLLOUT_KINDS.items()}
     _, data = modules["full"]
     train_batch = next(iter(data.train_dataloader()))
     val_batch = next(iter(data.val_dataloader()))
@@ -124,9 +134,9 @@ def rollouts(quick: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {"threads": {}, "loadavg_start": os.getloadavg()}
     for threads in sorted({1, default_threads}):
         torch.set_num_threads(threads)
-        rec: dict[str, dict[str, list[list[float]]]] = {k: {"train": [], "val": []} for k in KINDS}
+        rec: dict[str, dict[str, list[list[float]]]] = {k: {"train": [], "val": []} for k in ROLLOUT_KINDS}
         for rep in range(reps + 1):  # the first round warms up each team and is not kept
-            for kind in KINDS:
+            for kind in ROLLOUT_KINDS:
                 module = modules[kind][0]
                 for part, batch in (("train", train_batch), ("val", val_batch)):
                     torch.manual_seed(rep)
@@ -138,13 +148,15 @@ def rollouts(quick: bool = False) -> dict[str, Any]:
         row: dict[str, Any] = {"runs": rec}
         for part in ("train", "val"):
             for i, name in ((0, "wall"), (1, "cpu")):
-                mine = {k: sorted(r[i] for r in rec[k][part])[len(rec[k][part]) // 2] for k in KINDS}
+                mine = {k: sorted(r[i] for r in rec[k][part])[len(rec[k][part]) // 2] for k in ROLLOUT_KINDS}
                 row[f"{part}_{name}_s"] = mine
                 row[f"{part}_{name}_ratio"] = mine["lora"] / mine["full"]
+                row[f"{part}_{name}_ratio_unmerged"] = mine["lora_unmerged"] / mine["full"]
         out["threads"][threads] = row
         print(f"threads={threads}: " + ", ".join(
             f"{part} LoRA/full {row[f'{part}_wall_ratio']:.2f} wall, {row[f'{part}_cpu_ratio']:.2f} CPU "
-            f"({row[f'{part}_wall_s']['lora']:.2f} / {row[f'{part}_wall_s']['full']:.2f} s)"
+            f"(unmerged {row[f'{part}_wall_ratio_unmerged']:.2f} wall; "
+            f"{row[f'{part}_wall_s']['lora']:.2f} / {row[f'{part}_wall_s']['full']:.2f} s)"
             for part in ("train", "val")) + f"; load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     torch.set_num_threads(default_threads)
     out["loadavg_end"] = os.getloadavg()
@@ -152,10 +164,11 @@ def rollouts(quick: bool = False) -> dict[str, Any]:
 
 
 def render_rollouts(res: dict[str, Any]) -> str:
-    """The rollout table: LoRA / full at the main job's shape, per thread count."""
+    """The rollout table: LoRA / full at the main job's shape, per thread count, merged and unmerged."""
     lines = [
-        "| intra-op threads | rollout | full (wall) | LoRA (wall) | LoRA / full (wall) | LoRA / full (CPU) |",
-        "|---|---|---|---|---|---|",
+        "| intra-op threads | rollout | full (wall) | LoRA merged (wall) | LoRA unmerged (wall) "
+        "| merged / full (wall) | merged / full (CPU) | unmerged / full (wall) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for threads, row in res["threads"].items():
         for part, name in (
@@ -164,14 +177,17 @@ def render_rollouts(res: dict[str, Any]) -> str:
         ):
             w = row[f"{part}_wall_s"]
             lines.append(
-                f"| {threads} | {name} | {w['full']:.2f} s | {w['lora']:.2f} s | "
-                f"**{row[f'{part}_wall_ratio']:.2f}** | {row[f'{part}_cpu_ratio']:.2f} |"
+                f"| {threads} | {name} | {w['full']:.2f} s | {w['lora']:.2f} s | {w['lora_unmerged']:.2f} s | "
+                f"**{row[f'{part}_wall_ratio']:.2f}** | {row[f'{part}_cpu_ratio']:.2f} | "
+                f"{row[f'{part}_wall_ratio_unmerged']:.2f} |"
             )
     load = f"load average {res['loadavg_start'][0]:.1f} at the start, {res['loadavg_end'][0]:.1f} at the end"
     return "\n".join(lines) + (
         "\n\nRollouts of the main job's two configs (`configs/coop_coordination.yaml`, "
-        "`configs/coop_coordination_lora.yaml`: 2 SmolLM2-135M agents, K=4, 3 new tokens), both teams in one "
-        f"process, A B A B, medians of the kept rounds (one warm-up round not kept); {load}. "
+        "`configs/coop_coordination_lora.yaml`: 2 SmolLM2-135M agents, K=4, 3 new tokens), the three teams in one "
+        f"process, A B C A B C, medians of the kept rounds (one warm-up round not kept); {load}. LoRA merged is "
+        "the shipped `sampling.adapter_rollouts: merged` (each agent samples from base + B @ A in a temporary "
+        "copy of the adapted weights); unmerged samples through PEFT's layers. "
         "`python benchmarks/lora.py --rollouts`."
     )
 

@@ -22,6 +22,7 @@ DECLARED = {
     "kl_mode",
     "on_nonfinite",
     "generation_backend",
+    "adapter_rollouts",
     "parallel_training",
     "critic_type",
     "RewardModelReward.kind",

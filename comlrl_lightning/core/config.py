@@ -20,7 +20,7 @@ from typing import Any
 
 from comlrl_lightning.core.advantages import ADVANTAGE_MODE, JOINT_MODE, SCALE_REWARDS, default_scale
 from comlrl_lightning.core.credit import CREDIT, reward_calls_per_episode
-from comlrl_lightning.core.generation import AUTO_BACKEND, GENERATION_BACKEND
+from comlrl_lightning.core.generation import ADAPTER_ROLLOUTS, AUTO_BACKEND, GENERATION_BACKEND
 from comlrl_lightning.core.loss_config import LossConfig
 from comlrl_lightning.core.td import SOLVED_RETURN
 from comlrl_lightning.core.validation import refuse_both, require
@@ -33,6 +33,7 @@ Credit = CREDIT.literal
 SolvedReturn = SOLVED_RETURN.literal
 ParallelTraining = PARALLEL_TRAINING.literal
 GenerationBackend = GENERATION_BACKEND.literal
+AdapterRollouts = ADAPTER_ROLLOUTS.literal
 
 
 @dataclass
@@ -241,6 +242,13 @@ class SamplingConfig:
     generation_backend: GenerationBackend = "auto"
     """How ``generate`` produces tokens: one of :data:`~comlrl_lightning.core.generation.GENERATION_BACKEND`
     (``auto``: :data:`~comlrl_lightning.core.generation.AUTO_BACKEND` for the model's device type)."""
+    adapter_rollouts: AdapterRollouts = "merged"
+    """How a LoRA agent (``AgentSpec.adapter``) generates: one of
+    :data:`~comlrl_lightning.core.generation.ADAPTER_ROLLOUTS`. ``merged`` (default) samples from base +
+    scale * B @ A held in a temporary copy of the adapted weights for the length of one rollout (PEFT's
+    ``get_delta_weight``; the base and the adapter are never modified), at a full model's cost per token;
+    ``unmerged`` samples through PEFT's layers (no extra memory). Adapters ``merged`` cannot express
+    exactly (DoRA, ``modules_to_save``, trainable token rows, sharded weights) generate ``unmerged``."""
 
     def backend_for(self, device: Any) -> str:
         """The backend ``generate`` uses on ``device`` (``"auto"`` resolved through :data:`AUTO_BACKEND`)."""
@@ -250,6 +258,7 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         GENERATION_BACKEND.check(self.generation_backend)
+        ADAPTER_ROLLOUTS.check(self.adapter_rollouts)
         if self.max_completion_length is not None:
             if self.max_new_tokens not in (self.max_completion_length, 64):
                 n_new = self.max_new_tokens

@@ -39,6 +39,19 @@ AUTO_BACKEND = {"cpu": "dynamic", "cuda": "dynamic"}
 """What ``generation_backend="auto"`` picks per device type. CUDA stays on today's path until a GPU
 measurement (``make gpu-check``, generation throughput) shows another one faster; none has run yet."""
 
+ADAPTER_ROLLOUTS = Choice(
+    "adapter_rollouts",
+    {
+        "merged": "a LoRA agent samples with its adapter merged into a temporary copy of the adapted weights "
+        "(base + scale * B @ A, freed after the rollout): a full model's speed, one more copy of those "
+        "weights in memory while it generates",
+        "unmerged": "a LoRA agent samples through PEFT's adapter layers: no extra memory, two more matmuls "
+        "per adapted linear per token",
+    },
+)
+"""How an agent with a LoRA adapter generates its rollouts (its log-probs always come from the training
+forward through PEFT's layers). Agents without an adapter ignore it."""
+
 
 @dataclass
 class Generation:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -60,6 +61,12 @@ class AgentKind:
         """Keys of ``model.state_dict()`` a checkpoint leaves out (a frozen base reloaded from its
         source at resume); default none."""
         return []
+
+    @contextmanager
+    def rollout_model(self, agent: int, model: nn.Module, adapter_rollouts: str) -> Iterator[nn.Module]:
+        """The module agent ``agent``'s rollout generates with, for the length of the ``with`` block
+        (``adapter_rollouts``: ``SamplingConfig.adapter_rollouts``); default ``model`` itself."""
+        yield model
 
     def load_saved(self, agent: int, folder: str, dtype: torch.dtype) -> nn.Module:
         """A model read back from ``folder``, which the agent's ``save_pretrained`` wrote (the iterative
@@ -121,6 +128,7 @@ class LoraAdapter(AgentKind):
 
     def __init__(self) -> None:
         self._bases: dict[int, nn.Module] = {}  # owner agent -> its pristine (adapter-free) base clone
+        self._merged_clones: dict[int, nn.Module] = {}  # agent -> the module tree merged rollouts use
 
     def build(self, team: Team, agent: int) -> tuple[nn.Module, Any]:
         from peft import get_peft_model
@@ -157,12 +165,65 @@ class LoraAdapter(AgentKind):
         trained = {n for n, p in model.named_parameters(remove_duplicate=False) if p.requires_grad}
         return [k for k in model.state_dict() if k not in trained]
 
+    @contextmanager
+    def rollout_model(self, agent: int, model: nn.Module, adapter_rollouts: str) -> Iterator[nn.Module]:
+        """``merged``: a clone of the agent's pristine base (:meth:`pristine_base`, its own module tree
+        over the shared tensors, made once) whose adapted linears hold ``W + get_delta_weight()`` for the
+        length of the block, then the shared ``W`` again: the rollout samples from the adapted model
+        at a plain model's cost per token, and neither the base nor the adapter is written. Falls back
+        to ``model`` (PEFT's unmerged layers) for ``unmerged`` and for what a delta cannot express
+        (:func:`mergeable_layers`)."""
+        layers = mergeable_layers(model) if adapter_rollouts == "merged" else None
+        if layers is None:
+            yield model
+            return
+        clone = self._merged_clones.get(agent)
+        if clone is None:
+            clone = self._merged_clones[agent] = share_clone(self.pristine_base(agent))
+        targets = dict(clone.named_modules())
+        swapped = []
+        try:
+            with torch.no_grad():
+                for name, layer in layers:
+                    target = targets[name]
+                    base = target._parameters["weight"]
+                    merged = base + layer.get_delta_weight("default")
+                    target._parameters["weight"] = nn.Parameter(merged, requires_grad=False)
+                    swapped.append((target, base))
+            yield clone
+        finally:
+            for target, base in swapped:  # the merged copies are freed with the block
+                target._parameters["weight"] = base
+
     def load_saved(self, agent: int, folder: str, dtype: torch.dtype) -> nn.Module:
         """The saved adapter (PEFT's folder layout) on a clone of this agent's frozen base: the base is
         held once still, and the live agent's adapter is untouched."""
         from peft import PeftModel
 
         return PeftModel.from_pretrained(share_clone(self.pristine_base(agent)), folder)
+
+
+def mergeable_layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """``(name in the base model, layer)`` of every LoRA layer of a PEFT ``model`` when its adapter
+    ``default`` is a plain low-rank delta on linear weights, so base + delta is the adapted model
+    exactly up to rounding; None otherwise: DoRA or another LoRA variant, an adapted embedding or
+    convolution, ``modules_to_save`` or trainable token rows (trained parameters that are not
+    ``lora_A`` / ``lora_B``), or weights that are not plain tensors (sharded)."""
+    from peft.tuners.lora import Linear, LoraLayer
+
+    trained = [n for n, p in model.named_parameters() if p.requires_grad]
+    if not all(".lora_A." in n or ".lora_B." in n for n in trained):
+        return None
+    layers = []
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        plain = type(module) is Linear and not module.use_dora.get("default", False)
+        plain = plain and not getattr(module, "lora_variant", {}) and type(module.weight) is nn.Parameter
+        if not plain or list(module.active_adapters) != ["default"]:
+            return None
+        layers.append((name.removeprefix("base_model.model."), module))
+    return layers
 
 
 def kind_of(spec: AgentSpec) -> AgentKind:

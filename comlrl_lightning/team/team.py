@@ -204,10 +204,9 @@ class Team:
         tok = self.tokenizers[agent]
         chat = self.specs[agent].chat_template and has_chat_template(tok)
         sampling = self.sampling[agent]
-        with self.rollout_context(self.agents[agent]):
-            return generate(
-                self.agents[agent], tok, prompts, num_generations, sampling, chat, do_sample=not greedy
-            )
+        kind, model = self.kinds[agent], self.agents[agent]
+        with self.rollout_context(model), kind.rollout_model(agent, model, sampling.adapter_rollouts) as gen:
+            return generate(gen, tok, prompts, num_generations, sampling, chat, do_sample=not greedy)
 
     # ------------------------------------------------------------ threads
     def _groups(self, agents: Sequence[int]) -> list[list[int]]:
