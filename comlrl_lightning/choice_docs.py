@@ -28,7 +28,7 @@ from comlrl_lightning.core import (
     td,
 )
 from comlrl_lightning.core.choices import REGISTRY
-from comlrl_lightning.envs import reward_model
+from comlrl_lightning.envs import reward_model, trl_reward
 from comlrl_lightning.infra import placement
 from comlrl_lightning.tasks import cooperation
 
@@ -48,6 +48,7 @@ DECLARING = (
     replay,
     reward_model,
     td,
+    trl_reward,
 )
 """Every module that declares a :class:`~comlrl_lightning.core.choices.Choice` at module level."""
 

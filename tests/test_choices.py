@@ -23,6 +23,7 @@ DECLARED = {
     "on_nonfinite",
     "generation_backend",
     "adapter_rollouts",
+    "TRLReward.agent",
     "parallel_training",
     "critic_type",
     "RewardModelReward.kind",

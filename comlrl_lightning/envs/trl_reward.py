@@ -28,9 +28,20 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
-Agent = int | Literal["each", "joined"]
+from comlrl_lightning.core.choices import Choice
+
+TRL_REWARD_AGENT = Choice(
+    "TRLReward.agent",
+    {
+        "each": "called once per agent with that agent's completions; a per-agent reward [J, N]",
+        "joined": "called once with each joint action's completions joined by `separator`; a shared reward [J]",
+    },
+)
+"""The string values of :class:`TRLReward`'s ``agent`` (an agent index >= 0 is the third form: that
+agent's completions, a shared reward ``[J]``)."""
+Agent = int | TRL_REWARD_AGENT.literal
 
 
 class TRLReward:
@@ -48,7 +59,7 @@ class TRLReward:
     Raises:
         TypeError: ``function`` is not callable, or cannot be called with ``prompts`` and
             ``completions`` as keywords.
-        ValueError: a negative ``agent`` index or another string than ``"each"``/``"joined"``.
+        ValueError: a negative ``agent`` index or a string not in :data:`TRL_REWARD_AGENT`.
     """
 
     def __init__(
@@ -66,10 +77,9 @@ class TRLReward:
         if not callable(function):
             raise TypeError(f"TRLReward.function: got a {type(function).__name__}; give a callable")
         _check_trl_signature(function)
-        if not (agent in ("each", "joined") or (isinstance(agent, int) and agent >= 0)):
-            raise ValueError(
-                f"TRLReward.agent: got {agent!r}; allowed: 'each', 'joined' or an agent index >= 0"
-            )
+        if not (agent in TRL_REWARD_AGENT.names or (isinstance(agent, int) and agent >= 0)):
+            allowed = ", ".join(repr(v) for v in TRL_REWARD_AGENT.names)
+            raise ValueError(f"TRLReward.agent: got {agent!r}; allowed: {allowed} or an agent index >= 0")
         self.function, self.agent, self.prompt_field, self.separator = (
             function,
             agent,
