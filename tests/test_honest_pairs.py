@@ -30,9 +30,10 @@ REFUSED = {
 
 @pytest.fixture(scope="module")
 def judged(rows):
-    """Every pair scored in one reward call (they run in parallel, 6 sandbox runs each). A test's
-    time limit of 3 s, not 1 s: at a load of 13 on 2 cores one stand-in call of string_xor's 11 ran
-    past 1 s once, and a run with a timeout is no evidence; time is not what these pairs pin."""
+    """Every pair scored in one reward call (they run in parallel, 6 sandbox runs each), with a
+    test time limit of 3 s, not 1 s: a stand-in run with a timeout is no evidence, and time is not
+    what these pairs pin. At a load of 10-13 on 2 cores a pair still lost its bonus in 2 of 6 runs
+    (docs/attacks.md, "Honest pairs"), each scoring 4.0 alone right after."""
     coop = CooperativeCodeReward(SandboxConfig(timeout_s=8.0, test_timeout_s=3.0))
     try:
         res = coop([[p.aux, p.main] for p in PAIRS], [Episode(0, rows[p.task]) for p in PAIRS], 0)
