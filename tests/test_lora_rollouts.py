@@ -1,6 +1,6 @@
 """A LoRA agent's rollouts (``sampling.adapter_rollouts``): ``merged`` samples from base + B @ A held in a
-temporary copy of the adapted weights, equal to PEFT's unmerged layers up to rounding, never writing the
-base or the adapter, and following the adapter after every step; what a delta cannot express falls back."""
+copy of the adapted weights (one per base), equal to PEFT's unmerged layers up to rounding, never writing
+the base or the adapter, and following the adapter after every step; what a delta cannot express falls back."""
 
 import copy
 
@@ -59,7 +59,10 @@ def test_a_merged_rollout_samples_the_adapted_model_not_the_base(monkeypatch):
     for agent in (0, 1):
         used, merged = generated_with(monkeypatch, t, agent)
         assert used is not t.agents[agent]  # the merged clone, not PEFT's layers
-        adapted, base = logits(t.agents[agent], t, agent), logits(t.kinds[agent].pristine_base(agent), t, agent)
+        adapted, base = (
+            logits(t.agents[agent], t, agent),
+            logits(t.kinds[agent].pristine_base(agent), t, agent),
+        )
         assert (adapted - base).abs().max() > 0.05  # the adapter matters here...
         with t.kinds[agent].rollout_model(agent, t.agents[agent], "merged") as clone:
             # ...and the clone is the adapted model: W + delta against W x + B (A x), fp32 rounding of a
@@ -82,7 +85,20 @@ def test_a_merged_rollout_writes_neither_the_base_nor_the_adapter(monkeypatch):
         assert torch.equal(p, saved)
     clone = t.kinds[0]._merged_clones[0]
     shared = {p.data_ptr() for p, _ in before.values()}
-    assert all(p.data_ptr() in shared for p in clone.parameters())  # the merged copies are gone again
+    assert all(p.data_ptr() in shared for p in clone.parameters())  # between rollouts: the shared weights
+
+
+def test_two_adapters_on_one_base_hold_one_set_of_merged_weights(monkeypatch):
+    t = team()
+    generated_with(monkeypatch, t, 0)
+    generated_with(monkeypatch, t, 1)
+    buffers = t.kinds[0]._merged_buffers
+    assert t.kinds[1]._merged_buffers is buffers
+    adapted = {n.removeprefix("base_model.model."): m.weight for n, m in mergeable_layers(t.agents[0])}
+    assert buffers.keys() == adapted.keys()  # one merged copy per adapted weight of the one base
+    assert all(
+        buffers[n].shape == w.shape and buffers[n].data_ptr() != w.data_ptr() for n, w in adapted.items()
+    )
 
 
 def test_a_merged_rollout_follows_the_adapter_after_a_step(monkeypatch):
@@ -104,5 +120,7 @@ def test_an_adapter_a_delta_cannot_express_generates_through_peft(monkeypatch, o
 
 
 def test_adapter_rollouts_is_checked_naming_the_field_and_the_allowed_values():
-    with pytest.raises(ValueError, match=r"adapter_rollouts: got 'fused', allowed: \['merged', 'unmerged'\]"):
+    with pytest.raises(
+        ValueError, match=r"adapter_rollouts: got 'fused', allowed: \['auto', 'merged', 'unmerged'\]"
+    ):
         SamplingConfig(adapter_rollouts="fused")

@@ -242,13 +242,14 @@ class SamplingConfig:
     generation_backend: GenerationBackend = "auto"
     """How ``generate`` produces tokens: one of :data:`~comlrl_lightning.core.generation.GENERATION_BACKEND`
     (``auto``: :data:`~comlrl_lightning.core.generation.AUTO_BACKEND` for the model's device type)."""
-    adapter_rollouts: AdapterRollouts = "merged"
+    adapter_rollouts: AdapterRollouts = "auto"
     """How a LoRA agent (``AgentSpec.adapter``) generates: one of
-    :data:`~comlrl_lightning.core.generation.ADAPTER_ROLLOUTS`. ``merged`` (default) samples from base +
-    scale * B @ A held in a temporary copy of the adapted weights for the length of one rollout (PEFT's
-    ``get_delta_weight``; the base and the adapter are never modified), at a full model's cost per token;
-    ``unmerged`` samples through PEFT's layers (no extra memory). Adapters ``merged`` cannot express
-    exactly (DoRA, ``modules_to_save``, trainable token rows, sharded weights) generate ``unmerged``."""
+    :data:`~comlrl_lightning.core.generation.ADAPTER_ROLLOUTS` (``auto``: ``merged`` on CPU).
+    ``merged`` samples from base + scale * B @ A written before each rollout into one copy of the adapted
+    weights per base (kept between rollouts: allocating it afresh each time cost as much as the merge
+    saved); the base and the adapter are never modified. ``unmerged`` samples through PEFT's layers
+    (no extra memory). Adapters ``merged`` cannot express exactly (DoRA, ``modules_to_save``, trainable
+    token rows, sharded weights) generate ``unmerged``. Log-probs always come from PEFT's layers."""
 
     def backend_for(self, device: Any) -> str:
         """The backend ``generate`` uses on ``device`` (``"auto"`` resolved through :data:`AUTO_BACKEND`)."""

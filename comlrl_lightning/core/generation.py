@@ -42,9 +42,11 @@ measurement (``make gpu-check``, generation throughput) shows another one faster
 ADAPTER_ROLLOUTS = Choice(
     "adapter_rollouts",
     {
-        "merged": "a LoRA agent samples with its adapter merged into a temporary copy of the adapted weights "
-        "(base + scale * B @ A, freed after the rollout): a full model's speed, one more copy of those "
-        "weights in memory while it generates",
+        "auto": "`merged` on CPU, `unmerged` on other devices (where an extra copy of the adapted weights "
+        "costs scarce accelerator memory and the adapter's matmuls are cheap; not measured there yet)",
+        "merged": "a LoRA agent samples with its adapter merged into a copy of the adapted weights "
+        "(base + scale * B @ A, rewritten before each rollout; one copy per base, kept between rollouts): "
+        "near a full model's speed, one more copy of the adapted weights in memory",
         "unmerged": "a LoRA agent samples through PEFT's adapter layers: no extra memory, two more matmuls "
         "per adapted linear per token",
     },

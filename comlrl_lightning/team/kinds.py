@@ -14,6 +14,7 @@ and is returned by an overridden ``Team.agent_kind``; no algorithm changes.
 from __future__ import annotations
 
 import copy
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -129,6 +130,11 @@ class LoraAdapter(AgentKind):
     def __init__(self) -> None:
         self._bases: dict[int, nn.Module] = {}  # owner agent -> its pristine (adapter-free) base clone
         self._merged_clones: dict[int, nn.Module] = {}  # agent -> the module tree merged rollouts use
+        # layer name -> its merged weight's storage, rewritten in place at each rollout (a fresh allocation
+        # of every adapted weight per rollout cost as much as the merge saved); one set per base, its lock
+        # held for a whole merged rollout (concurrent agents on one base generate one after another)
+        self._merged_buffers: dict[str, torch.Tensor] = {}
+        self._merge_lock = threading.Lock()
 
     def build(self, team: Team, agent: int) -> tuple[nn.Module, Any]:
         from peft import get_peft_model
@@ -140,6 +146,9 @@ class LoraAdapter(AgentKind):
         else:
             base, tok = share_clone(team.kinds[owner].pristine_base(owner)), team.tokenizers[owner]
         self._bases[agent] = share_clone(base)  # before PEFT injects this agent's adapter into base
+        if owner is not None:
+            self._merged_buffers = team.kinds[owner]._merged_buffers
+            self._merge_lock = team.kinds[owner]._merge_lock
         assert spec.adapter is not None, "kind_of gives LoraAdapter only with adapter"
         with warnings.catch_warnings():  # PEFT's own notes, not the user's to act on (main thread)
             warnings.filterwarnings(
@@ -167,12 +176,15 @@ class LoraAdapter(AgentKind):
 
     @contextmanager
     def rollout_model(self, agent: int, model: nn.Module, adapter_rollouts: str) -> Iterator[nn.Module]:
-        """``merged``: a clone of the agent's pristine base (:meth:`pristine_base`, its own module tree
-        over the shared tensors, made once) whose adapted linears hold ``W + get_delta_weight()`` for the
-        length of the block, then the shared ``W`` again: the rollout samples from the adapted model
-        at a plain model's cost per token, and neither the base nor the adapter is written. Falls back
+        """``merged`` (``auto`` on CPU): a clone of the agent's pristine base (:meth:`pristine_base`, its
+        own module tree over the shared tensors, made once) whose adapted linears hold ``W + scale * B @ A``
+        (written into the base's merge buffers) for the length of the block, then the shared ``W`` again:
+        the rollout samples from the adapted model at near a plain model's cost, and neither the base nor
+        the adapter is written. Falls back
         to ``model`` (PEFT's unmerged layers) for ``unmerged`` and for what a delta cannot express
         (:func:`mergeable_layers`)."""
+        if adapter_rollouts == "auto":
+            adapter_rollouts = "merged" if next(model.parameters()).device.type == "cpu" else "unmerged"
         layers = mergeable_layers(model) if adapter_rollouts == "merged" else None
         if layers is None:
             yield model
@@ -182,18 +194,20 @@ class LoraAdapter(AgentKind):
             clone = self._merged_clones[agent] = share_clone(self.pristine_base(agent))
         targets = dict(clone.named_modules())
         swapped = []
-        try:
-            with torch.no_grad():
-                for name, layer in layers:
-                    target = targets[name]
-                    base = target._parameters["weight"]
-                    merged = base + layer.get_delta_weight("default")
-                    target._parameters["weight"] = nn.Parameter(merged, requires_grad=False)
-                    swapped.append((target, base))
-            yield clone
-        finally:
-            for target, base in swapped:  # the merged copies are freed with the block
-                target._parameters["weight"] = base
+        with self._merge_lock:
+            try:
+                with torch.no_grad():
+                    for name, layer in layers:
+                        target = targets[name]
+                        base = target._parameters["weight"]
+                        merged = _merged_weight(base, layer, self._merged_buffers.get(name))
+                        self._merged_buffers[name] = merged
+                        target._parameters["weight"] = nn.Parameter(merged, requires_grad=False)
+                        swapped.append((target, base))
+                yield clone
+            finally:
+                for target, base in swapped:  # the clone holds the shared weights again between rollouts
+                    target._parameters["weight"] = base
 
     def load_saved(self, agent: int, folder: str, dtype: torch.dtype) -> nn.Module:
         """The saved adapter (PEFT's folder layout) on a clone of this agent's frozen base: the base is
@@ -201,6 +215,19 @@ class LoraAdapter(AgentKind):
         from peft import PeftModel
 
         return PeftModel.from_pretrained(share_clone(self.pristine_base(agent)), folder)
+
+
+def _merged_weight(base: torch.Tensor, layer: nn.Module, out: torch.Tensor | None) -> torch.Tensor:
+    """``base + scale * B @ A`` in one fused ``addmm``, written into ``out`` when given (PEFT's
+    ``get_delta_weight`` makes the delta and then the sum: twice the memory traffic of a step whose
+    cost is memory-bound). ``fan_in_fan_out`` (GPT-2's ``Conv1D``, weight ``[in, out]``) adds its transpose."""
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    scale = float(layer.scaling["default"])
+    lhs, rhs = (a.T, b.T) if layer.fan_in_fan_out else (b, a)
+    lhs, rhs = lhs.to(base.dtype), rhs.to(base.dtype)
+    if out is None:
+        return torch.addmm(base, lhs, rhs, alpha=scale)
+    return torch.addmm(base, lhs, rhs, alpha=scale, out=out)
 
 
 def mergeable_layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
