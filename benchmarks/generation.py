@@ -136,6 +136,7 @@ def section(quick: bool) -> dict[str, Any]:
         print(f"{kind}: sync {row['sync_s']:.2f} s per push x {row['syncs_per_step']}, rollout after it "
               f"{after_s:.2f} s; engines +{row['rss_mb']['engines']:.0f} MB RSS", flush=True)  # fmt: skip
         out["kinds"][kind] = row
+        pool.close()  # the next team's engines start in freed memory
         del hf, engine, pool
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["loadavg_end"] = os.getloadavg()

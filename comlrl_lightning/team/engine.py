@@ -186,6 +186,12 @@ class ColocatedEngine:
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         try:
             self.llm = vllm.LLM(**kwargs)
+        except ValueError as err:  # vLLM names its own knobs; say which of ours set them
+            memory = "vllm_cpu_kv_cache_gib" if on_cpu else "vllm_gpu_memory_utilization"
+            raise ValueError(
+                f"sampling.{memory} / vllm_max_model_length (max_model_len={max_model_len}): the engine "
+                f"could not start: {err}"
+            ) from err
         finally:
             # vLLM's CPU worker drops torch to one thread "for serving" and turns set_num_threads into a
             # no-op for the whole process; the trainer runs in this process too, with its own threads
@@ -222,6 +228,13 @@ class ColocatedEngine:
             "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
         )
         self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Shut the engine down (its weights and KV cache are freed once nothing refers to it). vLLM's
+        shutdown also tears down its in-process distributed state: close every engine of a process
+        together (:meth:`~comlrl_lightning.team.engine_pool.EnginePool.close`)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
 
     def reset_prefix_cache(self) -> None:
         """Drop cached prompt KV (computed under weights that changed)."""

@@ -7,6 +7,7 @@ Shapes: ``B`` prompts, ``K`` samples each, ``P`` padded prompt tokens, ``C`` pad
 
 from __future__ import annotations
 
+import gc
 import tempfile
 import threading
 import time
@@ -49,6 +50,14 @@ class EnginePool:
         self._lock = threading.Lock()  # one engine call at a time (agent threads share engines)
         self._dir = tempfile.TemporaryDirectory(prefix="comlrl-vllm-")
         self.stats = EngineStats()
+
+    def close(self) -> None:
+        """Shut every engine down and free its memory; the next rollout builds them again."""
+        for engine in self.engines.values():
+            engine.close()
+        self.engines.clear()
+        self._synced.clear()
+        gc.collect()  # the engines' weights and KV caches sit in reference cycles
 
     def _is_lora(self, agent: int) -> bool:
         return isinstance(self.team.kinds[agent], LoraAdapter)
