@@ -197,7 +197,6 @@ class ColocatedEngine:
             # no-op for the whole process; the trainer runs in this process too, with its own threads
             torch.set_num_threads = set_threads
             set_threads(threads)
-        self.calls = 0
 
     def generate(
         self, prompts: list[list[int]], params: dict[str, Any], lora: Any = None
@@ -211,7 +210,6 @@ class ColocatedEngine:
         sp = vllm.SamplingParams(**params, logprobs=0)
         items = [{"prompt_token_ids": p} for p in prompts]
         outs = self.llm.generate(items, sp, lora_request=lora, use_tqdm=False)
-        self.calls += 1
         result = []
         for out in outs:
             rows = []
