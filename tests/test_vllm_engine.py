@@ -11,6 +11,7 @@ pytest.importorskip("vllm")
 
 import comlrl_lightning.team.engine_pool as engine_pool  # noqa: E402
 from comlrl_lightning import MAGRPO  # noqa: E402
+from comlrl_lightning.core import metrics as M  # noqa: E402
 from comlrl_lightning.core.generation import render_prompt  # noqa: E402
 from comlrl_lightning.datamodules import LengthRatioDataModule  # noqa: E402
 
@@ -60,11 +61,14 @@ class Gaps(pl.Callback):
         self.steps.append(max(s.engine_gap.abs_max for s in outputs.agent_stats))
 
 
-def fit_gaps(agents: list[dict], learning_rate: float, batches: int = 3) -> tuple[list[float], int, int]:
+def fit_gaps(
+    agents: list[dict], learning_rate: float, loss: dict, batches: int = 3
+) -> tuple[list[float], int, int]:
     """Per step the largest gap, the number of engines, the number of weight pushes."""
     pl.seed_everything(0)
     module = MAGRPO(
         agents=agents,
+        loss=loss,
         rollout={"num_generations": 2},
         sampling={
             "max_new_tokens": 8,
@@ -81,6 +85,9 @@ def fit_gaps(agents: list[dict], learning_rate: float, batches: int = 3) -> tupl
         callbacks=[gaps],
     )  # fmt: skip
     trainer.fit(module, LengthRatioDataModule(batch_size=2, num_train=2 * batches))
+    logged = trainer.callback_metrics  # the gap reaches the logs under TRL's names
+    assert float(logged[M.SAMPLING_LOGP_DIFFERENCE_MAX]) == pytest.approx(gaps.steps[-1], rel=1e-5)
+    assert float(logged[M.agent(0, M.SAMPLING_LOGP_DIFFERENCE_MEAN)]) <= gaps.steps[-1]
     pool = module.team.engine_pool()
     engines, syncs = len(pool.engines), pool.stats.syncs
     pool.close()  # before the next fit builds its own: two teams' engines and optimizers do not fit in 24 GB
@@ -93,21 +100,23 @@ def _without_sync(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize(
-    ("agents", "learning_rate", "engines"),
+    ("agents", "learning_rate", "engines", "loss"),
     [
-        ([{"model": SMOL}, {"model": SMOL}], 1e-3, 2),  # full fine-tuning: one engine per agent model
-        ([{"model": SMOL, "adapter": ADAPTER}, {"model": SMOL, "adapter": ADAPTER, "share_weights_with": 0}], 5e-2, 1),
+        ([{"model": SMOL}, {"model": SMOL}], 1e-3, 2, {}),  # full fine-tuning: one engine per agent model
+        # a LoRA team on one engine, with the TIS correction on (its weights ~1 when the engine is current)
+        ([{"model": SMOL, "adapter": ADAPTER}, {"model": SMOL, "adapter": ADAPTER, "share_weights_with": 0}], 5e-2, 1,
+         {"vllm_importance_sampling_correction": True}),
     ],
     ids=["full", "lora"],
 )  # fmt: skip
 def test_the_engine_samples_from_the_current_weights_after_every_step(
-    monkeypatch, agents, learning_rate, engines
+    monkeypatch, agents, learning_rate, engines, loss
 ):
-    synced, built, pushes = fit_gaps(agents, learning_rate)
+    synced, built, pushes = fit_gaps(agents, learning_rate, loss)
     assert built == engines
     assert max(synced) < GAP_TOLERANCE, synced
     assert pushes >= 2 * len(agents)  # after every batch's steps (LoRA: the first adapter load too)
     _without_sync(monkeypatch)
-    stale, _, _ = fit_gaps(agents, learning_rate)
+    stale, _, _ = fit_gaps(agents, learning_rate, loss)
     assert stale[0] < GAP_TOLERANCE  # before any step both sample from the same weights
     assert min(stale[1:]) > 10 * GAP_TOLERANCE, stale  # after a step the engine's weights are old
