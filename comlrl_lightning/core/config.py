@@ -250,6 +250,16 @@ class SamplingConfig:
     saved); the base and the adapter are never modified. ``unmerged`` samples through PEFT's layers
     (no extra memory). Adapters ``merged`` cannot express exactly (DoRA, ``modules_to_save``, trainable
     token rows, sharded weights) generate ``unmerged``. Log-probs always come from PEFT's layers."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """``vllm`` on a GPU: the fraction of the GPU's memory, in (0, 1], the engine may take for its
+    weights and KV cache (the trainer keeps the rest). TRL's name and default (colocate mode)."""
+    vllm_max_model_length: int | None = None
+    """``vllm``: the engine's context in tokens (prompt + completion; vLLM's ``max_model_len``);
+    prompts are cut from the left to fit it with ``max_new_tokens``. None: the model's own. TRL name."""
+    vllm_cpu_kv_cache_gib: float = 1.0
+    """``vllm`` on CPU: the KV cache in GiB (vLLM's ``kv_cache_memory_bytes``, which its CPU backend
+    otherwise reads from ``VLLM_CPU_KVCACHE_SPACE``), > 0; one engine per distinct model holds one.
+    SmolLM2-135M in fp32 keeps about 23,000 tokens in 1 GiB."""
 
     def backend_for(self, device: Any) -> str:
         """The backend ``generate`` uses on ``device`` (``"auto"`` resolved through :data:`AUTO_BACKEND`)."""
@@ -274,6 +284,11 @@ class SamplingConfig:
         require("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1")
         prompt_ok = self.max_prompt_length is None or self.max_prompt_length >= 1
         require("max_prompt_length", self.max_prompt_length, prompt_ok, ">= 1 or None")
+        util_ok = 0 < self.vllm_gpu_memory_utilization <= 1
+        require("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, util_ok, "in (0, 1]")
+        len_ok = self.vllm_max_model_length is None or self.vllm_max_model_length > self.max_new_tokens
+        require("vllm_max_model_length", self.vllm_max_model_length, len_ok, "> max_new_tokens or None")
+        require("vllm_cpu_kv_cache_gib", self.vllm_cpu_kv_cache_gib, self.vllm_cpu_kv_cache_gib > 0, "> 0")
 
 
 @dataclass

@@ -30,6 +30,7 @@ GENERATION_BACKEND = Choice(
         "dynamic": "HF `generate`, dynamic KV cache",
         "static_compile": '`cache_implementation="static"`, compiled by transformers on CUDA',
         "continuous_batching": "transformers' `generate_batch`, paged KV cache",
+        "vllm": "a vLLM engine in this process (the `vllm` extra; `comlrl_lightning.team.engine`)",
     },
 )
 """How :func:`generate` produces tokens (only the sampler changes: the loss's log-probs still come
@@ -66,6 +67,8 @@ class Generation:
         completion_mask: ``[B·K, C]`` 1 for tokens up to and including the first EOS.
         texts: ``B·K`` decoded completions (special tokens removed).
         clipped: ``[B·K]`` True where no EOS was produced within ``max_new_tokens``.
+        engine_logprobs: ``[B·K, C]`` float32 log-probs the sampler gave its own tokens (0 on padding),
+            under ``logits / temperature``; only from an inference engine (``vllm``), else None.
     """
 
     prompt_ids: torch.Tensor
@@ -74,6 +77,7 @@ class Generation:
     completion_mask: torch.Tensor
     texts: list[str]
     clipped: torch.Tensor
+    engine_logprobs: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -92,6 +96,7 @@ class Generation:
             completion_mask=cm[:, :c_keep],
             texts=[self.texts[i] for i in index.tolist()],
             clipped=self.clipped[index],
+            engine_logprobs=None if self.engine_logprobs is None else self.engine_logprobs[index][:, :c_keep],
         )
 
 
@@ -316,6 +321,11 @@ def generate(
     """
     device = next(model.parameters()).device
     backend = sampling.backend_for(device)
+    if backend == "vllm":  # the engine lives on the team (one per model, weights synced after each step)
+        raise ValueError(
+            "generation_backend: 'vllm' samples through a team's engines (Team.generate_one), not this "
+            "function; allowed here: 'auto', 'dynamic', 'static_compile', 'continuous_batching'"
+        )
     ids, mask = tokenize_prompts(tokenizer, prompt_texts, chat_rendered, sampling.max_prompt_length)
     ids, mask = fit_to_context(ids, mask, context_length(model), sampling.max_new_tokens)
     ids = ids.repeat_interleave(num_generations, 0)

@@ -32,13 +32,14 @@ their papers under their :class:`~comlrl_lightning.core.loss_config.LossConfig` 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from comlrl_lightning.core.choices import Choice
+from comlrl_lightning.core.engine_correction import LogprobGap, engine_terms
 from comlrl_lightning.core.generation import Generation, position_ids_from_mask
 
 if TYPE_CHECKING:
@@ -133,24 +134,17 @@ def logprobs_and_entropy(
 
 
 def _completion_logits(
-    model: nn.Module,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-    temperature: float,
-) -> torch.Tensor:
+    model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor, temperature: float,
+) -> torch.Tensor:  # fmt: skip
     """``[R, C, V]`` logits (divided by ``temperature``) at the positions that predict each completion token."""
     device = next(model.parameters()).device
     # the last completion token predicts nothing we score: leave it out of the forward
     input_ids = torch.cat([prompt_ids, completion_ids[:, :-1]], 1).to(device)
     attn = torch.cat([prompt_mask, completion_mask[:, :-1]], 1).to(device)
+    positions, keep = position_ids_from_mask(attn), completion_ids.shape[1]
     logits = model(
-        input_ids=input_ids,
-        attention_mask=attn,
-        position_ids=position_ids_from_mask(attn),
-        logits_to_keep=completion_ids.shape[1],
-        use_cache=False,
+        input_ids=input_ids, attention_mask=attn, position_ids=positions, logits_to_keep=keep, use_cache=False
     ).logits
     return logits / temperature if temperature != 1.0 else logits
 
@@ -295,12 +289,8 @@ def loss_inputs(
     ref = None
     if reference is not None and cfg.beta > 0 and cfg.kl_mode == "loss":
         ref = completion_logprobs(reference, *args).to(next(model.parameters()).device)
-    mask = (
-        mask_truncated(gen.completion_mask, gen.clipped)
-        if cfg.mask_truncated_completions
-        else gen.completion_mask
-    )
-    return old, ref, mask
+    truncated = cfg.mask_truncated_completions
+    return old, ref, mask_truncated(gen.completion_mask, gen.clipped) if truncated else gen.completion_mask
 
 
 # ---------------------------------------------------------------- one micro-batch's loss
@@ -314,6 +304,7 @@ class LossTerms:
         low_clipped_tokens, high_clipped_tokens: of those, clipped below / above (``clip_ratio/low_*``,
             ``clip_ratio/high_*``).
         entropy_sum: the policy entropy summed over the counted tokens (nats; 0.0 when not given).
+        engine_gap: the engine/trainer log-prob gap of the rows (None: not sampled by an engine).
     """
 
     loss: torch.Tensor
@@ -322,6 +313,7 @@ class LossTerms:
     low_clipped_tokens: int = 0
     high_clipped_tokens: int = 0
     entropy_sum: float = 0.0
+    engine_gap: LogprobGap | None = None
 
 
 def agent_loss(
@@ -333,6 +325,7 @@ def agent_loss(
     cfg: LossConfig,
     totals: BatchTotals,
     entropy: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> LossTerms:
     """One agent's loss on one micro-batch, from completion log-probs to the scalar backpropagated.
 
@@ -342,6 +335,8 @@ def agent_loss(
         advantages: ``[R]``; mask: ``[R, C]`` the tokens the loss counts.
         cfg: the loss knobs; totals: the whole agent batch's normalisers.
         entropy: ``[R, C]`` (with gradient when ``cfg.entropy_coeff != 0``); None: not logged.
+        is_weights: ``[R, C]`` TIS weights of the policy term (engine rollouts with
+            ``vllm_importance_sampling_correction``; :mod:`~comlrl_lightning.core.engine_correction`).
 
     Returns: :class:`LossTerms`; the scalars of all micro-batches sum to the full-batch loss.
     Raises: ValueError: ``cfg.entropy_coeff != 0`` without ``entropy``.
@@ -358,6 +353,8 @@ def agent_loss(
         delta=cfg.delta,
         importance_sampling_level=cfg.importance_sampling_level,
     )
+    if is_weights is not None:  # × min(π_trainer/π_engine, C) before the KL, as TRL and verl weight it
+        per_token = per_token * is_weights
     kl = 0.0
     if ref_logps is not None:  # + β·k3 per token (GRPO's KL to the reference, Schulman's k3)
         k3 = k3_kl(logps, ref_logps)
@@ -396,4 +393,6 @@ def micro_batch_loss(
     index, completion_mask = gen.completion_ids.to(logits.device), gen.completion_mask.to(logits.device)
     logps, entropy = logprobs_and_entropy(logits, index, entropy_grad=cfg.entropy_coeff != 0)
     logps, entropy = logps * completion_mask, entropy * completion_mask
-    return agent_loss(logps, old_logps, ref_logps, advantages, mask, cfg, totals, entropy)
+    gap, weights = engine_terms(logps, old_logps, gen.engine_logprobs, completion_mask, cfg)
+    terms = agent_loss(logps, old_logps, ref_logps, advantages, mask, cfg, totals, entropy, weights)
+    return terms if gap is None else replace(terms, engine_gap=gap)

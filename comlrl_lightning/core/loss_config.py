@@ -63,6 +63,15 @@ class LossConfig:
     micro_batch_size: int | None = None
     """Samples per forward/backward (gradients accumulate into one step per agent); None: all at once.
     With ``loss_type="bnpo"`` the gradient depends on it (warned at construction)."""
+    vllm_importance_sampling_correction: bool = False
+    """Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly brings
+    you off-policy RL training"; verl's TIS, TRL's ``vllm_importance_sampling_correction``): with
+    ``generation_backend="vllm"``, each completion token's loss is weighted by
+    ``min(π_trainer / π_engine, vllm_importance_sampling_cap)``, correcting for the engine sampling from
+    a slightly different distribution than the trainer scores. Off by default (TRL turns it on); a
+    no-op on the HF backends, whose sampler is the trainer's model. TRL name."""
+    vllm_importance_sampling_cap: float = 2.0
+    """The truncation ``C`` of the TIS weight (>= 1; 1 clips every weight at 1). TRL's name and default."""
     on_nonfinite: OnNonfinite = "skip"
     """An agent whose loss or gradients are not finite (NaN/inf) before its optimizer step: one of
     :data:`~comlrl_lightning.core.nonfinite.ON_NONFINITE`. Either way no non-finite weights are saved."""
@@ -81,6 +90,15 @@ class LossConfig:
         IMPORTANCE_SAMPLING_LEVEL.check(self.importance_sampling_level)
         KL_MODE.check(self.kl_mode)
         ON_NONFINITE.check(self.on_nonfinite)
+        tis_ok = isinstance(self.vllm_importance_sampling_correction, bool)
+        require(
+            "vllm_importance_sampling_correction",
+            self.vllm_importance_sampling_correction,
+            tis_ok,
+            "true or false",
+        )
+        cap_ok = self.vllm_importance_sampling_cap >= 1
+        require("vllm_importance_sampling_cap", self.vllm_importance_sampling_cap, cap_ok, ">= 1")
         mb_ok = self.micro_batch_size is None or self.micro_batch_size >= 1
         require("micro_batch_size", self.micro_batch_size, mb_ok, ">= 1 or None")
         if self.loss_type == "bnpo" and self.micro_batch_size is not None:

@@ -53,6 +53,11 @@ CLIP_RATIO_HIGH_MAX = "clip_ratio/high_max"
 """The largest agent's ``clip_ratio/high_mean``."""
 CLIP_RATIO_REGION_MEAN = "clip_ratio/region_mean"
 """Fraction of completion tokens clipped on either side, mean over agents (0 on-policy)."""
+SAMPLING_LOGP_DIFFERENCE_MEAN = "sampling/sampling_logp_difference/mean"
+"""Engine rollouts (``generation_backend="vllm"``): mean over completion tokens of
+``|log π_trainer − log π_engine|`` (nats), mean over agents (TRL's name)."""
+SAMPLING_LOGP_DIFFERENCE_MAX = "sampling/sampling_logp_difference/max"
+"""Engine rollouts: the largest per-token ``|log π_trainer − log π_engine|`` over agents (TRL's name)."""
 TOKENS_PER_SECOND = "tokens_per_second"
 EPISODES_PER_SECOND = "episodes_per_second"
 

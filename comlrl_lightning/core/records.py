@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from comlrl_lightning.core.engine_correction import LogprobGap
 from comlrl_lightning.core.generation import Generation
 from comlrl_lightning.envs.base import Episode
 
@@ -140,6 +141,8 @@ class AgentStats:
         clip_ratio_high: fraction clipped above (``ρ > 1 + ε_high``, ``A > 0``; ``clip_ratio/high_*``).
         grad_norm: total gradient norm before clipping.
         entropy: mean policy entropy over the loss's completion tokens (nats; TRL's ``entropy``).
+        engine_gap: ``|log π_trainer − log π_engine|`` over the completion tokens when an inference
+            engine sampled them (``generation_backend="vllm"``); None otherwise.
     """
 
     loss: float = 0.0
@@ -149,6 +152,7 @@ class AgentStats:
     clip_ratio_high: float = 0.0
     grad_norm: float = 0.0
     entropy: float = 0.0
+    engine_gap: LogprobGap | None = None
 
     def __getitem__(self, key: str) -> float:  # stats["loss"]: the spelling callbacks used before
         return getattr(self, key)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from comlrl_lightning.core.config import SamplingConfig
+from comlrl_lightning.core.engine_correction import LogprobGap
 from comlrl_lightning.core.generation import Generation
 from comlrl_lightning.core.loss import (
     BatchTotals,
@@ -91,6 +92,7 @@ def agent_backward(
     ``manual_backward``. The loss itself, entropy included, is :func:`~comlrl_lightning.core.loss.micro_batch_loss`'s."""
     loss_sum = kl_sum = entropy_sum = 0.0
     clipped = low_clipped = high_clipped = 0
+    gap: LogprobGap | None = None
     for c, (g, adv) in enumerate(batch.chunks):
         mask = batch.masks[c].to(_device(model))
         terms = micro_batch_loss(
@@ -103,6 +105,8 @@ def agent_backward(
         low_clipped += terms.low_clipped_tokens
         high_clipped += terms.high_clipped_tokens
         entropy_sum += terms.entropy_sum
+        if terms.engine_gap is not None:
+            gap = terms.engine_gap if gap is None else gap + terms.engine_gap
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     grad_norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
     tokens = max(batch.totals.num_tokens, 1)
@@ -114,6 +118,7 @@ def agent_backward(
         clip_ratio_high=high_clipped / tokens,
         grad_norm=grad_norm,
         entropy=entropy_sum / tokens,
+        engine_gap=gap,
     )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,6 +33,9 @@ from comlrl_lightning.core.records import Node, TeamAction, TurnState
 from comlrl_lightning.core.rollout import independent_action
 from comlrl_lightning.team.agents import GENERATION_KEYS, AgentSpec
 from comlrl_lightning.team.kinds import AgentKind, check_kinds, kind_of
+
+if TYPE_CHECKING:
+    from comlrl_lightning.team.engine_pool import EnginePool
 
 BACKWARD_LOCK = threading.Lock()
 """Serialises ``manual_backward`` across agent threads (Lightning's hooks and precision plugin are not
@@ -98,6 +101,7 @@ class Team:
         self.rollout_context: Callable[[nn.Module], AbstractContextManager[Any]] = lambda model: nullcontext()
         """Entered around each agent's ``generate`` with its model: the sharded strategy sets
         :func:`~comlrl_lightning.infra.sharded.gathered` (one agent's full weights for its rollout)."""
+        self._engine_pool: EnginePool | None = None
 
     @property
     def num_agents(self) -> int:
@@ -204,9 +208,19 @@ class Team:
         tok = self.tokenizers[agent]
         chat = self.specs[agent].chat_template and has_chat_template(tok)
         sampling = self.sampling[agent]
+        if sampling.generation_backend == "vllm":  # the agent's inference engine (team/engine.py)
+            return self.engine_pool().generate(agent, prompts, num_generations, chat, greedy)
         kind, model = self.kinds[agent], self.agents[agent]
         with self.rollout_context(model), kind.rollout_model(agent, model, sampling.adapter_rollouts) as gen:
             return generate(gen, tok, prompts, num_generations, sampling, chat, do_sample=not greedy)
+
+    def engine_pool(self) -> EnginePool:
+        """The team's inference engines (``generation_backend: vllm``), made at the first call."""
+        if self._engine_pool is None:
+            from comlrl_lightning.team.engine_pool import EnginePool
+
+            self._engine_pool = EnginePool(self)
+        return self._engine_pool
 
     # ------------------------------------------------------------ threads
     def _groups(self, agents: Sequence[int]) -> list[list[int]]:

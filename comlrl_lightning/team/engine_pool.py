@@ -1,0 +1,201 @@
+"""A team's inference engines (:class:`EnginePool`): which agent rolls out on which engine, building
+them lazily, keeping their weights current, and turning their output into a
+:class:`~comlrl_lightning.core.generation.Generation` like the HF path's.
+
+Shapes: ``B`` prompts, ``K`` samples each, ``P`` padded prompt tokens, ``C`` padded completion tokens.
+"""
+
+from __future__ import annotations
+
+import gc
+import tempfile
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from comlrl_lightning.core.generation import (
+    Generation,
+    completion_mask_from_ids,
+    context_length,
+    fit_to_context,
+    tokenize_prompts,
+)
+from comlrl_lightning.team.engine import ColocatedEngine, EngineStats, _fingerprint
+from comlrl_lightning.team.kinds import LoraAdapter
+
+if TYPE_CHECKING:
+    from comlrl_lightning.core.config import SamplingConfig
+    from comlrl_lightning.team.team import Team
+
+
+class EnginePool:
+    """The engines of one team, built at the first rollout that needs each.
+
+    An agent's engine key: a LoRA agent's is its base (``model``, ``dtype``, ``model_kwargs``: every
+    adapter agent on that base shares one engine, the base frozen and held once); any other agent's is
+    its model object (agents sharing weights share it).
+
+    Attributes:
+        stats: :class:`~comlrl_lightning.team.engine.EngineStats` (build, warm-up, sync, generate).
+    """
+
+    def __init__(self, team: Team) -> None:
+        self.team = team
+        self.engines: dict[Hashable, ColocatedEngine] = {}
+        self._synced: dict[Hashable, Any] = {}  # what each engine (or adapter) last received
+        self._lock = threading.Lock()  # one engine call at a time (agent threads share engines)
+        self._dir = tempfile.TemporaryDirectory(prefix="comlrl-vllm-")
+        self.stats = EngineStats()
+
+    def close(self) -> None:
+        """Shut every engine down and free its memory; the next rollout builds them again."""
+        for engine in self.engines.values():
+            engine.close()
+        self.engines.clear()
+        self._synced.clear()
+        gc.collect()  # the engines' weights and KV caches sit in reference cycles
+
+    def _is_lora(self, agent: int) -> bool:
+        return isinstance(self.team.kinds[agent], LoraAdapter)
+
+    def key(self, agent: int) -> Hashable:
+        """The engine ``agent`` rolls out on (see the class docstring)."""
+        spec = self.team.specs[agent]
+        if self._is_lora(agent):
+            return ("lora", spec.model, spec.dtype, repr(sorted(spec.model_kwargs.items())))
+        return ("full", id(self.team.agents[agent]))
+
+    def _build(self, agent: int, key: Hashable) -> ColocatedEngine:
+        team, t0 = self.team, time.perf_counter()
+        folder = Path(self._dir.name) / f"engine_{len(self.engines)}"
+        lora = self._is_lora(agent)
+        # the engine starts from the weights the trainer holds now: built-from-config and resumed
+        # models need no separate source, and a full model needs no first sync
+        start = team.kinds[agent].pristine_base(agent) if lora else team.agents[agent]
+        start.save_pretrained(folder)
+        sampling = team.sampling[agent]
+        context = context_length(start) or 2048
+        max_len = min(sampling.vllm_max_model_length or context, context)
+        rank = None
+        sharers = [i for i in range(team.num_agents) if self.key(i) == key]
+        if lora:
+            rank = max(int(team.specs[i].adapter.r) for i in sharers)  # type: ignore[union-attr]
+        engine = ColocatedEngine(
+            str(folder), next(start.parameters()).dtype, sampling, max_len, rank, len(sharers)
+        )
+        if not lora:
+            self._synced[key] = _fingerprint(list(team.agents[agent].parameters()))
+        self.stats.build_s += time.perf_counter() - t0
+        return engine
+
+    def engine(self, agent: int) -> ColocatedEngine:
+        """``agent``'s engine, built on first use."""
+        key = self.key(agent)
+        if key not in self.engines:
+            self.engines[key] = self._build(agent, key)
+        return self.engines[key]
+
+    def sync(self, agent: int) -> Any:
+        """Push ``agent``'s weights (full) or adapter (LoRA) to its engine if they changed since the last
+        push; returns the ``LoRARequest`` to generate with (None for a full model)."""
+        engine, key, team = self.engine(agent), self.key(agent), self.team
+        model = team.agents[agent]
+        if not self._is_lora(agent):
+            now = _fingerprint(list(model.parameters()))
+            if self._synced.get(key) != now:
+                t0 = time.perf_counter()
+                engine.load_weights(model.state_dict())
+                self._synced[key], self.stats.syncs = now, self.stats.syncs + 1
+                self.stats.sync_s += time.perf_counter() - t0
+            return None
+        from vllm.lora.request import LoRARequest
+
+        adapter_key = ("adapter", agent)
+        now = _fingerprint(team.trainable_parameters(agent))
+        folder = Path(self._dir.name) / f"adapter_{agent}"
+        stale = self._synced.get(adapter_key) != now
+        if stale:
+            t0 = time.perf_counter()
+            model.save_pretrained(folder)  # PEFT writes the adapter only (adapter_config + safetensors)
+            if adapter_key in self._synced:
+                engine.reset_prefix_cache()
+            self._synced[adapter_key], self.stats.syncs = now, self.stats.syncs + 1
+            self.stats.sync_s += time.perf_counter() - t0
+        # load_inplace: the same id, re-read from the folder (an adapter already served is kept otherwise)
+        return LoRARequest(f"agent_{agent}", agent + 1, str(folder), load_inplace=stale)
+
+    def generate(
+        self, agent: int, prompt_texts: Sequence[str], num_generations: int, chat_rendered: bool, greedy: bool
+    ) -> Generation:
+        """Agent ``agent``'s ``K = num_generations`` completions of each of its ``B`` prompts through its
+        engine: a :class:`~comlrl_lightning.core.generation.Generation` of ``B·K`` rows with
+        ``engine_logprobs`` set, built as the HF path builds it (same prompt tokens and truncation,
+        same completion mask and decoding).
+
+        Raises:
+            ValueError: ``max_new_tokens`` not below the engine's context.
+        """
+        team = self.team
+        tok, sampling, model = team.tokenizers[agent], team.sampling[agent], team.agents[agent]
+        ids, mask = tokenize_prompts(tok, prompt_texts, chat_rendered, sampling.max_prompt_length)
+        context = context_length(model)
+        if sampling.vllm_max_model_length is not None:
+            context = min(context or sampling.vllm_max_model_length, sampling.vllm_max_model_length)
+        ids, mask = fit_to_context(ids, mask, context, sampling.max_new_tokens)
+        eos = model.generation_config.eos_token_id
+        eos = tok.eos_token_id if eos is None else eos
+        eos_ids = [eos] if isinstance(eos, int) else list(eos)
+        params = _sampling_params(sampling, num_generations, eos_ids, greedy)
+        prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
+        with self._lock:
+            fresh = self.key(agent) not in self.engines
+            lora = self.sync(agent)
+            t0 = time.perf_counter()
+            outs = self.engine(agent).generate(prompts, params, lora)
+            spent = time.perf_counter() - t0
+        rows = [r for per_prompt in outs for r in per_prompt]
+        self.stats.tokens += sum(len(t) for t, _ in rows)
+        if fresh:
+            self.stats.first_call_s += spent
+        else:
+            self.stats.generate_s += spent
+        return _as_generation(rows, ids, mask, num_generations, tok, eos)
+
+
+def _sampling_params(sampling: SamplingConfig, n: int, eos_ids: list[int], greedy: bool) -> dict[str, Any]:
+    """``vllm.SamplingParams`` fields for ``n`` samples per prompt under ``sampling``'s knobs."""
+    # the seed comes from torch's RNG: a seeded run and its resume draw the same samples
+    seed = int(torch.randint(0, 2**31 - 1, ()))
+    params: dict[str, Any] = dict(n=n, max_tokens=sampling.max_new_tokens, stop_token_ids=eos_ids, seed=seed)
+    if greedy:
+        return dict(params, temperature=0.0)
+    return dict(params, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
+
+
+def _as_generation(
+    rows: list[tuple[list[int], list[float]]],
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    k: int,
+    tok: Any,
+    eos: int | list[int],
+) -> Generation:
+    """The engine's ``B·K`` rows (token ids, log-probs) as a Generation over ``ids``/``mask`` ``[B, P]``."""
+    width = max(1, max(len(t) for t, _ in rows))
+    completion = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+    logps = torch.zeros(len(rows), width, dtype=torch.float32)
+    for r, (tokens, lp) in enumerate(rows):
+        completion[r, : len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
+        logps[r, : len(lp)] = torch.as_tensor(lp, dtype=torch.float32)
+    completion_mask, clipped = completion_mask_from_ids(completion, eos)
+    texts = tok.batch_decode(
+        completion * completion_mask + tok.pad_token_id * (1 - completion_mask), skip_special_tokens=True
+    )
+    prompt_ids, prompt_mask = ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0)
+    return Generation(
+        prompt_ids, prompt_mask, completion, completion_mask, texts, clipped, logps * completion_mask
+    )

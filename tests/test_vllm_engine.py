@@ -1,0 +1,122 @@
+"""Rollouts through a colocated vLLM engine (``generation_backend: vllm``), on SmolLM2-135M in fp32:
+greedy equals HF greedy token for token, and the engine samples from the trainer's current weights
+after every optimizer step (full fine-tuning and a LoRA team on one engine), which it would not without
+the sync. Needs the ``vllm`` extra (``make setup-vllm``; skipped without it); minutes on 2 cores."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+import comlrl_lightning.team.engine_pool as engine_pool  # noqa: E402
+from comlrl_lightning import MAGRPO  # noqa: E402
+from comlrl_lightning.core import metrics as M  # noqa: E402
+from comlrl_lightning.core.generation import render_prompt  # noqa: E402
+from comlrl_lightning.datamodules import LengthRatioDataModule  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SMOL = "builtin:smollm2-135m-instruct"
+ADAPTER = {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}
+GAP_TOLERANCE = 1e-3
+"""Largest per-token |log π_trainer − log π_engine| (nats) allowed in fp32: measured up to ~1e-4 (the
+engine's CPU kernels sum in another order); one stale optimizer step moves it by far more."""
+
+PROMPTS = [
+    "Name three colours.",
+    "What is 2 + 3?",
+    "Write one sentence about the sea.",
+    "List two prime numbers.",
+    "Say hello in French.",
+    "What comes after Monday?",
+]
+
+
+def team_of(backend: str, agents: list[dict], max_new_tokens: int = 24):
+    module = MAGRPO(agents=agents, sampling={"max_new_tokens": max_new_tokens, "generation_backend": backend})
+    module.team.load(with_reference=False)
+    return module.team
+
+
+def test_greedy_through_the_engine_equals_hf_greedy_token_for_token_in_fp32():
+    hf, engine = team_of("dynamic", [{"model": SMOL}]), team_of("vllm", [{"model": SMOL}])
+    texts = [render_prompt(hf.tokenizers[0], [p], [], use_chat=True) for p in PROMPTS]  # chat template
+    want, got = hf.generate_one(0, texts, 1, greedy=True), engine.generate_one(0, texts, 1, greedy=True)
+    for r in range(len(PROMPTS)):
+        w = want.completion_ids[r][want.completion_mask[r].bool()].tolist()
+        g = got.completion_ids[r][got.completion_mask[r].bool()].tolist()
+        assert g == w, f"prompt {r}: engine {g} != HF {w}"
+    assert got.texts == want.texts
+    assert torch.equal(got.prompt_ids, want.prompt_ids)  # the same prompt tokens, left-padded alike
+
+
+class Gaps(pl.Callback):
+    """Per step, the largest engine/trainer log-prob gap over the agents."""
+
+    def __init__(self) -> None:
+        self.steps: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.steps.append(max(s.engine_gap.abs_max for s in outputs.agent_stats))
+
+
+def fit_gaps(
+    agents: list[dict], learning_rate: float, loss: dict, batches: int = 3
+) -> tuple[list[float], int, int]:
+    """Per step the largest gap, the number of engines, the number of weight pushes."""
+    pl.seed_everything(0)
+    module = MAGRPO(
+        agents=agents,
+        loss=loss,
+        rollout={"num_generations": 2},
+        sampling={
+            "max_new_tokens": 8,
+            "generation_backend": "vllm",
+            "vllm_cpu_kv_cache_gib": 0.25,
+            "vllm_max_model_length": 512,
+        },
+        learning_rate=learning_rate,
+    )
+    gaps = Gaps()
+    trainer = pl.Trainer(
+        max_steps=batches * len(agents), accelerator="cpu", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        callbacks=[gaps],
+    )  # fmt: skip
+    trainer.fit(module, LengthRatioDataModule(batch_size=2, num_train=2 * batches))
+    logged = trainer.callback_metrics  # the gap reaches the logs under TRL's names
+    assert float(logged[M.SAMPLING_LOGP_DIFFERENCE_MAX]) == pytest.approx(gaps.steps[-1], rel=1e-5)
+    assert float(logged[M.agent(0, M.SAMPLING_LOGP_DIFFERENCE_MEAN)]) <= gaps.steps[-1]
+    pool = module.team.engine_pool()
+    engines, syncs = len(pool.engines), pool.stats.syncs
+    pool.close()  # before the next fit builds its own: two teams' engines and optimizers do not fit in 24 GB
+    return gaps.steps, engines, syncs
+
+
+def _without_sync(monkeypatch) -> None:
+    # the counterfactual: the pool sees no change in the weights, so it never pushes them
+    monkeypatch.setattr(engine_pool, "_fingerprint", lambda params: ())
+
+
+@pytest.mark.parametrize(
+    ("agents", "learning_rate", "engines", "loss"),
+    [
+        ([{"model": SMOL}, {"model": SMOL}], 1e-3, 2, {}),  # full fine-tuning: one engine per agent model
+        # a LoRA team on one engine, with the TIS correction on (its weights ~1 when the engine is current)
+        ([{"model": SMOL, "adapter": ADAPTER}, {"model": SMOL, "adapter": ADAPTER, "share_weights_with": 0}], 5e-2, 1,
+         {"vllm_importance_sampling_correction": True}),
+    ],
+    ids=["full", "lora"],
+)  # fmt: skip
+def test_the_engine_samples_from_the_current_weights_after_every_step(
+    monkeypatch, agents, learning_rate, engines, loss
+):
+    synced, built, pushes = fit_gaps(agents, learning_rate, loss)
+    assert built == engines
+    assert max(synced) < GAP_TOLERANCE, synced
+    assert pushes >= 2 * len(agents)  # after every batch's steps (LoRA: the first adapter load too)
+    _without_sync(monkeypatch)
+    stale, _, _ = fit_gaps(agents, learning_rate, loss)
+    assert stale[0] < GAP_TOLERANCE  # before any step both sample from the same weights
+    assert min(stale[1:]) > 10 * GAP_TOLERANCE, stale  # after a step the engine's weights are old
