@@ -28,22 +28,41 @@ REFUSED = {
 }
 
 
-@pytest.fixture(scope="module")
-def judged(rows):
-    """Every pair scored in one reward call (they run in parallel, 6 sandbox runs each), with a
-    test time limit of 3 s, not 1 s: a stand-in run with a timeout is no evidence, and time is not
-    what these pairs pin. At a load of 10-13 on 2 cores a pair still lost its bonus in 2 of 6 runs
-    (docs/attacks.md, "Honest pairs"), each scoring 4.0 alone right after."""
+RETRIES = 2
+"""Times a pair that lost its bonus in the joint call is scored again, alone (see :func:`judged`)."""
+
+
+def _score(pairs, rows):
     coop = CooperativeCodeReward(SandboxConfig(timeout_s=8.0, test_timeout_s=3.0))
     try:
-        res = coop([[p.aux, p.main] for p in PAIRS], [Episode(0, rows[p.task]) for p in PAIRS], 0)
+        res = coop([[p.aux, p.main] for p in pairs], [Episode(0, rows[p.task]) for p in pairs], 0)
     finally:
         coop.close()
     levels = ("tests", "coop_calls_aux", "coop_nontrivial")
     return {
         p.task: (res.values[k], res.metrics[PASS_AT_1][k], {n: res.metrics[n][k] for n in levels})
-        for k, p in enumerate(PAIRS)
+        for k, p in enumerate(pairs)
     }
+
+
+@pytest.fixture(scope="module")
+def judged(rows):
+    """Every pair scored in one reward call (they run in parallel, 6 sandbox runs each), with a
+    test time limit of 3 s, not 1 s: a stand-in run with a timeout is no evidence, and time is not
+    what these pairs pin. At a load of 10-13 on 2 cores a pair still lost its bonus in 2 of 6 runs
+    (docs/attacks.md, "Honest pairs"), each scoring 4.0 alone right after; so a pair (not one of the
+    known refusals) that lost it is scored again alone, up to :data:`RETRIES` times, and keeps its
+    best score. A judgement that refuses a pair does so every time: the retries do not hide it."""
+    out = _score(PAIRS, rows)
+    for _ in range(RETRIES):
+        lost = [p for p in PAIRS if p.task not in REFUSED and out[p.task][0] != pytest.approx(GENUINE)]
+        if not lost:
+            break
+        for p in lost:
+            again = _score([p], rows)[p.task]
+            if again[0] > out[p.task][0]:
+                out[p.task] = again
+    return out
 
 
 def test_the_honest_pairs_are_at_least_twenty_problems_with_distinct_work():
