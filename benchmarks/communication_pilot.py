@@ -1,0 +1,185 @@
+"""Choosing the communication task's format on training problems only (``cooperation_plan.toml``,
+``[communication]``): pilot runs of joint MAGRPO for each candidate, in the plan's order.
+
+    python benchmarks/communication_pilot.py            # every candidate not yet recorded, in order
+    python benchmarks/communication_pilot.py --only 2   # one candidate (1-based, the plan's numbering)
+
+Each candidate is the dependence task as shipped (2 turns, 4 options, K = 2, 12 batches of 2 episodes,
+the shipped prompts, no chat template) with the one change its line in the plan names. A pilot run trains
+on training problems and is never evaluated on held-out problems: what it records is the training pass@1
+of every batch (the share of the batch's turn-1 joint actions in which agent 1 names the secret, sampled
+at temperature 1.0), read from the reward itself. The plan's selection rule: a candidate is kept when its
+training pass@1 over the last 4 batches, averaged over the pilot seeds, is at least chance + 0.15; the
+first kept candidate wins. Records go to :data:`PILOT_FILE`, one JSON line per run, appended as each ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import cooperation as C  # noqa: E402
+from cooperation_plan import load_plan  # noqa: E402
+
+PILOT_FILE = os.path.join(HERE, "communication_pilot.jsonl")
+"""One JSON line per pilot run: candidate, seed, per-batch training pass@1 and message metrics."""
+ONE_WORD = (
+    "The secret is {secret}. Your partner must find it among these {category}: {view0}.\nMy one-word message:",
+    "Your partner knows which of these {category} is the secret: {view1}. Wait for their message.\nOK:",
+)
+"""Candidate 2's turn-0 prompts: agent 0's asks for one word; agent 1's is the shipped one."""
+CANDIDATES: list[dict[str, Any]] = [
+    {"k": 4},
+    {"formatters": ONE_WORD},
+    {"curriculum": [2, 4]},  # options per problem in the first and the second half of the batches
+    {"chat_template": True},
+    {"batches": 24},
+]
+"""The changes the plan's ``candidates`` name, in its order (checked against its text in :func:`main`)."""
+PILOT_SEEDS = (200, 201, 202)
+"""The plan's ``selection``: pilot seeds 200-202."""
+KEEP_MARGIN = 0.15
+LAST_BATCHES = 4
+
+
+class PassRecorder:
+    """Wraps a dependence reward: per turn-1 call (one per training batch), the mean value and whether
+    agent 0's messages named the secret (the reward's ``message_names_secret`` at turn 0)."""
+
+    def __init__(self, reward: Any) -> None:
+        self.reward, self.name = reward, reward.name
+        self.turn1: list[float] = []
+        self.told: list[float] = []
+
+    def __call__(self, joint_actions: Any, episodes: Any, turn: int) -> Any:
+        out = self.reward(joint_actions, episodes, turn)
+        if turn == 1:
+            self.turn1.append(sum(out.values) / len(out.values))
+        else:
+            told = out.metrics["message_names_secret"]
+            self.told.append(sum(told) / len(told))
+        return out
+
+
+def pilot_config(candidate: dict[str, Any]) -> dict[str, Any]:
+    """The cooperation CONFIG of the dependence task as shipped, with the candidate's K and batches."""
+    cfg = C.config_for("dependence")
+    return {**cfg, **{k: v for k, v in candidate.items() if k in ("k", "batches")}}
+
+
+def pilot(index: int, seed: int) -> dict[str, Any]:
+    """One pilot run of candidate ``index`` (0-based) with ``seed``; training problems only."""
+    from dataclasses import replace
+
+    import lightning.pytorch as pl
+
+    from comlrl_lightning import MAGRPO, RolloutConfig, SamplingConfig
+    from comlrl_lightning.datamodules import CooperationDataModule
+    from comlrl_lightning.tasks.cooperation import TASKS
+    from comlrl_lightning.team.agents import AgentSpec
+
+    cand = CANDIDATES[index]
+    cfg = pilot_config(cand)
+    pl.seed_everything(seed, workers=True, verbose=False)
+    chat = bool(cand.get("chat_template", False))
+    module = MAGRPO(  # C.build("joint", ...) with the candidate's chat template
+        agents=[AgentSpec(model=C.SMOLLM2, chat_template=chat) for _ in range(2)],
+        rollout=RolloutConfig(num_generations=cfg["k"], num_turns=2),
+        sampling=SamplingConfig(max_new_tokens=cfg["max_new_tokens"], temperature=cfg["temperature"]),
+        learning_rate=cfg["learning_rate"],
+    )
+    stages = cand.get("curriculum", [4])
+    per_stage = [cfg["batches"] // len(stages)] * len(stages)
+    per_stage[-1] += cfg["batches"] - sum(per_stage)
+    shipped, recorders = TASKS["dependence"], []
+    t0, load0, done = time.time(), os.getloadavg(), 0
+    try:
+        for options, batches in zip(stages, per_stage):
+            rec = PassRecorder(shipped.reward())
+            recorders.append(rec)
+            TASKS["dependence"] = replace(shipped, reward=lambda rec=rec: rec)
+            dm = CooperationDataModule(
+                task="dependence",
+                num_options=options,
+                formatters=cand.get("formatters"),
+                batch_size=cfg["batch_size"],
+                val_batch_size=1,
+                num_held_out=1,
+                seed=seed,
+            )
+            done += batches * module.steps_per_batch  # Lightning counts every optimizer step
+            trainer = C._quiet_trainer(max_steps=done, limit_val_batches=0, num_sanity_val_steps=0)
+            trainer.fit(module, datamodule=dm)  # a curriculum's second stage: a new fit, fresh AdamW state
+    finally:
+        TASKS["dependence"] = shipped
+    passed = [v for r in recorders for v in r.turn1]
+    return {
+        "candidate": index + 1,
+        "change": {k: v for k, v in cand.items()},
+        "seed": seed,
+        "config": cfg,
+        "train_pass_at_1": passed,
+        "message_names_secret": [v for r in recorders for v in r.told],
+        "wall_s": time.time() - t0,
+        "loadavg_start": load0,
+        "loadavg_end": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def recorded(path: str = PILOT_FILE) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def verdict(runs: list[dict[str, Any]], num_options: int = 4) -> dict[str, Any]:
+    """The plan's rule on one candidate's pilot runs: mean over seeds of the last batches' pass@1."""
+    last = [sum(r["train_pass_at_1"][-LAST_BATCHES:]) / LAST_BATCHES for r in runs]
+    mean = sum(last) / len(last)
+    need = 1 / num_options + KEEP_MARGIN
+    return {"per_seed": last, "mean": mean, "need": need, "kept": mean >= need}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--only", type=int, default=0, help="one candidate, 1-based (default: in order until one is kept)"
+    )
+    args = ap.parse_args()
+    plan = load_plan()
+    seeds = PILOT_SEEDS
+    assert len(CANDIDATES) == len(plan["communication"]["candidates"]), "CANDIDATES out of step with the plan"
+    import torch
+
+    torch.set_num_threads(1)  # one thread per run, as every cooperation run
+    order = [args.only - 1] if args.only else range(len(CANDIDATES))
+    for i in order:
+        have = {r["seed"] for r in recorded() if r["candidate"] == i + 1}
+        for seed in seeds:
+            if seed not in have:
+                rec = pilot(i, seed)
+                with open(PILOT_FILE, "a") as fh:
+                    fh.write(json.dumps(rec) + "\n")
+                print(
+                    f"[pilot] candidate {i + 1} seed {seed}: {rec['train_pass_at_1']} in {rec['wall_s']:.0f} s",
+                    flush=True,
+                )
+        v = verdict([r for r in recorded() if r["candidate"] == i + 1])
+        print(f"[pilot] candidate {i + 1} ({plan['communication']['candidates'][i]}): {v}", flush=True)
+        if v["kept"] and not args.only:
+            break
+
+
+if __name__ == "__main__":
+    main()
