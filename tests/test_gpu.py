@@ -138,8 +138,10 @@ def test_bf16_steps_change_the_weights_and_keep_them_finite(precision, param_dty
 
 # --------------------------------------------------------------------------- the sampling switch (CPU)
 def test_unknown_generation_backend_is_refused_naming_the_field_and_the_choices():
-    with pytest.raises(ValueError, match=r"generation_backend: got 'vllm', allowed: \['auto', 'dynamic'"):
-        SamplingConfig(generation_backend="vllm")
+    with pytest.raises(
+        ValueError, match=r"generation_backend: got 'sglang', allowed: \['auto', 'dynamic'.*'vllm'\]"
+    ):
+        SamplingConfig(generation_backend="sglang")
     with pytest.raises(ValueError, match="generation_backend: got 'fast'"):
         MAGRPO(agents=[{"model": "builtin:tiny-gpt2", "generation": {"generation_backend": "fast"}}] * 2)
 
