@@ -101,7 +101,7 @@ def pilot(index: int, seed: int) -> dict[str, Any]:
     per_stage = [cfg["batches"] // len(stages)] * len(stages)
     per_stage[-1] += cfg["batches"] - sum(per_stage)
     shipped, recorders = TASKS["dependence"], []
-    t0, load0, done = time.time(), os.getloadavg(), 0
+    t0, load0 = time.time(), os.getloadavg()
     try:
         for options, batches in zip(stages, per_stage):
             rec = PassRecorder(shipped.reward())
@@ -116,12 +116,18 @@ def pilot(index: int, seed: int) -> dict[str, Any]:
                 num_held_out=1,
                 seed=seed,
             )
-            done += batches * module.steps_per_batch  # Lightning counts every optimizer step
-            trainer = C._quiet_trainer(max_steps=done, limit_val_batches=0, num_sanity_val_steps=0)
+            # Lightning counts every optimizer step, from 0 in each new Trainer (a cumulative count here
+            # trained a curriculum's second stage for all 12 batches: 18 in all)
+            steps = batches * module.steps_per_batch
+            trainer = C._quiet_trainer(max_steps=steps, limit_val_batches=0, num_sanity_val_steps=0)
             trainer.fit(module, datamodule=dm)  # a curriculum's second stage: a new fit, fresh AdamW state
     finally:
         TASKS["dependence"] = shipped
     passed = [v for r in recorders for v in r.turn1]
+    if len(passed) != cfg["batches"]:
+        raise RuntimeError(
+            f"pilot: {len(passed)} training batches recorded, the candidate has {cfg['batches']}"
+        )
     return {
         "candidate": index + 1,
         "change": {k: v for k, v in cand.items()},
