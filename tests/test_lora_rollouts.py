@@ -124,3 +124,14 @@ def test_adapter_rollouts_is_checked_naming_the_field_and_the_allowed_values():
         ValueError, match=r"adapter_rollouts: got 'fused', allowed: \['auto', 'merged', 'unmerged'\]"
     ):
         SamplingConfig(adapter_rollouts="fused")
+
+
+def test_a_merged_rollout_under_inference_mode_then_outside_it_works(monkeypatch):
+    # Lightning validates under torch.inference_mode: the merge buffers made there must stay writable
+    # by the next training rollout (the shipped LoRA config failed at its first training batch)
+    t = team()
+    with torch.inference_mode():
+        generated_with(monkeypatch, t, 0)
+    _, out = generated_with(monkeypatch, t, 0)
+    assert not t.kinds[0]._merged_buffers["transformer.h.0.attn.c_attn"].is_inference()
+    assert out.completion_ids.shape[0] == 2 * len(PROMPTS)

@@ -196,7 +196,9 @@ class LoraAdapter(AgentKind):
         swapped = []
         with self._merge_lock:
             try:
-                with torch.no_grad():
+                # normal tensors even under Lightning's validation (inference mode): buffers made there
+                # could not be rewritten by a training rollout (in-place update to an inference tensor)
+                with torch.inference_mode(False), torch.no_grad():
                     for name, layer in layers:
                         target = targets[name]
                         base = target._parameters["weight"]
