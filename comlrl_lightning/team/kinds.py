@@ -180,9 +180,8 @@ class LoraAdapter(AgentKind):
         own module tree over the shared tensors, made once) whose adapted linears hold ``W + scale * B @ A``
         (written into the base's merge buffers) for the length of the block, then the shared ``W`` again:
         the rollout samples from the adapted model at near a plain model's cost, and neither the base nor
-        the adapter is written. Falls back
-        to ``model`` (PEFT's unmerged layers) for ``unmerged`` and for what a delta cannot express
-        (:func:`mergeable_layers`)."""
+        the adapter is written. Falls back to ``model`` (PEFT's unmerged layers) for ``unmerged`` and
+        for what a delta cannot express (:func:`mergeable_layers`)."""
         if adapter_rollouts == "auto":
             adapter_rollouts = "merged" if next(model.parameters()).device.type == "cpu" else "unmerged"
         layers = mergeable_layers(model) if adapter_rollouts == "merged" else None
