@@ -82,21 +82,13 @@ def pilot(index: int, seed: int) -> dict[str, Any]:
 
     import lightning.pytorch as pl
 
-    from comlrl_lightning import MAGRPO, RolloutConfig, SamplingConfig
     from comlrl_lightning.datamodules import CooperationDataModule
     from comlrl_lightning.tasks.cooperation import TASKS
-    from comlrl_lightning.team.agents import AgentSpec
 
     cand = CANDIDATES[index]
     cfg = pilot_config(cand)
     pl.seed_everything(seed, workers=True, verbose=False)
-    chat = bool(cand.get("chat_template", False))
-    module = MAGRPO(  # C.build("joint", ...) with the candidate's chat template
-        agents=[AgentSpec(model=C.SMOLLM2, chat_template=chat) for _ in range(2)],
-        rollout=RolloutConfig(num_generations=cfg["k"], num_turns=2),
-        sampling=SamplingConfig(max_new_tokens=cfg["max_new_tokens"], temperature=cfg["temperature"]),
-        learning_rate=cfg["learning_rate"],
-    )
+    module = C.build("joint", "dependence", cfg, chat_template=bool(cand.get("chat_template", False)))
     stages = cand.get("curriculum", [4])
     per_stage = [cfg["batches"] // len(stages)] * len(stages)
     per_stage[-1] += cfg["batches"] - sum(per_stage)
@@ -130,7 +122,7 @@ def pilot(index: int, seed: int) -> dict[str, Any]:
         )
     return {
         "candidate": index + 1,
-        "change": {k: v for k, v in cand.items()},
+        "change": dict(cand),
         "seed": seed,
         "config": cfg,
         "train_pass_at_1": passed,

@@ -154,13 +154,14 @@ class CoopHeldOut(HeldOut):
             self.problems = [dict(ep.data) for ep in batch[:6]]
 
 
-def build(condition: str, task: str, cfg: dict[str, Any]) -> Any:
-    """The MAGRPO module of a training condition (:data:`TRAINED`) or of a pairing (two plain agents)."""
+def build(condition: str, task: str, cfg: dict[str, Any], chat_template: bool = False) -> Any:
+    """The MAGRPO module of a training condition (:data:`TRAINED`) or of a pairing (two plain agents);
+    ``chat_template``: the agents' (off in every recorded run; the communication pilot's candidate 4)."""
     from comlrl_lightning import MAGRPO, RolloutConfig, SamplingConfig
     from comlrl_lightning.team.agents import AgentSpec
 
     def agent(**kw: Any) -> AgentSpec:
-        return AgentSpec(model=SMOLLM2, chat_template=False, **kw)
+        return AgentSpec(model=SMOLLM2, chat_template=chat_template, **kw)
 
     agents = {
         "apart0": [agent(), agent(frozen=True)],
