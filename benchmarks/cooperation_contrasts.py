@@ -121,6 +121,9 @@ def plan_text(plan: dict[str, Any], commits: dict[str, Any], summary: dict[str, 
     for e in summary["contrasts"]:
         head = f"| {e['task']} | {' - '.join(e['contrast'])} | {e['recorded']} of {e['needed']} |"
         r = e.get("result")
+        if "not_run" in e:
+            rows.append(f"{head} not run: {e['not_run']} | | | | {e['holm_p']:.3f} (p = 1: not run) | |")
+            continue
         if r is None:
             rows.append(
                 f"{head} not tested: the task's runs are not all recorded (no interim look) | | | | {e['holm_p']:.3f} (p = 1 until run) | |"

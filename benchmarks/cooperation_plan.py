@@ -120,25 +120,38 @@ def _seed_gains(runs: Sequence[dict[str, Any]], row: str) -> dict[int, float]:
     return out
 
 
-def summarize_plan(plan: dict[str, Any], runs_by_task: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Per primary contrast: its status (``"not run"``, ``"k of n runs recorded"``, ``"complete"``) and,
-    when complete, :func:`seed_stats.compare_independent` of the two rows' seed-mean gains with the
-    plan's sides; then Holm over the whole family (a contrast not complete enters with p = 1)."""
+def recorded_count(plan: dict[str, Any], runs: Sequence[dict[str, Any]]) -> int:
+    """How many of the (row, seed) runs the plan lists for a task are among ``runs``."""
+    have = {(r["algorithm"], r["seed"]) for r in runs}
+    return sum(key in have for key in expected_rows(plan))
+
+
+def summarize_plan(
+    plan: dict[str, Any],
+    runs_by_task: dict[str, list[dict[str, Any]]],
+    not_run: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Per primary contrast: how many of its task's runs are recorded and, when all are,
+    :func:`seed_stats.compare_independent` of the two rows' seed-mean gains with the plan's sides; then
+    Holm over the whole family (a contrast not complete enters with p = 1). ``not_run``: tasks the plan's
+    own rules stopped before their runs (the communication task when no format passed its selection),
+    with the reason, kept in the contrast's entry as ``"not_run"``."""
     from seed_stats import compare_independent, holm
 
     need = expected_rows(plan)
     out: list[dict[str, Any]] = []
     for p in plan["primary"]:
         runs = runs_by_task.get(p["task"], [])
-        have = {(r["algorithm"], r["seed"]) for r in runs}
-        done = sum(key in have for key in need)
+        done = recorded_count(plan, runs)
         entry: dict[str, Any] = {
             "task": p["task"],
             "contrast": list(p["contrast"]),
             "recorded": done,
             "needed": len(need),
         }
-        if done == len(need):
+        if (not_run or {}).get(p["task"]):
+            entry["not_run"] = not_run[p["task"]]
+        elif done == len(need):
             a, b = (_seed_gains(runs, row) for row in p["contrast"])
             entry["result"] = compare_independent(list(a.values()), list(b.values()), plan["test"]["sides"])
         out.append(entry)

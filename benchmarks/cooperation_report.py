@@ -8,17 +8,19 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import communication_pilot as CP
 import cooperation as C
 import cooperation_plan as P
-from cooperation_contrasts import contrast_text, plan_text, reading, seed_level
+from cooperation_contrasts import plan_text, reading, seed_level
 from cooperation_main_job import is_summary
 from cooperation_main_job import latest as latest_main_job
-from learning_report import _ci, _pct
+from cooperation_plan_report import plan_body
+from cooperation_tables import LABEL, ROWS, diff, examples, table
+from learning_report import _pct
 from learning_runs import recorded_runs
 from learning_stats import gain_difference, hierarchical_bootstrap
 
 PNG = "cooperation.png"
-ROWS = ("joint", "iac", "madpo", "credit", "shared", "apart", "apart0", "apart1", "cross_play", "swap")
 SUPERSEDED = {
     "division": "scored with the first rule, superseded: a reply counted as the first item it names, so "
     '" chef, baker" / " baker, chef" was a split, and the trained team\'s greedy answers below do just that. '
@@ -27,31 +29,20 @@ SUPERSEDED = {
 """Tasks whose recorded (exploratory) runs were scored by a rule since changed, and how."""
 JOINT_ROWS = ("joint",) + C.JOINT_TRAINERS
 """The rows that train both agents together on the shared reward (each compared with ``apart``)."""
-LABEL = {
-    "joint": "joint MAGRPO",
-    "iac": "joint IAC (a value head per agent)",
-    "madpo": "joint MADPO (online pairs)",
-    "credit": "joint MAGRPO, counterfactual credit",
-    "shared": "one shared model (both roles)",
-    "apart": "trained apart, then paired",
-    "apart0": "agent 0 trained vs the frozen untrained agent 1",
-    "apart1": "agent 1 trained vs the frozen untrained agent 0",
-    "cross_play": "cross-play: joint agent 0 of seed s + agent 1 of seed s+1",
-    "swap": "swap: joint seed s, roles swapped",
-}
 
 
 def _mean(xs: Sequence[Sequence[float]]) -> float:
     return sum(map(sum, xs)) / sum(map(len, xs))
 
 
-def summarize_task(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def summarize_task(runs: Sequence[dict[str, Any]], first_block: bool = True) -> dict[str, Any]:
     """Per condition: held-out success before (the untrained team, from the joint run of the same
     seed) and after, 95% two-level bootstrap intervals over seeds and problems, the gain; then each
     joint trainer minus apart (gains; joint's also over the first block's seeds, :data:`cooperation.SEEDS`,
     when a later block added seeds), joint minus cross-play, swap and shared (success after), each with
     its interval (two-level bootstrap); ``seed_level``: the same contrasts over seed means
-    (:func:`cooperation_contrasts.seed_level`)."""
+    (:func:`cooperation_contrasts.seed_level`). ``first_block=False``: no first-block contrast (the
+    plan's runs, whose seeds are all its own)."""
     by = {(r["algorithm"], r["seed"]): r for r in runs}
     out: dict[str, Any] = {}
     afters: dict[str, list[list[float]]] = {}
@@ -88,7 +79,8 @@ def summarize_task(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if row in gains and "apart" in gains:
             out["differences"][f"{row}_minus_apart"] = gain_difference(gains[row], gains["apart"])
     if (
-        "joint" in gains
+        first_block
+        and "joint" in gains
         and "apart" in gains
         and not {*out["joint"]["seeds"], *out["apart"]["seeds"]} <= set(C.SEEDS)
     ):
@@ -133,10 +125,23 @@ def section(quick: bool, run: bool = False) -> dict[str, Any]:
     tasks = {t: summarize_task(rs) for t, rs in runs.items()}
     plan = P.load_plan()
     plan_runs = {t: recorded_runs(t, P.plan_config(t, plan), path) for t in plan["order"] if t in C.TASKS}
+    complete = {  # no interim look: a task's runs are summarised once every run the plan lists is in
+        t: summarize_task(rs, first_block=False)
+        for t, rs in plan_runs.items()
+        if P.recorded_count(plan, rs) == len(P.expected_rows(plan))
+    }
+    pilot = CP.selection(CP.recorded(), plan["communication"]["candidates"])
+    not_run = (
+        {"communication": "no format passed the plan's selection (the pilot below)"}
+        if pilot["decided"] and pilot["kept"] is None
+        else {}
+    )
     return {
         "plan": plan,
         "plan_commits": P.plan_commits(),
-        "plan_summary": P.summarize_plan(plan, plan_runs),
+        "plan_summary": P.summarize_plan(plan, plan_runs, not_run),
+        "plan_tasks": complete,
+        "pilot": pilot,
         "rule": C.TASK_RULE,
         "calibration": cal,
         "config": cfg,
@@ -150,66 +155,34 @@ def section(quick: bool, run: bool = False) -> dict[str, Any]:
     }
 
 
-def _diff(summ: dict[str, Any], key: str) -> str:
-    """One contrast at seed level with its two-level bootstrap interval beside (secondary)."""
-    return contrast_text(summ.get("seed_level", {}).get(key), summ.get("differences", {}).get(key))
-
-
-def _examples(s: dict[str, Any], task: str) -> str:
-    texts, probs = s["final_texts"], s["problems"]
-    if not texts or not probs:
-        return ""
-    lines = []
-    for j, p in enumerate(probs[: len(texts[0])]):
-        view = p.get("view0", "")
-        extra = f", secret {p['secret']}" if "secret" in p else ""
-        lines.append(f"| {p['category']}: {view}{extra} | `{texts[0][j]!r}` | `{texts[1][j]!r}` |")
-    who = ("agent 0's message", "agent 1's answer") if task == "dependence" else ("agent 0", "agent 1")
-    return f"| problem (agent 0's view) | {who[0]} | {who[1]} |\n|---|---|---|\n" + "\n".join(lines)
-
-
 def render_task(task: str, summ: dict[str, Any], cal: dict[str, Any] | None) -> str:
     start = (
         f" (untrained greedy held-out success at calibration: {_pct(cal['tasks'][task]['success'])})"
         if cal
         else ""
     )
-    rows = [
-        "| condition | seeds | held-out before | after | gain | per seed after | wall per run (load) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for cond in ROWS:
-        if cond not in summ:
-            continue
-        s = summ[cond]
-        wall = f"{sum(s['wall_s_per_seed']) / len(s['wall_s_per_seed']):.0f} s ({s['loadavg'][0]:.1f}-{s['loadavg'][1]:.1f})"
-        per_seed = ", ".join(_pct(a) for a in s["after_per_seed"])
-        rows.append(
-            f"| {LABEL[cond]} | {len(s['seeds'])} | {_pct(s['before'])} | {_pct(s['after'])} {_ci(s['after_ci'])} | "
-            f"{100 * s['gain']:+.1f} pts {_ci(s['gain_ci'], True)} | {per_seed} | {wall} |"
-        )
     d, sl = summ.get("differences", {}), summ.get("seed_level", {})
     note = [f"Exploratory runs, not pre-registered; {SUPERSEDED[task]}.", ""] if task in SUPERSEDED else []
     lines = [
         f"### {task}{start}",
         "",
         *note,
-        "\n".join(rows),
+        table(summ),
         "",
-        f"- joint − apart (gain): {_diff(summ, 'joint_minus_apart')}",
+        f"- joint − apart (gain): {diff(summ, 'joint_minus_apart')}",
         *(
-            f"- joint − apart (gain), first block only (seeds {', '.join(map(str, C.SEEDS))}): {_diff(summ, k)}"
+            f"- joint − apart (gain), first block only (seeds {', '.join(map(str, C.SEEDS))}): {diff(summ, k)}"
             for k in ("joint_minus_apart_first_block",)
             if k in d
         ),
         *(
-            f"- {LABEL[row]} − apart (gain): {_diff(summ, f'{row}_minus_apart')}{_calls(summ, row, task)}"
+            f"- {LABEL[row]} − apart (gain): {diff(summ, f'{row}_minus_apart')}{_calls(summ, row, task)}"
             for row in C.JOINT_TRAINERS
             if f"{row}_minus_apart" in d
         ),
-        f"- joint − cross-play (success after, paired by joint seed): {_diff(summ, 'joint_minus_cross_play')}",
-        f"- joint − swap (success after, paired by joint seed): {_diff(summ, 'joint_minus_swap')}",
-        f"- joint − shared model (success after): {_diff(summ, 'joint_minus_shared')}",
+        f"- joint − cross-play (success after, paired by joint seed): {diff(summ, 'joint_minus_cross_play')}",
+        f"- joint − swap (success after, paired by joint seed): {diff(summ, 'joint_minus_swap')}",
+        f"- joint − shared model (success after): {diff(summ, 'joint_minus_shared')}",
     ]
     if sl:
         lines += ["", f"Contrasts looked at: {len(sl)}, none pre-registered: the p-values are unadjusted and "
@@ -217,14 +190,14 @@ def render_task(task: str, summ: dict[str, Any], cal: dict[str, Any] | None) -> 
                   "", f"Read: {reading(sl)}"]  # fmt: skip
     if "joint" in summ:
         lines += ["", f"Greedy held-out answers of the joint team, seed {summ['joint']['seeds'][0]}, after training:", "",
-                  _examples(summ["joint"], task)]  # fmt: skip
+                  examples(summ["joint"], task)]  # fmt: skip
     if cal and task in cal["tasks"]:
         c = cal["tasks"][task]
         lines += [
             "",
             "The untrained team on the same problems:",
             "",
-            _examples({"final_texts": c["examples"], "problems": c["problems"]}, task),
+            examples({"final_texts": c["examples"], "problems": c["problems"]}, task),
         ]
     return "\n".join(lines)
 
@@ -260,6 +233,7 @@ problems drawn once for both rows) is a secondary view: with 3-6 seeds it is too
 `benchmarks/cooperation.py` (runs), `cooperation_plan.py` (the plan's runs) and `cooperation_report.py`.
 
 {plan_text(res["plan"], res["plan_commits"], res["plan_summary"])}
+{plan_body(res)}
 **Exploratory blocks, before the plan.**
 
 Task order stated before any training: {res["rule"]}

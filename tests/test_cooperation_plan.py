@@ -157,3 +157,85 @@ def test_the_section_prints_the_plan_with_its_commit(monkeypatch):
         in text
     )
     assert "| division | joint - apart | 0 of 70 | not tested" in text
+
+
+def _pilot_run(cand, seed, last4, told=0.0):
+    return {"candidate": cand, "seed": seed, "train_pass_at_1": [0.0] * 8 + list(last4),
+            "message_names_secret": [told] * 12, "wall_s": 10.0, "loadavg_start": [1.0], "loadavg_end": [2.0]}  # fmt: skip
+
+
+def test_the_pilot_selection_judges_candidates_in_the_plans_order():
+    import communication_pilot as CP
+
+    lines = ["a", "b", "c"]
+    below = [_pilot_run(1, s, [0.25] * 4) for s in CP.PILOT_SEEDS]  # 0.25 < chance + 0.15 = 0.40
+    above = [_pilot_run(2, s, [0.5, 0.5, 0.3, 0.3]) for s in CP.PILOT_SEEDS]  # 0.40: at the bar, kept
+    sel = CP.selection(below + above[:2], lines)  # candidate 2 has 2 of 3 seeds: not judged yet
+    assert sel["candidates"][1]["verdict"] is None and not sel["decided"] and sel["kept"] is None
+    sel = CP.selection(below + above, lines)
+    assert (
+        sel["kept"] == 2 and sel["decided"] and sel["candidates"][1]["verdict"]["mean"] == pytest.approx(0.4)
+    )
+    # a later candidate kept while an earlier one is not judged yet decides nothing (the order rules)
+    third = [_pilot_run(3, s, [1.0] * 4) for s in CP.PILOT_SEEDS]
+    sel = CP.selection(below + above[:1] + third, lines)
+    assert sel["kept"] is None and not sel["decided"]
+    none = CP.selection(
+        below + [_pilot_run(c, s, [0.0] * 4, told=0.25) for c in (2, 3) for s in CP.PILOT_SEEDS], lines
+    )
+    assert none["decided"] and none["kept"] is None and none["candidates"][2]["message_names_secret"] == 0.25
+
+
+def _plan_runs(seeds, gains):
+    """Every row the shipped plan lists, per seed: success after = ``gains[row]`` of 4 problems solved."""
+    runs = []
+    for s in seeds:
+        for row, k in gains.items():
+            runs.append(_run(row, s, _solved(k)))
+    return runs
+
+
+def test_a_complete_plan_task_is_rendered_with_its_primary_holm_and_an_undecided_pilot_says_so(monkeypatch):
+    plan = P.load_plan()
+    rows = {"joint": 3, "apart0": 1, "apart1": 1, "apart": 1, "iac": 1, "swap": 3, "cross_play": 3}
+    runs = _plan_runs(plan["seeds"], rows)
+    for r in (
+        runs
+    ):  # joint beats apart on every seed by 2 of 4 problems: the most extreme split, p = 2 / C(20, 10)
+        r["problems"], r["final_texts"] = [], [[], []]
+    monkeypatch.setattr(
+        R, "recorded_runs", lambda task, cfg, path: runs if cfg.get("plan") and task == "division" else []
+    )
+    monkeypatch.setattr(R, "latest_main_job", lambda: None)
+    monkeypatch.setattr(R.CP, "recorded", lambda: [_pilot_run(1, s, [0.0] * 4) for s in R.CP.PILOT_SEEDS])
+    res = R.section(quick=False)
+    text = R.render(res)
+    e = res["plan_summary"]["contrasts"]
+    assert e[0]["result"]["permutation"]["p"] == pytest.approx(2 / 184756)
+    # Holm over 3: joint - apart and iac - apart (0 difference, p = 1) and communication (not run yet, p = 1)
+    assert e[0]["holm_p"] == pytest.approx(3 * 2 / 184756) and e[1]["holm_p"] == 1.0 and e[2]["holm_p"] == 1.0
+    assert "### division, plan-1 (pre-registered; seeds 10-19)" in text
+    assert (
+        "joint − apart is +50.0 pts, resolved at seed level (Holm p = 0.0000 < 0.05, 10 vs 10 seeds)" in text
+    )
+    assert "iac − apart (+0.0 pts) is not resolved at seed level (Holm p = 1.0000" in text
+    assert (
+        "- secondary: joint − cross-play (success after, paired by joint seed): +0.0 pts (10 seeds, paired"
+        in text
+    )
+    assert "Selection under way: 1 of 5 candidates judged" in text
+    assert "| communication | joint - apart | 0 of 70 | not tested" in text
+
+
+def test_no_format_kept_means_the_communication_contrast_is_not_run_and_the_section_says_why(monkeypatch):
+    monkeypatch.setattr(R, "recorded_runs", lambda *a, **k: [])
+    monkeypatch.setattr(R, "latest_main_job", lambda: None)
+    pilots = [_pilot_run(c, s, [0.25] * 4, told=0.02) for c in range(1, 6) for s in R.CP.PILOT_SEEDS]
+    monkeypatch.setattr(R.CP, "recorded", lambda: pilots)
+    text = R.render(R.section(quick=False))
+    assert (
+        "| communication | joint - apart | 0 of 70 | not run: no format passed the plan's selection" in text
+    )
+    assert "No candidate reached the bar, so by the plan's rule the communication task was not run" in text
+    assert "named the secret in 2.0% of cases" in text
+    assert "### division, plan-1" not in text  # division's runs are not all in: no interim summary
