@@ -26,16 +26,27 @@ class PlainDataError(ValueError):
     """A value is not plain data or exceeds :data:`LIMITS` (the message says which)."""
 
 
-def encode(value: object, limits: dict[str, int] = LIMITS) -> object:
-    """``value`` as JSON-ready data. Raises :class:`PlainDataError` for another type or a cap."""
-    budget = [limits["nodes"], limits["chars"]]
-    return _enc(value, 0, budget, limits)
-
-
-def _enc(v: object, depth: int, budget: list[int], limits: dict[str, int]) -> object:
+def _node(depth: int, budget: list[int], limits: dict[str, int]) -> None:
+    """Count one node against the caps (both walkers)."""
     budget[0] -= 1
     if budget[0] < 0 or depth > limits["depth"]:
         raise PlainDataError(f"value exceeds {limits['nodes']} nodes or depth {limits['depth']}")
+
+
+def _chars(n: int, budget: list[int], limits: dict[str, int]) -> None:
+    """Count ``n`` characters of a string or bytes against the caps (both walkers)."""
+    budget[1] -= n
+    if budget[1] < 0:
+        raise PlainDataError(f"strings exceed {limits['chars']} characters")
+
+
+_NOT_SCALAR = object()
+
+
+def _scalar(v: object, budget: list[int], limits: dict[str, int]) -> object:
+    """``v`` itself when it is a scalar that JSON carries unchanged (``None``, ``bool``, ``float``, ``int``
+    within ``int_bits``, ``str`` within the characters left), else :data:`_NOT_SCALAR`: the part both
+    walkers share, exact types only."""
     t = type(v)
     if v is None or t is bool or t is float:
         return v
@@ -44,18 +55,28 @@ def _enc(v: object, depth: int, budget: list[int], limits: dict[str, int]) -> ob
             raise PlainDataError(f"int of {v.bit_length()} bits exceeds {limits['int_bits']}")
         return v
     if t is str:
-        budget[1] -= len(v)
-        if budget[1] < 0:
-            raise PlainDataError(f"strings exceed {limits['chars']} characters")
+        _chars(len(v), budget, limits)
         return v
+    return _NOT_SCALAR
+
+
+def encode(value: object, limits: dict[str, int] = LIMITS) -> object:
+    """``value`` as JSON-ready data. Raises :class:`PlainDataError` for another type or a cap."""
+    budget = [limits["nodes"], limits["chars"]]
+    return _enc(value, 0, budget, limits)
+
+
+def _enc(v: object, depth: int, budget: list[int], limits: dict[str, int]) -> object:
+    _node(depth, budget, limits)
+    if (s := _scalar(v, budget, limits)) is not _NOT_SCALAR:
+        return s
+    t = type(v)
     if t is list:
         return [_enc(x, depth + 1, budget, limits) for x in v]
     if t is tuple:
         return {"t": [_enc(x, depth + 1, budget, limits) for x in v]}
     if t is bytes:
-        budget[1] -= len(v)
-        if budget[1] < 0:
-            raise PlainDataError(f"strings exceed {limits['chars']} characters")
+        _chars(len(v), budget, limits)
         return {"b": v.hex()}
     if t is set or t is frozenset:
         items = [_enc(x, depth + 1, budget, limits) for x in v]
@@ -83,29 +104,16 @@ def decode(data: object, limits: dict[str, int] = LIMITS) -> object:
 
 
 def _dec(d: object, depth: int, budget: list[int], limits: dict[str, int]) -> object:
-    budget[0] -= 1
-    if budget[0] < 0 or depth > limits["depth"]:
-        raise PlainDataError(f"value exceeds {limits['nodes']} nodes or depth {limits['depth']}")
+    _node(depth, budget, limits)
+    if (s := _scalar(d, budget, limits)) is not _NOT_SCALAR:
+        return s
     t = type(d)
-    if d is None or t is bool or t is float:
-        return d
-    if t is int:
-        if d.bit_length() > limits["int_bits"]:
-            raise PlainDataError(f"int of {d.bit_length()} bits exceeds {limits['int_bits']}")
-        return d
-    if t is str:
-        budget[1] -= len(d)
-        if budget[1] < 0:
-            raise PlainDataError(f"strings exceed {limits['chars']} characters")
-        return d
     if t is list:
         return [_dec(x, depth + 1, budget, limits) for x in d]
     if t is dict and len(d) == 1 and type(d.get("t")) is list:
         return tuple(_dec(x, depth + 1, budget, limits) for x in d["t"])
     if t is dict and len(d) == 1 and type(d.get("b")) is str:
-        budget[1] -= len(d["b"]) // 2
-        if budget[1] < 0:
-            raise PlainDataError(f"strings exceed {limits['chars']} characters")
+        _chars(len(d["b"]) // 2, budget, limits)
         try:
             return bytes.fromhex(d["b"])
         except ValueError:
