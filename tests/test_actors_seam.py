@@ -2,13 +2,16 @@
 built outside the package, in the lines between the markers below (at most 60), trains through it."""
 
 import inspect
-from dataclasses import replace  # the algorithm's imports: replace, MAGRPO, TeamAction, TurnState
+from dataclasses import (
+    replace,
+)  # the algorithm's imports: replace, MAGRPO, TeamAction, TurnState, refuse_unsupported
 
 import pytest
 import torch
 
 from comlrl_lightning import MAGRPO, RolloutConfig
 from comlrl_lightning.core.records import TeamAction, TurnState
+from comlrl_lightning.core.rollout import refuse_unsupported, rollout_tree
 from comlrl_lightning.datamodules import LengthRatioDataModule
 
 # --- the algorithm: sequential agents, each seeing its teammates' completions of the same sample ---
@@ -17,6 +20,9 @@ from comlrl_lightning.datamodules import LengthRatioDataModule
 class SequentialActors:
     """Agent 0 samples K completions per node; agent i > 0 then writes one completion per row
     ``g·K + k``, its prompt extended by agents 0..i−1's completions of that same sample k."""
+
+    why = "agent i's row k is conditioned on its teammates' sample k: combining other samples breaks that"
+    rollout_limits = {"joint_mode": (("aligned",), why), "credit": (("shared",), why)}
 
     def __init__(self, team):
         self.team = team
@@ -48,11 +54,8 @@ class SequentialMAGRPO(MAGRPO):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if self.rollout_config.joint_mode != "aligned":
-            raise ValueError(
-                f"joint_mode: got {self.rollout_config.joint_mode!r}; sequential agents see the same "
-                "sample of their teammates, so they need joint_mode='aligned'"
-            )
+        cfg = self.rollout_config  # the actors' own limits, before any model loads
+        refuse_unsupported(SequentialActors, cfg.joint_mode, cfg.credit)
 
     @property
     def actors(self):
@@ -103,6 +106,46 @@ def test_sequential_agents_see_their_teammates_sample_and_train_two_steps(traine
         assert any(not torch.equal(x, p) for x, p in zip(b, agent.parameters()))
 
 
-def test_sequential_agents_refuse_cross_joint_actions():
-    with pytest.raises(ValueError, match="joint_mode: got 'cross'.*joint_mode='aligned'"):
-        SequentialMAGRPO(agents="builtin:tiny-gpt2", num_agents=2, rollout=RolloutConfig(joint_mode="cross"))
+@pytest.mark.parametrize(("field", "value"), [("joint_mode", "cross"), ("credit", "counterfactual")])
+def test_sequential_agents_refuse_what_their_actors_declare(field, value):
+    with pytest.raises(
+        ValueError, match=rf"rollout.{field}: got '{value}', allowed: \['(aligned|shared)'\]; agent i's row k"
+    ):
+        SequentialMAGRPO(agents="builtin:tiny-gpt2", num_agents=2, rollout=RolloutConfig(**{field: value}))
+
+
+class _Env:
+    num_agents = 2
+
+    def observe(self, episode, agent):
+        return "p"
+
+
+def test_actors_see_the_credit_mode_and_a_rollout_refuses_what_they_cannot_act_in():
+    from comlrl_lightning.core.rollout import RolloutPlan
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    class Watching:
+        def act(self, state):
+            seen.append((state.credit, state.joint_mode))
+            raise Stop
+
+    plan = RolloutPlan.of(
+        RolloutConfig(credit="counterfactual", num_generations=2), evaluation=False, greedy=False
+    )
+    with pytest.raises(Stop):
+        rollout_tree(_Env(), [None], Watching(), plan)
+    assert seen == [("counterfactual", "aligned")]
+    limited = Watching()
+    limited.rollout_limits = {
+        "credit": (("shared",), "it cannot")
+    }  # a module that never checked: refused here
+    with pytest.raises(
+        ValueError, match=r"rollout.credit: got 'counterfactual', allowed: \['shared'\]; it cannot"
+    ):
+        rollout_tree(_Env(), [None], limited, plan)
+    assert len(seen) == 1

@@ -34,6 +34,7 @@ import torch
 from comlrl_lightning.algorithms.magrpo import MAGRPO
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.records import StepOutput
+from comlrl_lightning.core.rollout import refuse_unsupported
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.centralized import (
@@ -93,16 +94,9 @@ class CentralizedMAGRPO(MAGRPO):
                 f"rollout.num_turns: got {cfg.num_turns}, allowed: [1]; centralized MAGRPO rolls out "
                 "one turn (as CoMLRL 1.4.3): the joint prompt is built from the roles' turn-0 prompts"
             )
-        if cfg.joint_mode != "aligned":
-            raise ValueError(
-                f"rollout.joint_mode: got {cfg.joint_mode!r}, allowed: ['aligned']; one joint "
-                "completion holds every role's text, so there are no separate samples to combine"
-            )
-        if cfg.credit != "shared":
-            raise ValueError(
-                f"rollout.credit: got {cfg.credit!r}, allowed: ['shared']; credit modes re-score "
-                "combinations of separate samples, and a joint actor's roles share one completion"
-            )
+        refuse_unsupported(
+            JointActor, cfg.joint_mode, cfg.credit
+        )  # the actor's own limits, before any model loads
         self.num_roles, self.adapter = num_roles, adapter
         self.joint_actor = JointActor(self.team, adapter, num_roles)
         for key in ("adapter", "num_agents"):  # an object YAML cannot hold (see Args); MAGRPO's, not ours

@@ -49,6 +49,8 @@ class TurnState:
             forms joint action k of node g, so an actor may condition agent i's row on its teammates'
             rows of the same sample; ``cross``: every combination, so it may not).
         greedy: decode greedily (evaluation).
+        credit: the rollout's credit mode (:data:`~comlrl_lightning.core.credit.CREDIT`): modes other
+            than ``shared`` also score combinations of the agents' separate samples of a node.
     """
 
     turn: int
@@ -56,6 +58,7 @@ class TurnState:
     num_generations: int
     joint_mode: str = "aligned"
     greedy: bool = False
+    credit: str = "shared"
 
 
 @dataclass

@@ -47,11 +47,30 @@ class Actors(Protocol):
     samples K completions per node). An algorithm that changes who generates what (sequential agents
     that see their teammates' completions of the same sample, one model writing every agent's part,
     a comparator choosing among candidates) returns its own from ``CoMLRLModule.actors``.
+
+    An actor that cannot act under some rollout settings declares it in an optional attribute
+    ``rollout_limits: dict[str, tuple[tuple[str, ...], str]]``: rollout field (``joint_mode``,
+    ``credit``) -> (the values it supports, why); :func:`refuse_unsupported` reads it (each rollout,
+    and a module that builds its actor early, before any model loads). :class:`TurnState` carries both.
     """
 
     def act(self, state: TurnState) -> TeamAction:
         """Every agent's ``G·K`` completions at ``state`` (row ``g·K + k``: sample k at node g)."""
         ...
+
+
+def refuse_unsupported(actors: object, joint_mode: str, credit: str) -> None:
+    """Refuse a rollout that ``actors`` (an instance or its class) declares it cannot act in
+    (:class:`Actors`' ``rollout_limits``; an actor without one acts under any settings).
+
+    Raises:
+        ValueError: ``rollout.<field>: got <value>, allowed: [...]; <the actor's reason>``.
+    """
+    limits = getattr(actors, "rollout_limits", None) or {}
+    for field, value in (("joint_mode", joint_mode), ("credit", credit)):
+        if field in limits and value not in limits[field][0]:
+            allowed, why = limits[field]
+            raise ValueError(f"rollout.{field}: got {value!r}, allowed: {list(allowed)}; {why}")
 
 
 def independent_action(actor: object, state: TurnState) -> TeamAction:
@@ -123,6 +142,7 @@ def rollout_tree(
         One :class:`~comlrl_lightning.core.records.Turn` per turn reached.
     """
     num_generations, num_turns, stop_reward = plan.num_generations, plan.num_turns, plan.stop_reward
+    refuse_unsupported(actors, plan.joint_mode, plan.credit)
     n = env.num_agents
     shared = plan.credit == "shared"
     if shared:
@@ -132,7 +152,9 @@ def rollout_tree(
     nodes = [Node(ep, 0, [[env.observe(ep, i)] for i in range(n)], [[] for _ in range(n)]) for ep in episodes]
     turns: list[Turn] = []
     for turn in range(num_turns):
-        action = actors.act(TurnState(turn, nodes, num_generations, plan.joint_mode, plan.greedy))
+        action = actors.act(
+            TurnState(turn, nodes, num_generations, plan.joint_mode, plan.greedy, plan.credit)
+        )
         acted = [action.texts(i) for i in range(n)]
         g, j = len(nodes), joint_index.shape[0]
         rows = torch.arange(g)[:, None] * num_generations + joint_index.T[:, None, :]  # [N, G, J]

@@ -176,6 +176,18 @@ class JointActor:
             multi-turn centralized rollouts are not built), or :func:`joint_prompt`'s.
     """
 
+    rollout_limits = {
+        "joint_mode": (
+            ("aligned",),
+            "one joint completion holds every role's text, so there are no separate samples to combine",
+        ),
+        "credit": (
+            ("shared",),
+            "credit modes re-score combinations of separate samples, and a joint actor's roles share one completion",
+        ),
+    }
+    """The rollouts it cannot act in (:func:`~comlrl_lightning.core.rollout.refuse_unsupported`)."""
+
     def __init__(self, team: Team, adapter: CentralizedAdapter, num_roles: int) -> None:
         self.team, self.adapter, self.num_roles = team, adapter, num_roles
         self.joint_prompts: list[str] = []
