@@ -55,6 +55,12 @@ class AgentSpec:
             model's module names). The agent trains only the adapter; its base stays frozen and,
             with ``beta > 0``, is the reference (adapter disabled, no copy). A dict is accepted.
             Default None: full fine-tuning. Needs the ``lora`` extra (``peft``).
+        kind: import path (``package.module.Class``) of an
+            :class:`~comlrl_lightning.team.kinds.AgentKind` subclass, built with no arguments: what
+            the agent is, from YAML, with no change to the library (``docs/agents.md``, "Adding a
+            kind"). Default None: the shipped kind the other fields choose (``adapter``: LoRA;
+            ``share_weights_with``: shared weights; else full fine-tuning). Resolved and checked
+            before any model loads.
     """
 
     model: str
@@ -68,6 +74,7 @@ class AgentSpec:
     frozen: bool = False
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     adapter: dict[str, Any] | AdapterConfig | None = None
+    kind: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.adapter, dict):  # YAML / asdict / hparams spelling

@@ -254,9 +254,33 @@ def mergeable_layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     return layers
 
 
+def resolve_kind(path: str, where: str = "kind") -> type[AgentKind]:
+    """The :class:`AgentKind` subclass an ``AgentSpec.kind`` import path names.
+
+    Raises:
+        ValueError: ``path`` is not ``package.module.Class``, does not import, or names something
+            that is not an ``AgentKind`` subclass (``where`` names the field).
+    """
+    import importlib
+
+    module, _, name = path.rpartition(".") if isinstance(path, str) else ("", "", "")
+    try:
+        cls = getattr(importlib.import_module(module), name) if module and name else None
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"{where}: got {path!r}, which does not import ({err})") from None
+    if not (isinstance(cls, type) and issubclass(cls, AgentKind)):
+        raise ValueError(
+            f"{where}: got {path!r}; give the import path of an AgentKind subclass "
+            "(package.module.Class, e.g. comlrl_lightning.team.kinds.FullFineTuning)"
+        )
+    return cls
+
+
 def kind_of(spec: AgentSpec) -> AgentKind:
-    """The shipped kind for ``spec``: LoRA with ``adapter``, else shared with ``share_weights_with``,
-    else full fine-tuning."""
+    """The kind for ``spec``: the class ``kind`` names (:func:`resolve_kind`), else the shipped one:
+    LoRA with ``adapter``, else shared with ``share_weights_with``, else full fine-tuning."""
+    if spec.kind is not None:
+        return resolve_kind(spec.kind)()
     if spec.adapter is not None:
         return LoraAdapter()
     if spec.share_weights_with is not None:

@@ -32,7 +32,7 @@ from comlrl_lightning.core.generation import (
 from comlrl_lightning.core.records import Node, TeamAction, TurnState
 from comlrl_lightning.core.rollout import independent_action
 from comlrl_lightning.team.agents import GENERATION_KEYS, AgentSpec
-from comlrl_lightning.team.kinds import AgentKind, check_kinds, kind_of
+from comlrl_lightning.team.kinds import AgentKind, check_kinds, kind_of, resolve_kind
 
 if TYPE_CHECKING:
     from comlrl_lightning.team.engine_pool import EnginePool
@@ -87,6 +87,9 @@ class Team:
                 )
             except ValueError as err:
                 raise ValueError(f"agents[{i}].generation.{err}") from None
+        for i, s in enumerate(self.specs):  # a bad import path names its agent before any model loads
+            if s.kind is not None:
+                resolve_kind(s.kind, f"agents[{i}].kind")
         self.kinds: list[AgentKind] = [self.agent_kind(s) for s in self.specs]
         """What each agent is (:mod:`~comlrl_lightning.team.kinds`): how it is built, what it trains,
         its reference model, what checkpoints hold of it."""
