@@ -63,4 +63,4 @@ def plan_body(res: dict[str, Any]) -> str:
     ]
     if "pilot" in res:
         parts.append(CP.render(res["pilot"], res["plan"]))
-    return "\n\n".join(parts) + ("\n" if parts else "")
+    return "".join(part.rstrip("\n") + "\n\n" for part in parts)  # each followed by a blank line

@@ -233,8 +233,7 @@ problems drawn once for both rows) is a secondary view: with 3-6 seeds it is too
 `benchmarks/cooperation.py` (runs), `cooperation_plan.py` (the plan's runs) and `cooperation_report.py`.
 
 {plan_text(res["plan"], res["plan_commits"], res["plan_summary"])}
-{plan_body(res)}
-**Exploratory blocks, before the plan.**
+{plan_body(res)}**Exploratory blocks, before the plan.**
 
 Task order stated before any training: {res["rule"]}
 Order stated: {", ".join(res["order"])}. Order run (first record of each task): {_first(res)}.

@@ -18,7 +18,8 @@ SmolLM2 agents as LoRA adapters on one base against full fine-tuning: trained by
 full fine-tuning runs of the coordination task; ``benchmarks/lora_learning.py``), ``interrupt_memory`` (peak RSS of the main
 job and its LoRA team with and without ``InterruptCheckpoint``; ``benchmarks/interrupt_memory.py``), ``generation``
 (a colocated vLLM engine against HF ``generate`` on the main job's teams; ``benchmarks/generation.py``, run from
-``.venv-vllm``). ``--only X --write`` replaces section X in ``results.json`` and
+``.venv-vllm``), ``engine_fit`` (the main job trained through the engine against the HF run's interval;
+``benchmarks/engine_fit.py``, from ``.venv-vllm``). ``--only X --write`` replaces section X in ``results.json`` and
 regenerates RESULTS.md from every recorded section. Within a section every system trains on the same batch in turn
 (A B A B ...), from the same initial weights, in this one process; numbers are medians after two
 warm-up steps, ratios come from the same run.
@@ -79,7 +80,8 @@ RUNNERS = {"vs_comlrl": vs_comlrl, "vs_trl": vs_trl, "memory": memory, "scaling"
            "lora": lambda quick, base=None: __import__("lora").section(quick),
            "lora_learning": lambda quick, base=None: __import__("lora_learning").section(quick),
            "interrupt_memory": lambda quick, base=None: __import__("interrupt_memory").section(quick),
-           "generation": lambda quick, base=None: __import__("generation").section(quick)}  # fmt: skip
+           "generation": lambda quick, base=None: __import__("generation").section(quick),
+           "engine_fit": lambda quick, base=None: __import__("engine_fit").section(quick)}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the machine, the entry point

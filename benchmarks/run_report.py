@@ -184,6 +184,8 @@ def write_results(path: str, res: dict[str, Any], table: str) -> None:
         extra_sections += f"\n## Interruption safety: memory with and without InterruptCheckpoint\n\n{__import__('interrupt_memory').render(res['interrupt_memory'])}\n"
     if "generation" in res:
         extra_sections += f"\n## Generation: a colocated vLLM engine against HF generate\n\n{__import__('generation').render(res['generation'])}\n"
+        if "engine_fit" in res:
+            extra_sections += f"\n{__import__('engine_fit').render(res['engine_fit'])}\n"
     comlrl_plot = (
         f"\nReward against samples in the CoMLRL run: ![vs CoMLRL]({COMLRL_PNG})\n"
         if "reward_curves" in res.get("vs_comlrl", {})

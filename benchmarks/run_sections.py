@@ -33,6 +33,7 @@ SECTIONS = (
     "lora_learning",
     "interrupt_memory",
     "generation",
+    "engine_fit",
 )
 """Every section ``run.py --only`` knows, in the order RESULTS.md lists them."""
 
