@@ -120,3 +120,52 @@ def test_the_engine_samples_from_the_current_weights_after_every_step(
     stale, _, _ = fit_gaps(agents, learning_rate, loss)
     assert stale[0] < GAP_TOLERANCE  # before any step both sample from the same weights
     assert min(stale[1:]) > 10 * GAP_TOLERANCE, stale  # after a step the engine's weights are old
+
+
+def _fit_engine(batches: int, tmp_path, ckpt_path=None, save_every: int = 0):
+    """Full fine-tuning of two SmolLM2 agents through the engine for ``batches`` batches (resumed from
+    ``ckpt_path`` if given; a checkpoint every ``save_every`` steps into ``tmp_path``); the agents' weights."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from comlrl_lightning.infra.checkpoint_io import AtomicCheckpointIO
+
+    pl.seed_everything(0)
+    module = MAGRPO(
+        agents=[{"model": SMOL}, {"model": SMOL}],
+        rollout={"num_generations": 2},
+        sampling={"max_new_tokens": 8, "generation_backend": "vllm", "vllm_cpu_kv_cache_gib": 0.25,
+                  "vllm_max_model_length": 512},
+        learning_rate=1e-3,
+    )  # fmt: skip
+    saver = (
+        [ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=save_every, save_top_k=-1)]
+        if save_every
+        else []
+    )
+    trainer = pl.Trainer(
+        max_steps=MAGRPO.max_steps_for(batches, 2), accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=saver,
+        enable_checkpointing=bool(save_every), plugins=[AtomicCheckpointIO()],
+    )  # fmt: skip
+    trainer.fit(module, LengthRatioDataModule(batch_size=2, num_train=8), ckpt_path=ckpt_path)
+    module.team.engine_pool().close()  # one team's engines at a time (24 GB)
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def test_a_run_resumed_with_the_engine_equals_the_uninterrupted_run_bit_for_bit(tmp_path):
+    import os
+
+    straight = _fit_engine(2, tmp_path / "straight")
+    _fit_engine(1, tmp_path / "a", save_every=MAGRPO.max_steps_for(1, 2))
+    (ckpt,) = os.listdir(tmp_path / "a")
+    resumed = _fit_engine(2, tmp_path / "b", ckpt_path=str(tmp_path / "a" / ckpt))
+    first = _fit_engine(1, tmp_path / "c")
+    assert straight.keys() == resumed.keys()
+    differ = {
+        k: float((straight[k] - resumed[k]).abs().max())
+        for k in straight
+        if not torch.equal(straight[k], resumed[k])
+    }
+    assert not differ, f"{len(differ)} of {len(straight)} tensors differ, e.g. {list(differ.items())[:3]}"
+    # the second batch moved the weights: equality above is not two copies of the checkpoint
+    assert any(not torch.equal(straight[k], first[k]) for k in straight)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from comlrl_lightning.infra.rng import collect_rng_states, set_rng_states
 from comlrl_lightning.team.agents import AgentSpec
 
 if TYPE_CHECKING:
@@ -184,6 +185,7 @@ class ColocatedEngine:
                 enable_lora=True, max_loras=max_loras, max_lora_rank=ranks[0] if ranks else lora_rank
             )
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        rng = collect_rng_states()  # vLLM seeds the process's global RNGs with its `seed` at start-up
         try:
             self.llm = vllm.LLM(**kwargs)
         except ValueError as err:  # vLLM names its own knobs; say which of ours set them
@@ -197,6 +199,10 @@ class ColocatedEngine:
             # no-op for the whole process; the trainer runs in this process too, with its own threads
             torch.set_num_threads = set_threads
             set_threads(threads)
+            # the trainer's streams go on as if no engine had started: a run that builds its engine at
+            # the first batch and its resume, which builds it at the first batch after the checkpoint,
+            # draw the same numbers (tests/test_vllm_engine.py, the resume test)
+            set_rng_states(rng)
 
     def generate(
         self, prompts: list[list[int]], params: dict[str, Any], lora: Any = None
