@@ -49,7 +49,7 @@ coordinate: setup  ## proposer and reviser, one trainer each, alternating on Hum
 test: setup lint  ## every test, the slow learning tests included
 	$(VENV)/bin/pytest -q
 
-lint: setup  ## ruff (rules in pyproject.toml); the ast checks of tests/test_structure.py (import circles, file length)
+lint: setup  ## ruff (rules in pyproject.toml); the ast checks of tests/test_structure.py (import circles, TYPE_CHECKING imports counted)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest -q -p no:cacheprovider tests/test_structure.py

@@ -56,7 +56,7 @@ def test_tis_weights_scale_each_tokens_policy_term_and_its_gradient():
     cfg = LossConfig(vllm_importance_sampling_correction=True, vllm_importance_sampling_cap=2.5)
     logps = TRAINER.clone().requires_grad_(True)
     totals = BatchTotals(num_rows=1, num_tokens=2)
-    _, w = engine_terms(logps, None, ENGINE, MASK, cfg)
+    _, w = engine_terms(logps, None, ENGINE, MASK, cfg.engine_correction_cap())
     terms = agent_loss(logps, None, None, torch.tensor([1.5]), MASK, cfg, totals, is_weights=w)
     assert float(terms.loss.detach()) == pytest.approx(-1.5 * (2.0 + 0.5))
     terms.loss.backward()
@@ -70,15 +70,19 @@ def test_tis_weights_scale_each_tokens_policy_term_and_its_gradient():
 def test_engine_terms_take_the_pre_update_log_probs_when_given_and_weigh_only_when_asked():
     off = LossConfig()
     assert off.vllm_importance_sampling_correction is False  # TRL turns it on; here it is opt-in
-    gap, w = engine_terms(TRAINER, None, ENGINE, MASK, off)
+    gap, w = engine_terms(TRAINER, None, ENGINE, MASK, off.engine_correction_cap())
     assert w is None and gap.abs_max == pytest.approx(LOG(2))
     on = LossConfig(vllm_importance_sampling_correction=True)  # cap 2.0, TRL's default
+    assert off.engine_correction_cap() is None and on.engine_correction_cap() == 2.0
     old = torch.tensor([[LOG(0.25), LOG(0.4), LOG(0.3)]])  # the pre-update policy equals the engine here
-    gap, w = engine_terms(TRAINER, old, ENGINE, MASK, on)
+    gap, w = engine_terms(TRAINER, old, ENGINE, MASK, on.engine_correction_cap())
     assert gap.abs_max == pytest.approx(0.0, abs=1e-6) and w.flatten().tolist() == pytest.approx(
         [1.0, 1.0, 0.0]
     )
-    assert engine_terms(TRAINER, None, None, MASK, on) == (None, None)  # not an engine's rollout
+    assert engine_terms(TRAINER, None, None, MASK, on.engine_correction_cap()) == (
+        None,
+        None,
+    )  # not an engine's rollout
 
 
 def test_generation_rows_keep_the_engine_log_probs_of_the_rows_they_take():

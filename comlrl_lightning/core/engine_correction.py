@@ -16,12 +16,8 @@ Shapes: ``R`` rows (one agent's samples), ``C`` completion tokens (right-padded)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from comlrl_lightning.core.loss_config import LossConfig
 
 
 @dataclass(frozen=True)
@@ -93,7 +89,7 @@ def engine_terms(
     old_logps: torch.Tensor | None,
     engine_logps: torch.Tensor | None,
     mask: torch.Tensor,
-    cfg: LossConfig,
+    cap: float | None,
 ) -> tuple[LogprobGap | None, torch.Tensor | None]:
     """What one micro-batch's loss takes from an engine's log-probs: ``(gap, TIS weights)``.
 
@@ -102,14 +98,15 @@ def engine_terms(
 
     Args: logps ``[R, C]`` the trainer's (with or without gradient); old_logps ``[R, C]`` or None;
     engine_logps ``[R, C]`` or None (not sampled by an engine); mask ``[R, C]`` the completion tokens;
-    cfg: :class:`~comlrl_lightning.core.loss_config.LossConfig` (``vllm_importance_sampling_*``).
-    Returns: ``(None, None)`` without ``engine_logps``; else the gap and, with
-    ``cfg.vllm_importance_sampling_correction``, the ``[R, C]`` weights (else None).
+    cap: the TIS cap, or None for no correction
+    (:meth:`~comlrl_lightning.core.loss.LossConfig.engine_correction_cap`).
+    Returns: ``(None, None)`` without ``engine_logps``; else the gap and, with a ``cap``, the ``[R, C]``
+    weights (else None).
     """
     if engine_logps is None:
         return None, None
     trainer = (logps if old_logps is None else old_logps).detach()
     gap = logprob_gap(trainer, engine_logps, mask)
-    if not cfg.vllm_importance_sampling_correction:
+    if cap is None:
         return gap, None
-    return gap, truncated_importance_weights(trainer, engine_logps, mask, cfg.vllm_importance_sampling_cap)
+    return gap, truncated_importance_weights(trainer, engine_logps, mask, cap)

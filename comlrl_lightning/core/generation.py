@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,9 +19,7 @@ from transformers import GenerationConfig, StoppingCriteriaList
 
 from comlrl_lightning.core.choices import Choice
 from comlrl_lightning.core.stopping import CodeBlockEnd, apply_stops
-
-if TYPE_CHECKING:  # the config imports this module's GENERATION_BACKEND
-    from comlrl_lightning.core.config import SamplingConfig
+from comlrl_lightning.core.validation import refuse_both, require
 
 GENERATION_BACKEND = Choice(
     "generation_backend",
@@ -54,6 +52,84 @@ ADAPTER_ROLLOUTS = Choice(
 )
 """How an agent with a LoRA adapter generates its rollouts (its log-probs always come from the training
 forward through PEFT's layers). Agents without an adapter ignore it."""
+
+
+GenerationBackend = GENERATION_BACKEND.literal
+AdapterRollouts = ADAPTER_ROLLOUTS.literal
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling knobs (TRL/CoMLRL names); ``AgentSpec.generation`` overrides them per agent. Declared
+    beside the generation it configures; :mod:`comlrl_lightning.core.config` re-exports it with the
+    other groups."""
+
+    temperature: float = 1.0
+    """Softmax temperature (> 0); the loss's log-probs use the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    top_k: int | None = None
+    """Keep the k most likely tokens; 0 or None disables."""
+    max_new_tokens: int = 64
+    """Completion budget in tokens (>= 1). CoMLRL name."""
+    max_completion_length: int | None = None
+    """TRL's name for ``max_new_tokens``; when given it sets ``max_new_tokens`` (both given must agree)."""
+    max_prompt_length: int | None = None
+    """Prompts longer than this (tokens, history included) keep their last tokens; None: all. TRL name.
+    Prompts are also cut from the left to fit the model's context with ``max_new_tokens`` (warned)."""
+    stop_after_code_block: bool = False
+    """End a completion right after its first complete fenced code block, as if the model had written
+    EOS there (:mod:`comlrl_lightning.core.stopping`): for prompts that ask for one code block."""
+    generation_backend: GenerationBackend = "auto"
+    """How ``generate`` produces tokens: one of :data:`GENERATION_BACKEND`
+    (``auto``: :data:`AUTO_BACKEND` for the model's device type)."""
+    adapter_rollouts: AdapterRollouts = "auto"
+    """How a LoRA agent (``AgentSpec.adapter``) generates: one of
+    :data:`ADAPTER_ROLLOUTS` (``auto``: ``merged`` on CPU).
+    ``merged`` samples from base + scale * B @ A written before each rollout into one copy of the adapted
+    weights per base (kept between rollouts: allocating it afresh each time cost as much as the merge
+    saved); the base and the adapter are never modified. ``unmerged`` samples through PEFT's layers
+    (no extra memory). Adapters ``merged`` cannot express exactly (DoRA, ``modules_to_save``, trainable
+    token rows, sharded weights) generate ``unmerged``. Log-probs always come from PEFT's layers."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """``vllm`` on a GPU: the fraction of the GPU's memory, in (0, 1], the engine may take for its
+    weights and KV cache (the trainer keeps the rest). TRL's name and default (colocate mode)."""
+    vllm_max_model_length: int | None = None
+    """``vllm``: the engine's context in tokens (prompt + completion; vLLM's ``max_model_len``);
+    prompts are cut from the left to fit it with ``max_new_tokens``. None: the model's own. TRL name."""
+    vllm_cpu_kv_cache_gib: float = 1.0
+    """``vllm`` on CPU: the KV cache in GiB (vLLM's ``kv_cache_memory_bytes``, which its CPU backend
+    otherwise reads from ``VLLM_CPU_KVCACHE_SPACE``), > 0; one engine per distinct model holds one.
+    SmolLM2-135M in fp32 keeps about 23,000 tokens in 1 GiB."""
+
+    def backend_for(self, device: Any) -> str:
+        """The backend ``generate`` uses on ``device`` (``"auto"`` resolved through :data:`AUTO_BACKEND`)."""
+        if self.generation_backend != "auto":
+            return self.generation_backend
+        return AUTO_BACKEND.get(device.type, "dynamic")
+
+    def __post_init__(self) -> None:
+        GENERATION_BACKEND.check(self.generation_backend)
+        ADAPTER_ROLLOUTS.check(self.adapter_rollouts)
+        if self.max_completion_length is not None:
+            if self.max_new_tokens not in (self.max_completion_length, 64):
+                n_new = self.max_new_tokens
+                refuse_both("max_completion_length", self.max_completion_length, "max_new_tokens", n_new)
+            self.max_new_tokens, self.max_completion_length = self.max_completion_length, None
+        require("temperature", self.temperature, self.temperature > 0, "> 0")
+        require("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]")
+        top_k_ok = self.top_k is None or (isinstance(self.top_k, int) and self.top_k >= 0)
+        require("top_k", self.top_k, top_k_ok, "an integer >= 0 or None (0 and None: off)")
+        stop_ok = isinstance(self.stop_after_code_block, bool)
+        require("stop_after_code_block", self.stop_after_code_block, stop_ok, "true or false")
+        require("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1")
+        prompt_ok = self.max_prompt_length is None or self.max_prompt_length >= 1
+        require("max_prompt_length", self.max_prompt_length, prompt_ok, ">= 1 or None")
+        util_ok = 0 < self.vllm_gpu_memory_utilization <= 1
+        require("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, util_ok, "in (0, 1]")
+        len_ok = self.vllm_max_model_length is None or self.vllm_max_model_length > self.max_new_tokens
+        require("vllm_max_model_length", self.vllm_max_model_length, len_ok, "> max_new_tokens or None")
+        require("vllm_cpu_kv_cache_gib", self.vllm_cpu_kv_cache_gib, self.vllm_cpu_kv_cache_gib > 0, "> 0")
 
 
 @dataclass

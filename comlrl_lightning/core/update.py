@@ -21,12 +21,12 @@ from comlrl_lightning.core.engine_correction import LogprobGap
 from comlrl_lightning.core.generation import Generation
 from comlrl_lightning.core.loss import (
     BatchTotals,
+    LossConfig,
     completion_logprobs,
     loss_inputs,
     micro_batch_loss,
     sequence_kl,
 )
-from comlrl_lightning.core.loss_config import LossConfig
 from comlrl_lightning.core.records import AgentStats, Turn
 
 

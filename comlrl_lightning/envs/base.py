@@ -9,24 +9,10 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from comlrl_lightning.envs.episode import Episode as Episode
 from comlrl_lightning.envs.rewards import RewardFunction, RewardOutput, WeightedReward, as_weighted_reward
-
-
-@dataclass
-class Episode:
-    """One Dec-POMDP episode: the dataset row it starts from.
-
-    Attributes:
-        index: the row's index in its split (stable across epochs; used in logs and for resume).
-        data: the row's fields, e.g. ``{"prompt": ..., "test": ...}``.
-    """
-
-    index: int
-    data: dict[str, Any] = field(default_factory=dict)
-
 
 Formatter = Callable[[dict[str, Any]], str]
 """Maps a dataset row to one agent's turn-0 prompt text (before any chat template)."""

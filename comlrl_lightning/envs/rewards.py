@@ -12,15 +12,13 @@ import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from comlrl_lightning.envs.episode import Episode
 from comlrl_lightning.envs.reward_values import RewardError as RewardError
 from comlrl_lightning.envs.reward_values import as_values, check_orientation
-
-if TYPE_CHECKING:
-    from comlrl_lightning.envs.base import Episode
 
 
 @runtime_checkable

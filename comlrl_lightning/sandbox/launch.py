@@ -23,12 +23,9 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from comlrl_lightning.sandbox import isolation
-
-if TYPE_CHECKING:
-    from comlrl_lightning.sandbox.results import SandboxConfig
+from comlrl_lightning.sandbox.config import SandboxConfig
 
 log = logging.getLogger(__name__)
 _RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")

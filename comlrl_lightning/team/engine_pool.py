@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -25,11 +25,21 @@ from comlrl_lightning.core.generation import (
     tokenize_prompts,
 )
 from comlrl_lightning.team.engine import ColocatedEngine, EngineStats, _fingerprint
-from comlrl_lightning.team.kinds import LoraAdapter
+from comlrl_lightning.team.kinds import LoraAdapter, Members
 
 if TYPE_CHECKING:
     from comlrl_lightning.core.config import SamplingConfig
-    from comlrl_lightning.team.team import Team
+
+
+class PoolTeam(Members, Protocol):
+    """What the pool reads of its team (:class:`~comlrl_lightning.team.team.Team` is one): a kind's
+    view (:class:`~comlrl_lightning.team.kinds.Members`), the per-agent sampling knobs and the
+    parameters each agent's optimizer steps."""
+
+    sampling: list[SamplingConfig]
+    num_agents: int
+
+    def trainable_parameters(self, agent: int) -> list[torch.nn.Parameter]: ...
 
 
 class EnginePool:
@@ -43,7 +53,7 @@ class EnginePool:
         stats: :class:`~comlrl_lightning.team.engine.EngineStats` (build, warm-up, sync, generate).
     """
 
-    def __init__(self, team: Team) -> None:
+    def __init__(self, team: PoolTeam) -> None:
         self.team = team
         self.engines: dict[Hashable, ColocatedEngine] = {}
         self._synced: dict[Hashable, Any] = {}  # what each engine (or adapter) last received

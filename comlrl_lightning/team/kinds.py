@@ -18,7 +18,7 @@ import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -26,8 +26,16 @@ from torch import nn
 from comlrl_lightning.team.adapter_targets import check_adapter_on_model
 from comlrl_lightning.team.agents import AgentSpec, load_agent
 
-if TYPE_CHECKING:
-    from comlrl_lightning.team.team import Team
+
+class Members(Protocol):
+    """What a kind reads of the team building it (:class:`~comlrl_lightning.team.team.Team` is one):
+    every agent's spec and kind, and the agents built so far with their tokenizers (``agents[j]``,
+    ``tokenizers[j]`` for ``j`` < the agent being built)."""
+
+    specs: list[AgentSpec]
+    kinds: list[AgentKind]
+    agents: Sequence[nn.Module]
+    tokenizers: list[Any]
 
 
 class AgentKind:
@@ -41,7 +49,7 @@ class AgentKind:
     """Whether the agent trains parameters no other agent trains (False: :class:`SharedWeights`); DDP
     needs ``find_unused_parameters`` when two or more agents do (each backward reaches only its own)."""
 
-    def build(self, team: Team, agent: int) -> tuple[nn.Module, Any]:
+    def build(self, team: Members, agent: int) -> tuple[nn.Module, Any]:
         """``(model, tokenizer)`` of agent ``agent``; earlier agents are built (``team.agents[:agent]``).
 
         Raises:
@@ -90,7 +98,7 @@ class SharedWeights(AgentKind):
 
     owns_parameters = False
 
-    def build(self, team: Team, agent: int) -> tuple[nn.Module, Any]:
+    def build(self, team: Members, agent: int) -> tuple[nn.Module, Any]:
         owner = team.specs[agent].share_weights_with
         assert owner is not None, "kind_of gives SharedWeights only with share_weights_with"
         return team.agents[owner], team.tokenizers[owner]
@@ -136,7 +144,7 @@ class LoraAdapter(AgentKind):
         self._merged_buffers: dict[str, torch.Tensor] = {}
         self._merge_lock = threading.Lock()
 
-    def build(self, team: Team, agent: int) -> tuple[nn.Module, Any]:
+    def build(self, team: Members, agent: int) -> tuple[nn.Module, Any]:
         from peft import get_peft_model
 
         spec = team.specs[agent]
