@@ -319,3 +319,21 @@ def test_the_comparator_history_reads_a_saved_adapter_back_on_the_shared_base(tm
         for p in model.team.trainable_parameters(0):
             p.add_(1.0)
     torch.testing.assert_close(loaded[0](input_ids=ids).logits, live[0], rtol=0, atol=0)
+
+
+def test_the_vllm_engine_is_refused_under_fsdp2_before_any_model_loads():
+    from dataclasses import replace
+
+    from comlrl_lightning import MAGRPO
+    from comlrl_lightning.infra.sharded import ShardedTeamStrategy
+
+    module = MAGRPO(agents="builtin:tiny-gpt2", num_agents=2)
+    ShardedTeamStrategy.check_team(None, module)  # the HF backend shards
+    # set after construction: building it with 'vllm' needs the vllm extra, which this venv lacks
+    module.team.sampling[1] = replace(module.team.sampling[1], generation_backend="vllm")
+    with pytest.raises(
+        ValueError,
+        match=r"agents\[1\] sampling.generation_backend: got 'vllm' with strategy 'fsdp2'.*allowed with fsdp2: \['auto', 'dynamic'",
+    ):
+        ShardedTeamStrategy.check_team(None, module)
+    assert not module.team.agents  # nothing loaded

@@ -50,6 +50,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch import nn
 
+from comlrl_lightning.core.generation import GENERATION_BACKEND
 from comlrl_lightning.infra.placement import MODEL_LISTS
 
 SHARDED_KINDS = ("agent", "reference", "critic")
@@ -244,7 +245,7 @@ class ShardedTeamStrategy(ModelParallelStrategy):
                 (one device per agent in one process) ; an ``AgentSpec.device``; agents sharing
                 weights (``share_weights_with``); LoRA adapters (``adapter``); a critic that is a value head on its agent's trunk
                 (``critics[c].model: null``); ``concurrent_agents=True`` (agent threads would
-                interleave collectives).
+                interleave collectives); ``generation_backend: vllm`` (no engine over shards).
         """
         placement = getattr(module, "placement", None)
         if placement is not None and placement.parallel_training == "mp":
@@ -286,6 +287,14 @@ class ShardedTeamStrategy(ModelParallelStrategy):
                 "concurrent_agents: got True with strategy 'fsdp2'; agent threads would interleave the "
                 "ranks' collectives: allowed: None or False"
             )
+        team = getattr(module, "team", None)
+        for i, sampling in enumerate(getattr(team, "sampling", None) or []):
+            if sampling.generation_backend == "vllm":
+                raise ValueError(
+                    f"agents[{i}] sampling.generation_backend: got 'vllm' with strategy 'fsdp2'; the engine "
+                    "would need each agent's full weights gathered from the shards after every step, which "
+                    f"is not built: allowed with fsdp2: {[n for n in GENERATION_BACKEND.names if n != 'vllm']}"
+                )
 
     def shard_team(self, module: nn.Module, rollout_context: Callable[..., Any] | None = None) -> None:
         """``fully_shard`` every agent, reference model and critic of ``module`` once (idempotent), and
