@@ -166,3 +166,65 @@ def test_a_package_init_re_export_counts(tmp_path):
     mod.write_text("from comlrl_lightning.pkg import y\n")
     graph = import_graph({"comlrl_lightning.pkg": init, "comlrl_lightning.pkg.m": mod})
     assert cycles(graph) == [["comlrl_lightning.pkg", "comlrl_lightning.pkg.m"]]
+
+
+FAMILIES = {
+    "preference": (
+        "comlrl_lightning.algorithms.madpo", "comlrl_lightning.algorithms.madpo_iter",
+        "comlrl_lightning.algorithms.marlhf", "comlrl_lightning.algorithms.marlhf_iter",
+        "comlrl_lightning.algorithms.joint_reward_model", "comlrl_lightning.algorithms.reward_model_folder",
+        "comlrl_lightning.algorithms.round_loop", "comlrl_lightning.comparator", "comlrl_lightning.core.dpo",
+        "comlrl_lightning.core.pairs", "comlrl_lightning.core.pair_batch", "comlrl_lightning.core.preference",
+        "comlrl_lightning.core.preference_config", "comlrl_lightning.core.replay",
+    ),
+    "coordinator": ("comlrl_lightning.coordinator",),
+    "coding": ("comlrl_lightning.tasks.coding", "comlrl_lightning.sandbox"),
+}  # fmt: skip
+"""The opt-in families (a module or a package prefix each); everything else in ``comlrl_lightning`` is the
+core (the Dec-POMDP protocol, team and agent kinds, generation, rollout, advantages, loss, the MAGRPO
+family, actor-critic, callbacks)."""
+FRONT_DOOR = (
+    "comlrl_lightning",
+    "comlrl_lightning.cli",
+    "comlrl_lightning.choice_docs",
+    "comlrl_lightning.datamodules",
+)
+"""The modules that gather every family for the user (the package's exports, the CLI's subcommands, the
+generated choice lists, the DataModule registry): they may import a family; no other core module may."""
+
+
+def family_of(module: str) -> str | None:
+    for family, prefixes in FAMILIES.items():
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return family
+    return None
+
+
+def core_to_family_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Edges from a core module of the package (not the front door) into a family."""
+    return sorted(
+        (a, b)
+        for a, targets in graph.items()
+        if a.startswith("comlrl_lightning") and family_of(a) is None and a not in FRONT_DOOR
+        for b in targets
+        if family_of(b) is not None
+    )
+
+
+def test_the_core_imports_no_family():
+    found = core_to_family_imports(import_graph(sources()))
+    assert not found, (
+        f"core -> family imports (move the shared piece into the core, or the caller into the family): {found}"
+    )
+
+
+def test_the_family_rule_flags_a_core_module_that_imports_a_family():
+    graph = {"comlrl_lightning.core.loss": {"comlrl_lightning.core.dpo"},
+             "comlrl_lightning.core.dpo": {"comlrl_lightning.core.loss"},
+             "comlrl_lightning.cli": {"comlrl_lightning.coordinator.cli"},
+             "comlrl_lightning.sandbox.api": {"comlrl_lightning.core.loss"}}  # fmt: skip
+    assert core_to_family_imports(graph) == [("comlrl_lightning.core.loss", "comlrl_lightning.core.dpo")]
+    assert (
+        family_of("comlrl_lightning.comparator.config") == "preference"
+        and family_of("comlrl_lightning.core") is None
+    )
