@@ -113,6 +113,28 @@ def test_cpu_limit_kills_and_a_stuck_launcher_is_killed_by_the_parent():
     _no_processes_of(report.sandbox_uid)
 
 
+def test_a_cleanup_that_overruns_is_reported_not_raised_out_of_the_reward(monkeypatch, caplog):
+    # at load 32 the fresh cleanup process (launcher overran, unique uid) took over 30 s and its
+    # TimeoutExpired escaped the reward call, which would have crashed a training step
+    import subprocess
+
+    from comlrl_lightning.sandbox import launch
+
+    def slow(cmd, **kw):
+        raise subprocess.TimeoutExpired(cmd, kw["timeout"])
+
+    class Proc:
+        pid = 2**22 + 7  # no such process group: the kill is refused, as for a launcher already gone
+
+        def wait(self):
+            return -9
+
+    monkeypatch.setattr(launch.subprocess, "run", slow)
+    with caplog.at_level("WARNING", logger=launch.__name__):
+        launch._kill_stuck(Proc(), "/nonexistent", 2_000_000_123, ["/sys/fs/cgroup/none"])
+    assert "sandbox cleanup overran 30 s (uid 2000000123" in caplog.text
+
+
 def test_huge_allocation_is_an_error_not_a_crash():
     report = run_tests("x = bytearray(8 * 1024 ** 3)\n", ["assert True"], config=FAST, memory_mb=256)
     assert (report.program.status, report.program.error_type) == ("error", "MemoryError")

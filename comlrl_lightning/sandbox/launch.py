@@ -272,7 +272,15 @@ def _kill_stuck(proc: subprocess.Popen, base: str, unique_uid: int | None, cgrou
             "--cleanup",
             json.dumps({"uid": unique_uid, "cgroups": cgroups}),
         ]
-        subprocess.run(cmd, env={}, timeout=30, stdin=quiet, stdout=quiet, stderr=quiet, check=False)
+        try:
+            subprocess.run(cmd, env={}, timeout=30, stdin=quiet, stdout=quiet, stderr=quiet, check=False)
+        except subprocess.TimeoutExpired:  # the run is already judged (it overran); say what may be left
+            log.warning(
+                "sandbox cleanup overran 30 s (uid %s, cgroups %s): processes of that uid or the cgroups may "
+                "be left behind; the run counts as timed out",
+                unique_uid,
+                cgroups,
+            )
 
 
 def _tail(path: str, limit: int) -> str:
