@@ -150,33 +150,70 @@ def verdict(runs: list[dict[str, Any]], num_options: int = 4) -> dict[str, Any]:
 
 
 def selection(records: list[dict[str, Any]], candidates: list[str]) -> dict[str, Any]:
-    """The plan's selection over the recorded pilot runs: candidates are judged in the plan's order, each
-    once all :data:`PILOT_SEEDS` are in; the first kept one wins, and the selection is decided when one is
-    kept or every candidate was judged and none was.
+    """The plan's selection over the recorded pilot runs: one run per pilot seed (the first recorded;
+    other seeds are ignored), candidates judged in the plan's order, each once all :data:`PILOT_SEEDS` are
+    in and every earlier one was judged and not kept; the first kept one wins, and the selection is
+    decided when one is kept or every candidate was judged and none was.
 
     Returns:
-        ``{"candidates": [{"number", "line", "runs", "verdict" (None until its seeds are all in),
-        "message_names_secret" (mean over its runs' batches)}], "kept": number or None, "decided": bool}``.
+        ``{"candidates": [{"number", "line", "runs" (one per pilot seed recorded), "complete",
+        "verdict" (:func:`verdict`, only for a judged candidate, else None), "message_names_secret" (mean
+        over its runs' batches)}], "kept": number or None, "judged": how many, "decided": bool}``.
     """
     out, kept, judged = [], None, 0
     for i, line in enumerate(candidates):
-        runs = sorted((r for r in records if r["candidate"] == i + 1), key=lambda r: r["seed"])
-        done = {r["seed"] for r in runs} >= set(PILOT_SEEDS)
+        first: dict[int, dict[str, Any]] = {}
+        for r in records:
+            if r["candidate"] == i + 1 and r["seed"] in PILOT_SEEDS:
+                first.setdefault(r["seed"], r)
+        runs = [first[s] for s in sorted(first)]
+        complete = len(runs) == len(PILOT_SEEDS)
         told = [v for r in runs for v in r["message_names_secret"]]
-        v = verdict(runs) if done else None
-        out.append({"number": i + 1, "line": line, "runs": runs, "verdict": v,
+        v = None
+        if kept is None and complete and judged == i:  # the rule reaches this candidate
+            v, judged = verdict(runs), judged + 1
+            kept = i + 1 if v["kept"] else None
+        out.append({"number": i + 1, "line": line, "runs": runs, "complete": complete, "verdict": v,
                     "message_names_secret": sum(told) / len(told) if told else None})  # fmt: skip
-        if kept is None and done and judged == i:
-            judged += 1
-            if v["kept"]:
-                kept = i + 1
-    return {"candidates": out, "kept": kept, "decided": kept is not None or judged == len(candidates)}
+    return {"candidates": out, "kept": kept, "judged": judged,
+            "decided": kept is not None or judged == len(candidates)}  # fmt: skip
+
+
+def why_not(pilot: dict[str, Any], chance: float) -> str:
+    """What the judged candidates' records show, for a selection that kept none: agent 1's training
+    pass@1 against chance, how often agent 0's messages named the secret, the message budget; the reading
+    follows from those numbers (a rare secret in the messages, or messages that named it but went unused)."""
+    judged = [c for c in pilot["candidates"] if c["verdict"]]
+    means = [c["verdict"]["mean"] for c in judged]
+    told = [v for c in judged for r in c["runs"] for v in r["message_names_secret"]]
+    told_rate = sum(told) / len(told)
+    budgets = sorted({r["config"]["max_new_tokens"] for c in judged for r in c["runs"]})
+    text = (
+        f"Over the {len(judged)} candidates agent 1's last-{LAST_BATCHES}-batch training pass@1 averaged "
+        f"{sum(means) / len(means):.2f} (candidates {min(means):.2f}-{max(means):.2f}; chance {chance:.2f}, bar "
+        f"{chance + KEEP_MARGIN:.2f}), and agent 0's sampled turn-0 messages ({', '.join(map(str, budgets))} new "
+        f"tokens) named the secret in {100 * told_rate:.1f}% of cases."
+    )
+    if told_rate < RARE_MESSAGE:
+        text += (
+            " With the secret in so few messages agent 1's answer can seldom depend on agent 0's, and since the "
+            "shared reward pays agent 0 only through agent 1's answer, a message naming the secret is seldom "
+            "sampled and seldom reinforced: the team does not find the channel (exploration), whatever the "
+            "candidates changed."
+        )
+    else:
+        text += " The messages carried the secret often enough; agent 1 did not learn to act on them."
+    return text
+
+
+RARE_MESSAGE = 0.10
+"""Below this share of messages naming the secret, the section reads the failure as exploration."""
 
 
 def render(pilot: dict[str, Any], plan: dict[str, Any]) -> str:
     """The communication task's format selection (``communication_pilot.py``): per candidate of the plan,
-    its pilot seeds' training pass@1 over the last batches against the plan's bar, and how often agent 0's
-    sampled messages named the secret; then what the plan's rule decided."""
+    its pilot seeds' training pass@1 over the last batches against the plan's bar (for the candidates the
+    rule judged), and how often agent 0's sampled messages named the secret; then what the rule decided."""
     chance = 1 / 4
     rows = [
         f"| candidate (the plan's line) | pilot seeds | training pass@1, last {LAST_BATCHES} batches, per seed | mean | kept (bar {chance + KEEP_MARGIN:.2f}) | agent 0's messages naming the secret | wall per run (load) |",
@@ -187,32 +224,33 @@ def render(pilot: dict[str, Any], plan: dict[str, Any]) -> str:
         if not runs:
             rows.append(f"| {c['number']}. {c['line']} | 0 | not run | | | | |")
             continue
-        per = (
-            ", ".join(f"{x:.2f}" for x in v["per_seed"])
-            if v
-            else f"{len(runs)} of {len(PILOT_SEEDS)} seeds in"
-        )
-        mean, kept = (f"{v['mean']:.2f}", "yes" if v["kept"] else "no") if v else ("", "")
+        if v:
+            per, mean, kept = (
+                ", ".join(f"{x:.2f}" for x in v["per_seed"]),
+                f"{v['mean']:.2f}",
+                "yes" if v["kept"] else "no",
+            )
+        else:
+            per = (
+                "complete, not judged by the rule"
+                if c["complete"]
+                else f"{len(runs)} of {len(PILOT_SEEDS)} seeds in"
+            )
+            mean = kept = ""
         told = f"{100 * c['message_names_secret']:.1f}%"
         wall = sum(r["wall_s"] for r in runs) / len(runs)
         load = (min(r["loadavg_start"][0] for r in runs), max(r["loadavg_end"][0] for r in runs))
         rows.append(f"| {c['number']}. {c['line']} | {len(runs)} | {per} | {mean} | {kept} | {told} | {wall:.0f} s ({load[0]:.1f}-{load[1]:.1f}) |")  # fmt: skip
-    judged = [c for c in pilot["candidates"] if c["verdict"]]
-    told = [v for c in judged for r in c["runs"] for v in r["message_names_secret"]]
     if pilot["kept"] is not None:
         verdict = f"Candidate {pilot['kept']} is kept (the first in the plan's order to reach the bar); its confirmatory runs follow the plan."
     elif pilot["decided"]:
         verdict = (
-            f"No candidate reached the bar, so by the plan's rule the communication task was not run and its primary "
-            f"contrast enters Holm with p = 1. Why it did not learn: over every pilot batch of the {len(judged)} candidates, "
-            f"agent 0's sampled turn-0 message named the secret in {100 * sum(told) / len(told):.1f}% of cases, so "
-            f"agent 1's answer could rarely depend on it, and agent 1's training pass@1 stayed near chance "
-            f"({chance:.2f}); the reward pays agent 0 only through agent 1's answer, so a message that names the "
-            f"secret is seldom sampled and seldom reinforced (an exploration failure at 3 new tokens). Another format "
-            f"(a longer message budget, say) would be a new plan, committed before its runs."
+            "No candidate reached the bar, so by the plan's rule the communication task was not run and its primary "
+            f"contrast enters Holm with p = 1. {why_not(pilot, chance)} Another format (a longer message budget, "
+            "say) would be a new plan, committed before its runs."
         )
     else:
-        verdict = f"Selection under way: {len(judged)} of {len(pilot['candidates'])} candidates judged; no held-out run yet."
+        verdict = f"Selection under way: {pilot['judged']} of {len(pilot['candidates'])} candidates judged by the rule; no held-out run yet."
     return f"""### communication, {plan["id"]}: choosing the format on training problems
 
 The dependence task as shipped (2 turns, 4 options, K = 2, 12 batches) with one change per candidate,

@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import communication_pilot as CP
-from cooperation_contrasts import reading
 from cooperation_tables import LABEL, diff, examples, table
 
 
 def render_plan_task(task: str, summ: dict[str, Any], res: dict[str, Any]) -> str:
     """A task of the pre-registered plan, once its runs are all recorded: the conditions' table, the
     primary contrasts (their Holm p from the plan's table), the secondary ones (paired by the joint seed,
-    unadjusted, no claim), the reading, and the joint team's greedy answers."""
+    unadjusted, no claim and no reading), the reading of the primary ones (provisional while another task
+    of the family is undecided), and the joint team's greedy answers."""
     plan, alpha = res["plan"], res["plan_summary"]["alpha"]
     sl = summ.get("seed_level", {})
     primary = [e for e in res["plan_summary"]["contrasts"] if e["task"] == task and "result" in e]
@@ -24,6 +24,14 @@ def render_plan_task(task: str, summ: dict[str, Any], res: dict[str, Any]) -> st
         table(summ),
         "",
     ]
+    family = res["plan_summary"]["contrasts"]
+    pending = [e["task"] for e in family if "result" not in e and "not_run" not in e]
+    provisional = (
+        f" (provisional: {', '.join(sorted(set(pending)))} still enters Holm at p = 1; a Holm p can only fall "
+        "when it is decided, so 'resolved' stands and 'not resolved' may change)"
+        if pending
+        else ""
+    )
     read = []
     for e in primary:
         row, key = e["contrast"][0], f"{e['contrast'][0]}_minus_{e['contrast'][1]}"
@@ -46,7 +54,8 @@ def render_plan_task(task: str, summ: dict[str, Any], res: dict[str, Any]) -> st
         f"Looked at: {len(primary)} primary contrasts of this task (Holm over the plan's family of "
         f"{len(res['plan_summary']['contrasts'])}), {len(paired)} secondary (unadjusted, reported without a claim).",
         "",
-        f"Read: {'; '.join(read)}; " + reading({k: sl[k] for k in paired}),
+        f"Read: {'; '.join(read)}{provisional}. The secondary contrasts are shown without a reading, as the "
+        "plan states.",
     ]
     if "joint" in summ:
         lines += ["", f"Greedy held-out answers of the joint team, seed {summ['joint']['seeds'][0]}, after training:", "",

@@ -11,6 +11,7 @@ engine run's gain lies inside the HF run's 95% interval (paired over the 50 held
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -23,8 +24,31 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CONFIG = "configs/coop_coordination.yaml"
 """The Makefile's default ``CONFIG`` (`make run`)."""
-BLOCKS = ["--config", "configs/trainer/cpu.yaml"]
-"""The config blocks its header names (the Makefile's ``BLOCKS``)."""
+
+
+def blocks(config: str = CONFIG) -> list[str]:
+    """The config blocks the config's header names before it, as the Makefile's ``BLOCKS`` reads them
+    (``# ... comlrl-lightning fit <blocks> --config <config>``)."""
+    with open(os.path.join(ROOT, config)) as fh:
+        for line in fh:
+            m = re.match(r"^#.*comlrl-lightning fit (.*) --config [^ ]*$", line.rstrip("\n"))
+            if m:
+                return m.group(1).split()
+    return []
+
+
+def hf_record() -> dict[str, Any] | None:
+    """The latest main-job record of the default config (`make run` with no arguments) that exited 0."""
+    from cooperation_main_job import RECORDS
+
+    if not os.path.exists(RECORDS):
+        return None
+    with open(RECORDS) as fh:
+        recs = [json.loads(line) for line in fh if line.strip()]
+    ok = [r for r in recs if not r["make_args"] and r["returncode"] == 0]
+    return ok[-1] if ok else None
+
+
 GAIN = re.compile(
     r"held-out team success: ([\d.]+) -> ([\d.]+); gain ([+-][\d.]+), 95% interval \[([+-][\d.]+), ([+-][\d.]+)\]"
 )
@@ -39,6 +63,25 @@ def parse_gain(lines: list[str]) -> dict[str, float] | None:
     return None
 
 
+def seconds_per_batch(log_dir: str) -> float | None:
+    """Median wall seconds between consecutive training batches, from the TensorBoard events' wall times
+    of the per-batch ``reward`` scalar (a validation between two batches is left out by the median)."""
+    import glob
+    import statistics
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    times = []
+    for path in glob.glob(os.path.join(log_dir, "**", "events.out.tfevents.*"), recursive=True):
+        acc = EventAccumulator(path)
+        acc.Reload()
+        if "reward" in acc.Tags()["scalars"]:
+            times += [e.wall_time for e in acc.Scalars("reward")]
+    times.sort()
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return statistics.median(gaps) if gaps else None
+
+
 def within(engine: dict[str, float] | None, hf: dict[str, float] | None) -> bool | None:
     """Whether the engine run's gain lies in the HF run's 95% interval (None when either is missing)."""
     if engine is None or hf is None:
@@ -48,7 +91,7 @@ def within(engine: dict[str, float] | None, hf: dict[str, float] | None) -> bool
 
 def section(quick: bool) -> dict[str, Any]:
     """Run the main job with the engine (``quick``: 2 batches, 4 held-out problems) and compare."""
-    from cooperation_main_job import is_summary, latest
+    from cooperation_main_job import is_summary
 
     extra = ["--model.init_args.sampling.generation_backend=vllm"]
     if quick:
@@ -60,13 +103,14 @@ def section(quick: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="engine_fit_") as tmp:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         env.pop("OMP_NUM_THREADS", None)  # as a user runs it: torch's default threads
-        cmd = [sys.executable, "-m", "comlrl_lightning", "fit", *BLOCKS, "--config", CONFIG, *extra,
+        cmd = [sys.executable, "-m", "comlrl_lightning", "fit", *blocks(), "--config", CONFIG, *extra,
                f"--trainer.logger.init_args.save_dir={tmp}"]  # fmt: skip
         load0, t0 = os.getloadavg(), time.time()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.time() - t0
+        batch_s = seconds_per_batch(tmp)
     lines = [ln.strip() for ln in proc.stdout.splitlines() if is_summary(ln)]
-    hf = latest()
+    hf = hf_record()
     engine_gain, hf_gain = parse_gain(lines), parse_gain(hf["summary"]) if hf else None
     inside = within(engine_gain, hf_gain)
     if proc.returncode:
@@ -76,6 +120,7 @@ def section(quick: bool) -> dict[str, Any]:
         "extra": extra,
         "returncode": proc.returncode,
         "wall_s": wall,
+        "seconds_per_batch": batch_s,
         "loadavg_start": load0,
         "loadavg_end": os.getloadavg(),
         "summary": lines,
@@ -98,9 +143,13 @@ def render(res: dict[str, Any]) -> str:
         f"held-out team success {e['before']:.3f} -> {e['after']:.3f}, gain {e['gain']:+.3f} "
         f"(95% interval [{e['lo']:+.3f}, {e['hi']:+.3f}])"
     )
+    if res.get("seconds_per_batch"):
+        got += f", {res['seconds_per_batch']:.1f} s per training batch (median)"
     if h is None:
         return f"The main job through the engine: {got}; no HF record to compare with."
     verdict = "inside" if res["inside_hf_interval"] else "**outside**"
+    if res.get("quick"):
+        return f"The main job through the engine, **quick check only** (2 batches, 4 held-out problems; not comparable with the HF run's interval): {got}."
     return (
         f"**The main job through the engine** (`{res['config']}`, `{' '.join(res['extra'])}`, the config's seed "
         f"and budget; `benchmarks/engine_fit.py`): {got}, {res['wall_s'] / 60:.1f} min for the fit (load "

@@ -149,3 +149,6 @@ def test_actors_see_the_credit_mode_and_a_rollout_refuses_what_they_cannot_act_i
     ):
         rollout_tree(_Env(), [None], limited, plan)
     assert len(seen) == 1
+    limited.rollout_limits = {"num_turns": ((1,), "one turn")}  # a limit nobody reads is refused, not ignored
+    with pytest.raises(ValueError, match=r"Watching.rollout_limits: unknown fields \['num_turns'\]"):
+        rollout_tree(_Env(), [None], limited, plan)

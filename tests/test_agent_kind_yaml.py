@@ -46,3 +46,10 @@ def test_a_bad_kind_path_names_the_agent_before_any_model_loads(path, why, monke
     monkeypatch.setattr(kinds, "load_agent", lambda *a, **k: pytest.fail("a model loaded"))
     with pytest.raises(ValueError, match=rf"agents\[1\]\.kind: got '{path}'.*{why}"):
         MAGRPO(agents=[{"model": "builtin:tiny-gpt2"}, {"model": "builtin:tiny-gpt2", "kind": path}])
+
+
+@pytest.mark.parametrize("other", [{"adapter": {"r": 4}}, {"share_weights_with": 0}])
+def test_a_kind_with_a_field_a_shipped_kind_reads_is_refused(other):
+    agent = {"model": "builtin:tiny-gpt2", "kind": "comlrl_lightning.team.kinds.FullFineTuning", **other}
+    with pytest.raises(ValueError, match=rf"agents\[1\]\.kind: got .* with agents\[1\]\.{next(iter(other))}"):
+        MAGRPO(agents=[{"model": "builtin:tiny-gpt2"}, agent])

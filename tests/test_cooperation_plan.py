@@ -160,7 +160,7 @@ def test_the_section_prints_the_plan_with_its_commit(monkeypatch):
 
 
 def _pilot_run(cand, seed, last4, told=0.0):
-    return {"candidate": cand, "seed": seed, "train_pass_at_1": [0.0] * 8 + list(last4),
+    return {"candidate": cand, "seed": seed, "train_pass_at_1": [0.0] * 8 + list(last4), "config": {"max_new_tokens": 3},
             "message_names_secret": [told] * 12, "wall_s": 10.0, "loadavg_start": [1.0], "loadavg_end": [2.0]}  # fmt: skip
 
 
@@ -179,7 +179,17 @@ def test_the_pilot_selection_judges_candidates_in_the_plans_order():
     # a later candidate kept while an earlier one is not judged yet decides nothing (the order rules)
     third = [_pilot_run(3, s, [1.0] * 4) for s in CP.PILOT_SEEDS]
     sel = CP.selection(below + above[:1] + third, lines)
-    assert sel["kept"] is None and not sel["decided"]
+    assert sel["kept"] is None and not sel["decided"] and sel["judged"] == 1
+    assert (
+        sel["candidates"][2]["complete"] and sel["candidates"][2]["verdict"] is None
+    )  # not reached by the rule
+    # a repeated seed (a concurrent --only run) and a seed outside the pilot's are not averaged in
+    extra = [_pilot_run(2, 200, [1.0] * 4), _pilot_run(2, 999, [1.0] * 4)]
+    sel = CP.selection(below + above + extra, lines)
+    assert (
+        sel["candidates"][1]["verdict"]["mean"] == pytest.approx(0.4)
+        and len(sel["candidates"][1]["runs"]) == 3
+    )
     none = CP.selection(
         below + [_pilot_run(c, s, [0.0] * 4, told=0.25) for c in (2, 3) for s in CP.PILOT_SEEDS], lines
     )
@@ -219,6 +229,7 @@ def test_a_complete_plan_task_is_rendered_with_its_primary_holm_and_an_undecided
         "joint − apart is +50.0 pts, resolved at seed level (Holm p = 0.0000 < 0.05, 10 vs 10 seeds)" in text
     )
     assert "iac − apart (+0.0 pts) is not resolved at seed level (Holm p = 1.0000" in text
+    assert "(provisional: communication still enters Holm at p = 1" in text and "pair's own" not in text
     assert (
         "- secondary: joint − cross-play (success after, paired by joint seed): +0.0 pts (10 seeds, paired"
         in text
@@ -237,5 +248,14 @@ def test_no_format_kept_means_the_communication_contrast_is_not_run_and_the_sect
         "| communication | joint - apart | 0 of 70 | not run: no format passed the plan's selection" in text
     )
     assert "No candidate reached the bar, so by the plan's rule the communication task was not run" in text
-    assert "named the secret in 2.0% of cases" in text
+    assert "training pass@1 averaged 0.25 (candidates 0.25-0.25; chance 0.25, bar 0.40)" in text
+    assert "(3 new tokens) named the secret in 2.0% of cases. With the secret in so few messages" in text
     assert "### division, plan-1" not in text  # division's runs are not all in: no interim summary
+
+
+def test_the_pilot_reads_messages_that_named_the_secret_but_went_unused_differently():
+    import communication_pilot as CP
+
+    runs = [_pilot_run(c, s, [0.25] * 4, told=0.6) for c in (1, 2) for s in CP.PILOT_SEEDS]
+    text = CP.why_not(CP.selection(runs, ["a", "b"]), 0.25)
+    assert "named the secret in 60.0% of cases. The messages carried the secret often enough" in text

@@ -32,3 +32,19 @@ def test_the_verdict_is_whether_the_engine_gain_lies_in_the_hf_interval():
         assert word in E.render(res)
     assert E.within(None, res["hf"]) is None and E.within(res["hf"], res["hf"]) is True
     assert "the fit failed (exit code 1)" in E.render({**_res(inside, code=1), "inside_hf_interval": None})
+
+
+def test_the_blocks_come_from_the_configs_header_and_the_baseline_is_the_default_configs_last_good_run(
+    tmp_path, monkeypatch
+):
+    import json
+
+    import cooperation_main_job
+
+    assert E.blocks() == ["--config", "configs/trainer/cpu.yaml"]  # the line `make run` reads too
+    recs = [{"make_args": [], "returncode": 0, "n": 1}, {"make_args": [], "returncode": 2, "n": 2},
+            {"make_args": ["CONFIG=configs/coop_division.yaml"], "returncode": 0, "n": 3}]  # fmt: skip
+    path = tmp_path / "main_job.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    monkeypatch.setattr(cooperation_main_job, "RECORDS", str(path))
+    assert E.hf_record()["n"] == 1

@@ -333,7 +333,7 @@ def test_the_vllm_engine_is_refused_under_fsdp2_before_any_model_loads():
     module.team.sampling[1] = replace(module.team.sampling[1], generation_backend="vllm")
     with pytest.raises(
         ValueError,
-        match=r"agents\[1\] sampling.generation_backend: got 'vllm' with strategy 'fsdp2'.*allowed with fsdp2: \['auto', 'dynamic'",
+        match=r"sampling.generation_backend \(agent 1's, with agents\[1\].generation\): got 'vllm' with strategy 'fsdp2'.*allowed with fsdp2: \['auto', 'dynamic'",
     ):
         ShardedTeamStrategy.check_team(None, module)
     assert not module.team.agents  # nothing loaded

@@ -113,14 +113,20 @@ def test_cpu_limit_kills_and_a_stuck_launcher_is_killed_by_the_parent():
     _no_processes_of(report.sandbox_uid)
 
 
-def test_a_cleanup_that_overruns_is_reported_not_raised_out_of_the_reward(monkeypatch, caplog):
+@pytest.mark.parametrize("retry_ok", [True, False])
+def test_a_cleanup_that_overruns_is_retried_not_raised_out_of_the_reward(monkeypatch, caplog, retry_ok):
     # at load 32 the fresh cleanup process (launcher overran, unique uid) took over 30 s and its
     # TimeoutExpired escaped the reward call, which would have crashed a training step
     import subprocess
 
     from comlrl_lightning.sandbox import launch
 
-    def slow(cmd, **kw):
+    calls = []
+
+    def run(cmd, **kw):
+        calls.append(kw["timeout"])
+        if len(calls) == 2 and retry_ok:
+            return subprocess.CompletedProcess(cmd, 0)
         raise subprocess.TimeoutExpired(cmd, kw["timeout"])
 
     class Proc:
@@ -129,10 +135,25 @@ def test_a_cleanup_that_overruns_is_reported_not_raised_out_of_the_reward(monkey
         def wait(self):
             return -9
 
-    monkeypatch.setattr(launch.subprocess, "run", slow)
+    class Inline:  # the background retry, run at once
+        def __init__(self, target, args, daemon):
+            self.run = lambda: target(*args)
+
+        def start(self):
+            self.run()
+
+    monkeypatch.setattr(launch.subprocess, "run", run)
+    monkeypatch.setattr(launch.threading, "Thread", Inline)
+    monkeypatch.setattr(launch, "CLEANUP_FAILURES", [])
     with caplog.at_level("WARNING", logger=launch.__name__):
         launch._kill_stuck(Proc(), "/nonexistent", 2_000_000_123, ["/sys/fs/cgroup/none"])
+    assert calls == [30, launch.CLEANUP_RETRY_S]
     assert "sandbox cleanup overran 30 s (uid 2000000123" in caplog.text
+    if retry_ok:
+        assert "done on retry" in caplog.text and launch.CLEANUP_FAILURES == []
+    else:
+        assert "failed twice" in caplog.text
+        assert launch.CLEANUP_FAILURES == [(2_000_000_123, ["/sys/fs/cgroup/none"])]
 
 
 def test_huge_allocation_is_an_error_not_a_crash():

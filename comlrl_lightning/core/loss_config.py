@@ -2,6 +2,6 @@
 (:mod:`comlrl_lightning.core.loss`); this path keeps working (a re-export, no warning).
 """
 
-from comlrl_lightning.core.loss import ImportanceSamplingLevel, KLMode, LossConfig, LossType
+from comlrl_lightning.core.loss import ImportanceSamplingLevel, KLMode, LossConfig, LossType, OnNonfinite
 
-__all__ = ["ImportanceSamplingLevel", "KLMode", "LossConfig", "LossType"]
+__all__ = ["ImportanceSamplingLevel", "KLMode", "LossConfig", "LossType", "OnNonfinite"]

@@ -64,9 +64,15 @@ def refuse_unsupported(actors: object, joint_mode: str, credit: str) -> None:
     (:class:`Actors`' ``rollout_limits``; an actor without one acts under any settings).
 
     Raises:
-        ValueError: ``rollout.<field>: got <value>, allowed: [...]; <the actor's reason>``.
+        ValueError: ``rollout.<field>: got <value>, allowed: [...]; <the actor's reason>``; a
+            ``rollout_limits`` key other than ``joint_mode`` and ``credit``.
     """
     limits = getattr(actors, "rollout_limits", None) or {}
+    unknown = sorted(set(limits) - {"joint_mode", "credit"})
+    if unknown:  # a limit nobody enforces would be silent
+        raise ValueError(
+            f"{type(actors).__name__}.rollout_limits: unknown fields {unknown}; allowed: ['joint_mode', 'credit']"
+        )
     for field, value in (("joint_mode", joint_mode), ("credit", credit)):
         if field in limits and value not in limits[field][0]:
             allowed, why = limits[field]

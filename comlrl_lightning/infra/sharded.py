@@ -291,7 +291,8 @@ class ShardedTeamStrategy(ModelParallelStrategy):
         for i, sampling in enumerate(getattr(team, "sampling", None) or []):
             if sampling.generation_backend == "vllm":
                 raise ValueError(
-                    f"agents[{i}] sampling.generation_backend: got 'vllm' with strategy 'fsdp2'; the engine "
+                    f"sampling.generation_backend (agent {i}'s, with agents[{i}].generation): got 'vllm' with "
+                    "strategy 'fsdp2'; the engine "
                     "would need each agent's full weights gathered from the shards after every step, which "
                     f"is not built: allowed with fsdp2: {[n for n in GENERATION_BACKEND.names if n != 'vllm']}"
                 )

@@ -274,13 +274,36 @@ def _kill_stuck(proc: subprocess.Popen, base: str, unique_uid: int | None, cgrou
         ]
         try:
             subprocess.run(cmd, env={}, timeout=30, stdin=quiet, stdout=quiet, stderr=quiet, check=False)
-        except subprocess.TimeoutExpired:  # the run is already judged (it overran); say what may be left
+        except subprocess.TimeoutExpired:  # the run is already judged (it overran): retry off this thread
             log.warning(
-                "sandbox cleanup overran 30 s (uid %s, cgroups %s): processes of that uid or the cgroups may "
-                "be left behind; the run counts as timed out",
+                "sandbox cleanup overran 30 s (uid %s, cgroups %s); retrying in the background for up to "
+                "%d s: until then processes of that uid may still run",
                 unique_uid,
                 cgroups,
+                CLEANUP_RETRY_S,
             )
+            threading.Thread(target=_retry_cleanup, args=(cmd, unique_uid, cgroups), daemon=True).start()
+
+
+CLEANUP_RETRY_S = 300
+"""Seconds the background retry of an overrun cleanup may take (a machine at load 30 took over 30 s)."""
+CLEANUP_FAILURES: list[tuple[int | None, list[str]]] = []
+"""(uid, cgroups) of cleanups that failed twice: what may be left running (also logged as an error)."""
+
+
+def _retry_cleanup(cmd: list[str], unique_uid: int | None, cgroups: list[str]) -> None:
+    quiet = subprocess.DEVNULL
+    try:
+        done = subprocess.run(cmd, env={}, timeout=CLEANUP_RETRY_S, stdin=quiet, stdout=quiet, stderr=quiet)
+        if done.returncode == 0:
+            log.warning("sandbox cleanup of uid %s done on retry", unique_uid)
+            return
+    except subprocess.TimeoutExpired:
+        pass
+    CLEANUP_FAILURES.append((unique_uid, list(cgroups)))
+    log.error(
+        "sandbox cleanup of uid %s (cgroups %s) failed twice: check for its processes", unique_uid, cgroups
+    )
 
 
 def _tail(path: str, limit: int) -> str:

@@ -59,8 +59,10 @@ class AgentSpec:
             :class:`~comlrl_lightning.team.kinds.AgentKind` subclass, built with no arguments: what
             the agent is, from YAML, with no change to the library (``docs/agents.md``, "Adding a
             kind"). Default None: the shipped kind the other fields choose (``adapter``: LoRA;
-            ``share_weights_with``: shared weights; else full fine-tuning). Resolved and checked
-            before any model loads.
+            ``share_weights_with``: shared weights; else full fine-tuning), and not together with
+            either of those. Resolved and checked before any model loads; the module must be
+            importable by the process (the CLI does not put the working directory on the path:
+            ``PYTHONPATH=.``).
     """
 
     model: str
@@ -114,6 +116,13 @@ def validate_spec(spec: AgentSpec, index: int, num_agents: int) -> None:
             f"{where}.share_weights_with: must be the index of an earlier agent (0..{index - 1}), "
             f"got {spec.share_weights_with}"
         )
+    if spec.kind is not None:
+        for other in ("adapter", "share_weights_with"):
+            if getattr(spec, other) is not None:
+                raise ValueError(
+                    f"{where}.kind: got {spec.kind!r} with {where}.{other}; the kind alone says what the "
+                    f"agent is (the shipped kinds read {other}): give one of them"
+                )
     if spec.adapter is not None:
         spec.adapter.check(f"{where}.adapter")
     if spec.frozen and spec.share_weights_with is not None and spec.adapter is None:

@@ -275,7 +275,10 @@ def resolve_kind(path: str, where: str = "kind") -> type[AgentKind]:
     try:
         cls = getattr(importlib.import_module(module), name) if module and name else None
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"{where}: got {path!r}, which does not import ({err})") from None
+        raise ValueError(
+            f"{where}: got {path!r}, which does not import ({err}); the module must be on the process's "
+            "path (PYTHONPATH=. for a module in the working directory)"
+        ) from None
     if not (isinstance(cls, type) and issubclass(cls, AgentKind)):
         raise ValueError(
             f"{where}: got {path!r}; give the import path of an AgentKind subclass "
