@@ -169,3 +169,22 @@ def test_a_run_resumed_with_the_engine_equals_the_uninterrupted_run_bit_for_bit(
     assert not differ, f"{len(differ)} of {len(straight)} tensors differ, e.g. {list(differ.items())[:3]}"
     # the second batch moved the weights: equality above is not two copies of the checkpoint
     assert any(not torch.equal(straight[k], first[k]) for k in straight)
+
+
+def test_an_engine_first_used_by_a_validation_rollout_takes_weight_pushes_after_it():
+    # Lightning validates under torch.inference_mode; the main job validates before it trains, so its
+    # engines started there: the first push after the first optimizer step failed with "Inplace update
+    # to inference tensor outside InferenceMode" (seen in benchmarks/engine_fit.py's first run)
+    team = team_of("vllm", [{"model": SMOL}], max_new_tokens=4)
+    prompts = [render_prompt(team.tokenizers[0], [PROMPTS[0]], [], team.specs[0].chat_template)]
+    try:
+        with torch.inference_mode():
+            team.generate_one(0, prompts, 1, greedy=True)  # builds the engine (a validation rollout)
+        for inference in (False, True, False):  # a push in training, in validation, then in training again
+            with torch.no_grad():
+                next(team.agents[0].parameters()).add_(1e-3)
+            with torch.inference_mode(inference):
+                team.generate_one(0, prompts, 1, greedy=True)
+        assert team.engine_pool().stats.syncs == 3
+    finally:
+        team.engine_pool().close()

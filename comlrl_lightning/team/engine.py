@@ -187,7 +187,10 @@ class ColocatedEngine:
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         rng = collect_rng_states()  # vLLM seeds the process's global RNGs with its `seed` at start-up
         try:
-            self.llm = vllm.LLM(**kwargs)
+            # outside inference mode whatever the caller's (Lightning validates under it, and an engine built
+            # by a validation rollout would hold inference tensors that no later weight push may write)
+            with torch.inference_mode(False):
+                self.llm = vllm.LLM(**kwargs)
         except ValueError as err:  # vLLM names its own knobs; say which of ours set them
             memory = "vllm_cpu_kv_cache_gib" if on_cpu else "vllm_gpu_memory_utilization"
             raise ValueError(
@@ -228,9 +231,10 @@ class ColocatedEngine:
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Replace the engine's weights with ``state`` (Hugging Face names) through vLLM's in-place reload."""
         items = iter(state.items())
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
-        )
+        with torch.inference_mode(False):  # a push from a validation rollout must leave normal tensors too
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
+            )
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
