@@ -206,6 +206,14 @@ def why_not(pilot: dict[str, Any], chance: float) -> str:
     return text
 
 
+DEVIATIONS = (
+    "candidate 3's first seed-200 run trained 18 batches, not 12 (the pilot counted the curriculum's optimizer "
+    "steps across stages; fixed in f7b4cb8): that record was discarded and the seed rerun under the "
+    "candidate's configuration",
+    "the pilot ran beside division's confirmatory runs, not after them: it trains on communication training "
+    "problems only and reads no division run; the plan's order binds confirmatory runs, and communication has none",
+)
+"""What the pilot did otherwise than the plan says, printed under its table."""
 RARE_MESSAGE = 0.10
 """Below this share of messages naming the secret, the section reads the failure as exploration."""
 
@@ -262,6 +270,8 @@ training pass@1 = the share of a batch's sampled turn-1 joint actions in which a
 {chr(10).join(rows)}
 
 {verdict}
+
+Deviations: {"; ".join(DEVIATIONS)}.
 """
 
 
