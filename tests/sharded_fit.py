@@ -148,6 +148,9 @@ def main(argv: list[str]) -> None:
         weights["_world_size"] = torch.tensor(trainer.world_size)
         torch.save(weights, os.path.join(args.out, "weights.pt"))
     if torch.distributed.is_initialized():  # a clean exit: torchrun's agents wait on every worker
+        # every rank past rank 0's save before any tears down: in CI at load 10 node 1's worker aborted
+        # ("terminate called without an active exception", SIGABRT) while node 0 was still saving
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 

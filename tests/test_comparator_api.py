@@ -295,7 +295,11 @@ def test_stop_sends_nothing_after_the_failure(server_factory, concurrency):
     with pytest.raises(ComparatorError, match="comparator_on_error='stop': .*HTTP 400"):
         cmp.sample([["a", "bad", "c", "d", "e", "f", "g"]], num_candidates=1)
     sent = sorted(r["body"]["messages"][0]["content"] for r in srv.requests)
-    assert sent == (["a", "bad"] if concurrency == 1 else ["a", "bad", "c"])  # threaded: those in flight
+    if concurrency == 1:
+        assert sent == ["a", "bad"]
+    else:  # threaded: at most the three in flight when "bad" failed (which of "a" / "c" had been sent
+        # depends on scheduling: at load 10, "c"'s thread checked the abort only after the failure), never a later one
+        assert "bad" in sent and set(sent) <= {"a", "bad", "c"}
 
 
 def test_a_dead_endpoint_stops_after_too_many_failed_episodes_in_a_row(server_factory):
