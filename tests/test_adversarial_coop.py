@@ -52,6 +52,15 @@ def test_no_attack_class_pays_on_other_output_types(coop, rows, task):
     _check_problem(coop, rows[task])
 
 
+@pytest.mark.parametrize("task", [103, 137])  # outputs: a "0b..." text or -1; a number, a text or None
+def test_a_wrapper_that_reverses_only_its_sequence_outputs_is_still_a_wrapper(coop, rows, task):
+    # the final-code sweep (2026-12-05): reversed_wrapper earned 4.0 against the honest wrapper's 3.5 here
+    atks = {a.name: a for a in attacks_for(rows[task])}
+    honest, rev = atks["honest"], atks["reversed_wrapper"]
+    values = _values(coop, rows[task], [(honest.aux, honest.main), (rev.aux, rev.main)])
+    assert values[0] == pytest.approx(BASELINE["wrapper"]) and values[1] <= values[0] + 1e-9
+
+
 MEAN = "def aux(numbers):\n    return sum(numbers) / len(numbers)\n"
 MAD_MAIN = (
     "def mean_absolute_deviation(numbers):\n    m = aux(numbers)\n"

@@ -284,9 +284,10 @@ def _negated(v: object) -> object:
 
 
 def _reversed(v: object) -> object:
-    if type(v) in (str, list, tuple):
-        return v[::-1]
-    raise TypeError("not a sequence")
+    # a value that is not a sequence stays as it is (as _negated leaves text): a wrapper that reverses
+    # only its sequence outputs (HumanEval/103 returns "0b..." or -1, /137 a number, a text or None)
+    # is still a wrapper; raising here rejected the encoding for every call (+0.5 it had not earned)
+    return v[::-1] if type(v) in (str, list, tuple) else v
 
 
 ENCODINGS = {"identity": lambda v: v, "negation": _negated, "reversal": _reversed}
