@@ -68,12 +68,13 @@ def refuse_unsupported(actors: object, joint_mode: str, credit: str) -> None:
             ``rollout_limits`` key other than ``joint_mode`` and ``credit``.
     """
     limits = getattr(actors, "rollout_limits", None) or {}
-    unknown = sorted(set(limits) - {"joint_mode", "credit"})
+    given = {"joint_mode": joint_mode, "credit": credit}
+    unknown = sorted(set(limits) - set(given))
     if unknown:  # a limit nobody enforces would be silent
         raise ValueError(
-            f"{type(actors).__name__}.rollout_limits: unknown fields {unknown}; allowed: ['joint_mode', 'credit']"
+            f"{type(actors).__name__}.rollout_limits: unknown fields {unknown}; allowed: {list(given)}"
         )
-    for field, value in (("joint_mode", joint_mode), ("credit", credit)):
+    for field, value in given.items():
         if field in limits and value not in limits[field][0]:
             allowed, why = limits[field]
             raise ValueError(f"rollout.{field}: got {value!r}, allowed: {list(allowed)}; {why}")

@@ -292,9 +292,9 @@ class ShardedTeamStrategy(ModelParallelStrategy):
             if sampling.generation_backend == "vllm":
                 raise ValueError(
                     f"sampling.generation_backend (agent {i}'s, with agents[{i}].generation): got 'vllm' with "
-                    "strategy 'fsdp2'; the engine "
-                    "would need each agent's full weights gathered from the shards after every step, which "
-                    f"is not built: allowed with fsdp2: {[n for n in GENERATION_BACKEND.names if n != 'vllm']}"
+                    "strategy 'fsdp2'; the engine would need each agent's full weights gathered from the shards "
+                    "after every step, which is not built: allowed with fsdp2: "
+                    f"{[n for n in GENERATION_BACKEND.names if n != 'vllm']}"
                 )
 
     def shard_team(self, module: nn.Module, rollout_context: Callable[..., Any] | None = None) -> None:
