@@ -22,9 +22,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import test_adversarial_containment as cont  # noqa: E402
 import test_adversarial_rewards as rew  # noqa: E402
 
+from comlrl_lightning.coding.data import load_humaneval_rows  # noqa: E402
+from comlrl_lightning.coding.reward import CooperativeCodeReward  # noqa: E402
 from comlrl_lightning.envs.base import Episode  # noqa: E402
-from comlrl_lightning.tasks.coding.data import load_humaneval_rows  # noqa: E402
-from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward  # noqa: E402
 
 
 def main() -> None:

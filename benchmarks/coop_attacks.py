@@ -24,9 +24,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from coop_attacks import attacks_for, helper_solves, solo_main, wrapper_main  # noqa: E402
 
+from comlrl_lightning.coding.data import load_humaneval_rows  # noqa: E402
+from comlrl_lightning.coding.reward import CooperativeCodeReward  # noqa: E402
 from comlrl_lightning.envs.base import Episode  # noqa: E402
-from comlrl_lightning.tasks.coding.data import load_humaneval_rows  # noqa: E402
-from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward  # noqa: E402
 
 TRIVIAL = "def aux(x):\n    return x\n"
 

@@ -30,7 +30,7 @@ import json, sys, time
 sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__ + repr(f)]
 sys.path.insert(0, {path!r})
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.tasks.coding import reward as R
+from comlrl_lightning.coding import reward as R
 rows = R.load_humaneval_rows()[: {problems}]
 coop = R.CooperativeCodeReward(max_workers={workers})
 def joint(row, j, salt):

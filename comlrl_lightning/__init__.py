@@ -4,13 +4,8 @@ from comlrl_lightning.algorithms.actor_critic import ActorCritic, ActorCriticRol
 from comlrl_lightning.algorithms.base import CoMLRLModule
 from comlrl_lightning.algorithms.centralized_magrpo import CentralizedMAGRPO
 from comlrl_lightning.algorithms.iac import IAC
-from comlrl_lightning.algorithms.joint_reward_model import RewardModelConfig
 from comlrl_lightning.algorithms.maac import MAAC
-from comlrl_lightning.algorithms.madpo import MADPO
-from comlrl_lightning.algorithms.madpo_iter import MADPOIter
 from comlrl_lightning.algorithms.magrpo import MAGRPO, MAREINFORCE, MARLOO, MAReMax
-from comlrl_lightning.algorithms.marlhf import MARLHF
-from comlrl_lightning.algorithms.marlhf_iter import MARLHFIter, RLPhaseConfig
 from comlrl_lightning.core.config import (
     AdvantageConfig,
     LossConfig,
@@ -18,9 +13,6 @@ from comlrl_lightning.core.config import (
     RolloutConfig,
     SamplingConfig,
 )
-from comlrl_lightning.core.dpo import DPOConfig
-from comlrl_lightning.core.preference import PreferenceConfig
-from comlrl_lightning.core.preference_config import PairSourceConfig
 from comlrl_lightning.core.records import AgentStats, StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode, PromptTemplate, Transition
 from comlrl_lightning.envs.rewards import RewardFunction, RewardOutput, RewardProcessor, WeightedReward
@@ -29,6 +21,15 @@ from comlrl_lightning.infra.sharded import ShardedTeamStrategy  # registers 'fsd
 from comlrl_lightning.infra.strategy import (
     AgentParallelStrategy,  # registers the 'agent_parallel' strategy name
 )
+from comlrl_lightning.moved import install as _answer_moved_paths
+from comlrl_lightning.preference.dpo import DPOConfig
+from comlrl_lightning.preference.joint_reward_model import RewardModelConfig
+from comlrl_lightning.preference.madpo import MADPO
+from comlrl_lightning.preference.madpo_iter import MADPOIter
+from comlrl_lightning.preference.marlhf import MARLHF
+from comlrl_lightning.preference.marlhf_iter import MARLHFIter, RLPhaseConfig
+from comlrl_lightning.preference.pair_source import PairSourceConfig
+from comlrl_lightning.preference.selection import PreferenceConfig
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.critics import CriticConfig, CriticSpec
 from comlrl_lightning.team.team import Team
@@ -75,6 +76,7 @@ __all__ = [
     "DPOConfig",
     "PreferenceConfig",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
+_answer_moved_paths()  # the families' old import paths, with a DeprecationWarning (moved.py)
 silence_start_up_noise()  # precise filters for Lightning/transformers start-up noise (infra/quiet.py)

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 from comlrl_lightning.algorithms import madpo, marlhf
-from comlrl_lightning.comparator import config as comparator_config
 from comlrl_lightning.core import (
     advantages,
     credit,
@@ -30,6 +29,7 @@ from comlrl_lightning.core import (
 from comlrl_lightning.core.choices import REGISTRY
 from comlrl_lightning.envs import reward_model, trl_reward
 from comlrl_lightning.infra import placement
+from comlrl_lightning.preference.comparator import config as comparator_config
 from comlrl_lightning.tasks import cooperation
 
 DECLARING = (

@@ -6,8 +6,8 @@ and is registered below by one import line, which makes ``comlrl_lightning.datam
 its public path (the ``class_path`` configs use).
 """
 
+from comlrl_lightning.coding.datamodule import HumanEvalDataModule
 from comlrl_lightning.datamodules.decpomdp import DecPOMDPDataModule, load_rows
-from comlrl_lightning.tasks.coding.datamodule import HumanEvalDataModule
 from comlrl_lightning.tasks.cooperation.datamodule import CooperationDataModule
 from comlrl_lightning.tasks.toy.datamodule import LengthRatioDataModule
 

@@ -57,7 +57,7 @@ def trainer_factory():
 @pytest.fixture(scope="module")
 def coop():
     """The cooperative coding reward (one per test module: its judge and its cache of reports)."""
-    from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward
+    from comlrl_lightning.coding.reward import CooperativeCodeReward
 
     reward = CooperativeCodeReward()
     yield reward
@@ -67,7 +67,7 @@ def coop():
 @pytest.fixture(scope="module")
 def rows():
     """The 164 HumanEval rows."""
-    from comlrl_lightning.tasks.coding.data import load_humaneval_rows
+    from comlrl_lightning.coding.data import load_humaneval_rows
 
     return load_humaneval_rows()
 

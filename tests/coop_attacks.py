@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 from typing import NamedTuple
 
-from comlrl_lightning.tasks.coding.data import _Rename
+from comlrl_lightning.coding.data import _Rename
 
 
 class Attack(NamedTuple):

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from comlrl_lightning.tasks.coding import code_text
-from comlrl_lightning.tasks.coding.code_text import MAX_COMPLETION_CHARS, clean_completion
-from comlrl_lightning.tasks.coding.data import load_humaneval_rows
-from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward
+from comlrl_lightning.coding import code_text
+from comlrl_lightning.coding.code_text import MAX_COMPLETION_CHARS, clean_completion
+from comlrl_lightning.coding.data import load_humaneval_rows
+from comlrl_lightning.coding.reward import CooperativeCodeReward
 
 
 def worst_inputs(n: int) -> dict[str, str]:
@@ -75,7 +75,7 @@ def test_the_stacked_decorators_still_clean_the_way_they_did(row):
 
 
 def test_a_lambda_chain_past_the_cap_scores_zero_without_being_parsed(row):
-    from comlrl_lightning.tasks.coding.code_text import MAX_LAMBDAS
+    from comlrl_lightning.coding.code_text import MAX_LAMBDAS
 
     chain = _lambda_chain(MAX_COMPLETION_CHARS)
     assert chain.count("lambda") > MAX_LAMBDAS and compile(chain, "<c>", "exec")  # valid Python

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from comlrl_lightning.sandbox.api import SandboxConfig, SandboxPool, TestJob, run_tests
-from comlrl_lightning.tasks.coding.data import humaneval_path
+from comlrl_lightning.coding.data import humaneval_path
+from comlrl_lightning.coding.sandbox.api import SandboxConfig, SandboxPool, TestJob, run_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = SandboxConfig(timeout_s=4.0, test_timeout_s=3.0, memory_mb=256)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 from coop_attacks import ALWAYS_PAYS, BASELINE, attacks_for, solo_main
 
+from comlrl_lightning.coding.feedback import CodingFeedbackTransition
+from comlrl_lightning.coding.recorder import recording_for
+from comlrl_lightning.coding.reward import visible_tests
+from comlrl_lightning.coding.sandbox import plain
+from comlrl_lightning.coding.standin import is_wrapper, perturbed
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.sandbox import plain
-from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
-from comlrl_lightning.tasks.coding.recorder import recording_for
-from comlrl_lightning.tasks.coding.reward import visible_tests
-from comlrl_lightning.tasks.coding.standin import is_wrapper, perturbed
 
 STATIC = 0.4 + 0.6 + 0.5
 

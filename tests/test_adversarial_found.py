@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
+from comlrl_lightning.coding.feedback import CodingFeedbackTransition
+from comlrl_lightning.coding.recorder import recording_for
+from comlrl_lightning.coding.reward import visible_tests
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
-from comlrl_lightning.tasks.coding.recorder import recording_for
-from comlrl_lightning.tasks.coding.reward import visible_tests
 
 HEAD = "def has_close_elements(numbers, threshold):\n"
 SOLUTION_BODY = (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from comlrl_lightning.sandbox.api import SandboxConfig, run_tests
+from comlrl_lightning.coding.sandbox.api import SandboxConfig, run_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = SandboxConfig(timeout_s=6.0, test_timeout_s=5.0, memory_mb=256)
@@ -140,7 +140,7 @@ def test_pid_1_of_the_sandbox_shows_no_host_paths():
 
 def test_nothing_is_left_in_tmpdir(tmp_path):
     code = (
-        "from comlrl_lightning.sandbox.api import run_tests\n"
+        "from comlrl_lightning.coding.sandbox.api import run_tests\n"
         "r = run_tests('x = 1', ['assert x == 1'], timeout_s=4.0)\n"
         "assert r.all_passed, r\n"
     )

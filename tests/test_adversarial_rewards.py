@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+from comlrl_lightning.coding.data import humaneval_path
+from comlrl_lightning.coding.feedback import CodingFeedbackTransition
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.tasks.coding.data import humaneval_path
-from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
 
 TRIVIAL_AUX = "def aux(x):\n    return x\n"
 STATIC = 0.4 + 0.6 + 0.5
@@ -149,7 +149,7 @@ def test_forging_code_next_to_a_real_solution_earns_exactly_the_solution(coop, r
 def test_the_memory_scan_finds_tests_where_they_are_held():
     """Control for ``scanning_memory``: in the in-process test mode (tests held by the sandboxed
     process) the same scan finds them, so its failure above means they are really absent."""
-    from comlrl_lightning.sandbox.api import run_tests
+    from comlrl_lightning.coding.sandbox.api import run_tests
 
     report = run_tests(
         FORGING["scanning_memory"], ["candidate = None\nassert candidate([1.0, 2.0, 3.9], 0.3)"]

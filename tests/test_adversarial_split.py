@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 from coop_attacks import attacks_for, encoded_helper, helper_solves, solo_main, wrapper_main
 
+from comlrl_lightning.coding.sandbox import plain
+from comlrl_lightning.coding.sandbox.results import SandboxConfig
+from comlrl_lightning.coding.sandbox.split import run_split
+from comlrl_lightning.coding.standin import helper_did_work, is_wrapper, perturbed, substitute
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.sandbox import plain
-from comlrl_lightning.sandbox.results import SandboxConfig
-from comlrl_lightning.sandbox.split import run_split
-from comlrl_lightning.tasks.coding.standin import helper_did_work, is_wrapper, perturbed, substitute
 
 SOLO, WRAPPER = 3.0, 3.5
 

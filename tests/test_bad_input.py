@@ -891,7 +891,7 @@ def test_a_missing_reward_model_is_named_before_any_agent_loads(monkeypatch, tmp
 
 
 def test_a_reward_model_that_fails_to_load_is_named_as_the_reward_model(tmp_path):
-    from comlrl_lightning.algorithms.joint_reward_model import load_reward_backbone
+    from comlrl_lightning.preference.joint_reward_model import load_reward_backbone
 
     (tmp_path / "broken").mkdir()  # exists (passes the pre-load check) but holds no config.json
     with pytest.raises(OSError, match=rf"^reward_model\.reward_model: cannot load '{tmp_path}/broken' \((OSError|"

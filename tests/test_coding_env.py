@@ -8,9 +8,7 @@ import random
 
 import pytest
 
-from comlrl_lightning.envs.base import DecPOMDP, Episode
-from comlrl_lightning.envs.rewards import RewardFunction
-from comlrl_lightning.tasks.coding.reward import (
+from comlrl_lightning.coding.reward import (
     CooperativeCodeReward,
     HelperPrompt,
     MainPrompt,
@@ -22,7 +20,9 @@ from comlrl_lightning.tasks.coding.reward import (
     split_tests,
     train_val_split,
 )
-from comlrl_lightning.tasks.coding.single_agent import SingleAgentCodeReward, all_tests_pass
+from comlrl_lightning.coding.single_agent import SingleAgentCodeReward, all_tests_pass
+from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.envs.rewards import RewardFunction
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +216,7 @@ def test_train_val_split_is_fixed(rows):
 
 
 def test_a_definition_cut_off_by_the_token_limit_is_dropped():
-    from comlrl_lightning.tasks.coding.reward import clean_completion
+    from comlrl_lightning.coding.reward import clean_completion
 
     text = "def f(x):\n    return x + 1\n\ndef aux(y):\n    return y\n\ndef f(x) -> int:"
     assert clean_completion(text) == "def f(x):\n    return x + 1\n\ndef aux(y):\n    return y"
@@ -227,14 +227,14 @@ def test_a_definition_cut_off_by_the_token_limit_is_dropped():
 
 
 def test_an_empty_fence_pair_before_the_code_block_does_not_hide_the_code():
-    from comlrl_lightning.tasks.coding.reward import clean_completion
+    from comlrl_lightning.coding.reward import clean_completion
 
     text = "```\n\n```python\ndef below(l: list, t: int) -> bool:\n    return all(x < t for x in l)\n```\n\nThis uses all()."
     assert clean_completion(text) == "def below(l: list, t: int) -> bool:\n    return all(x < t for x in l)"
 
 
 def test_a_helper_under_another_name_is_scored_as_aux_unless_strict(he0):
-    from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward, helper_as_aux
+    from comlrl_lightning.coding.reward import CooperativeCodeReward, helper_as_aux
 
     renamed = helper_as_aux("def dist(a, b):\n    return abs(a - b) if a > b else dist(b, a)")
     assert renamed.startswith("def aux(a, b):") and "aux(b, a)" in renamed

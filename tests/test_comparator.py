@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-from comlrl_lightning.comparator import ComparatorConfig, build_comparator
-from comlrl_lightning.comparator.history import HistoryComparator
-from comlrl_lightning.comparator.policies import TeamComparator
 from comlrl_lightning.core import metrics as M
 from comlrl_lightning.core.config import SamplingConfig
+from comlrl_lightning.preference.comparator import ComparatorConfig, build_comparator
+from comlrl_lightning.preference.comparator.history import HistoryComparator
+from comlrl_lightning.preference.comparator.policies import TeamComparator
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.team import Team
 
@@ -267,9 +267,9 @@ def test_team_size_rules_are_checked_before_any_model_loads():
 @pytest.mark.parametrize(
     "module, name",
     [
-        ("comlrl_lightning.comparator.config", "ComparatorConfig"),
-        ("comlrl_lightning.comparator.config", "RoundsConfig"),
-        ("comlrl_lightning.core.replay", "ReplayConfig"),
+        ("comlrl_lightning.preference.comparator.config", "ComparatorConfig"),
+        ("comlrl_lightning.preference.comparator.config", "RoundsConfig"),
+        ("comlrl_lightning.preference.replay", "ReplayConfig"),
     ],
 )
 def test_every_config_field_is_typed_and_documented_where_it_is_declared(module, name):

@@ -15,9 +15,14 @@ import torch
 import yaml
 from local_http import chat_reply, serving
 
-from comlrl_lightning.comparator import ApiClient, ComparatorConfig, ComparatorError, build_comparator
-from comlrl_lightning.comparator.remote import ApiComparator
 from comlrl_lightning.core import metrics as M
+from comlrl_lightning.preference.comparator import (
+    ApiClient,
+    ComparatorConfig,
+    ComparatorError,
+    build_comparator,
+)
+from comlrl_lightning.preference.comparator.remote import ApiComparator
 
 SAMPLING = {"max_new_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": 5}
 SECRET = "sk-test-5ecret-never-logged"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comlrl_lightning.comparator import ComparatorConfig, ComparatorSample, build_comparator
-from comlrl_lightning.comparator.candidates import build_candidates
 from comlrl_lightning.core.config import SamplingConfig
 from comlrl_lightning.envs.base import DecPOMDP, Episode
+from comlrl_lightning.preference.comparator import ComparatorConfig, ComparatorSample, build_comparator
+from comlrl_lightning.preference.comparator.candidates import build_candidates
 from comlrl_lightning.team.agents import AgentSpec
 from comlrl_lightning.team.team import Team
 
@@ -96,8 +96,8 @@ def test_per_agent_rewards_are_refused_naming_why():
 
 def test_two_rounds_of_build_replay_and_history_fit_together(tmp_path):
     """The wiring docs/iterative.md plans, without the DPO step (one SGD step stands in for training)."""
-    from comlrl_lightning.comparator.history import HistoryComparator
-    from comlrl_lightning.core.replay import PreferenceReplay, ReplayConfig
+    from comlrl_lightning.preference.comparator.history import HistoryComparator
+    from comlrl_lightning.preference.replay import PreferenceReplay, ReplayConfig
 
     torch.manual_seed(0)
     team = Team(

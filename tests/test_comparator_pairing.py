@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from comlrl_lightning.comparator import comparison_order, pair_with_comparator, pairs_for_batch
+from comlrl_lightning.preference.comparator import comparison_order, pair_with_comparator, pairs_for_batch
 
 CUR = [0.9, 0.2, 0.5, 0.5, 0.1]
 CMP = [0.1, 0.8, 0.5, 0.3, 0.4]

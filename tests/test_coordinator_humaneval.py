@@ -2,6 +2,8 @@
 
 import pytest
 
+from comlrl_lightning.coding.code_text import clean_completion
+from comlrl_lightning.coding.reward import load_humaneval_rows
 from comlrl_lightning.coordinator.humaneval import (
     HumanEvalEpisodes,
     ProposerPrompt,
@@ -9,8 +11,6 @@ from comlrl_lightning.coordinator.humaneval import (
     RevisionReward,
 )
 from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.tasks.coding.code_text import clean_completion
-from comlrl_lightning.tasks.coding.reward import load_humaneval_rows
 
 ROW = load_humaneval_rows()[0]
 SOLUTION = ROW["prompt"] + ROW["canonical_solution"]

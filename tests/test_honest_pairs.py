@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 from honest_pairs import PAIRS
 
+from comlrl_lightning.coding.reward import CooperativeCodeReward
+from comlrl_lightning.coding.sandbox.results import SandboxConfig
 from comlrl_lightning.envs.base import Episode
 from comlrl_lightning.envs.rewards import PASS_AT_1
-from comlrl_lightning.sandbox.results import SandboxConfig
-from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward
 
 GENUINE = 4.0
 REFUSED = {

@@ -7,11 +7,11 @@ import pytest
 from experiments import experiment
 
 from comlrl_lightning.cli import main
+from comlrl_lightning.coding.feedback import CodingFeedbackTransition
+from comlrl_lightning.coding.reward import CooperativeCodeReward
+from comlrl_lightning.coding.single_agent import SingleAgentCodeReward
 from comlrl_lightning.datamodules import HumanEvalDataModule
 from comlrl_lightning.envs.base import SOLVED, Episode
-from comlrl_lightning.tasks.coding.feedback import CodingFeedbackTransition
-from comlrl_lightning.tasks.coding.reward import CooperativeCodeReward
-from comlrl_lightning.tasks.coding.single_agent import SingleAgentCodeReward
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_TEAM = "[{model: builtin:tiny-gpt2}, {model: builtin:tiny-gpt2}]"
@@ -89,7 +89,7 @@ def test_main_job_config_runs_end_to_end_on_the_tiny_model(tmp_path, capsys):
 @pytest.mark.slow
 def test_every_canonical_solution_passes_all_its_tests_and_earns_full_test_credit():
     """All 164 problems through the whole judged pipeline: record, run in the sandbox, judge."""
-    from comlrl_lightning.tasks.coding.data import load_humaneval_rows
+    from comlrl_lightning.coding.data import load_humaneval_rows
 
     rows = load_humaneval_rows()
     coop = CooperativeCodeReward()

@@ -17,8 +17,8 @@ from test_marlhf import assert_same, data, marlhf, params, separable_pairs
 from comlrl_lightning import MAGRPO
 from comlrl_lightning.algorithms import joint_reward_model
 from comlrl_lightning.callbacks import InterruptCheckpoint
-from comlrl_lightning.core.pairs import write_pairs
 from comlrl_lightning.envs.base import DecPOMDP
+from comlrl_lightning.preference.pairs import write_pairs
 
 
 def fit(trainer_factory, module, batches, datamodule=None, ckpt_path=None, **kw):

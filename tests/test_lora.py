@@ -295,7 +295,7 @@ def test_ddp_asks_for_find_unused_parameters_with_two_adapters_on_one_base():
 def test_the_comparator_history_reads_a_saved_adapter_back_on_the_shared_base(tmp_path):
     # before the fix PolicyHistory.load read an adapter folder with AutoModelForCausalLM.from_pretrained,
     # which went to the hub for the base named in adapter_config.json (OSError offline, a builtin base)
-    from comlrl_lightning.comparator.history import PolicyHistory
+    from comlrl_lightning.preference.comparator.history import PolicyHistory
 
     pl.seed_everything(0)
     model = lora()

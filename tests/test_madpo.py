@@ -1,4 +1,4 @@
-"""MADPO (algorithms/madpo.py): the joint DPO loss, both modes training, and exact resume."""
+"""MADPO (preference/madpo.py): the joint DPO loss, both modes training, and exact resume."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from comlrl_lightning.algorithms.madpo import MADPO
-from comlrl_lightning.core.dpo import DPOConfig, PairLogps, dpo_metrics, joint_dpo_losses
-from comlrl_lightning.core.preference import PreferenceConfig
 from comlrl_lightning.datamodules import LengthRatioDataModule
+from comlrl_lightning.preference.dpo import DPOConfig, PairLogps, dpo_metrics, joint_dpo_losses
+from comlrl_lightning.preference.madpo import MADPO
+from comlrl_lightning.preference.selection import PreferenceConfig
 
 
 def test_each_agents_gradient_is_the_joint_losses_through_its_own_delta_only():
@@ -207,7 +207,7 @@ def test_centralized_trains_one_joint_actor_on_pairs_of_its_joint_completions(tr
 
 
 def test_a_non_finite_dpo_loss_skips_the_step_instead_of_stepping_on_a_constant(trainer_factory, monkeypatch):
-    import comlrl_lightning.algorithms.madpo as madpo_mod
+    import comlrl_lightning.preference.madpo as madpo_mod
 
     real = madpo_mod.joint_dpo_losses
     monkeypatch.setattr(madpo_mod, "joint_dpo_losses", lambda *a, **k: real(*a, **k) * float("nan"))

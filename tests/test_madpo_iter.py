@@ -12,11 +12,11 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from local_http import chat_reply, serving
 
-from comlrl_lightning.algorithms.madpo_iter import MADPOIter, text_pair_tokens
 from comlrl_lightning.core import metrics as M
-from comlrl_lightning.core.pairs import read_pairs
 from comlrl_lightning.core.records import StepOutput
 from comlrl_lightning.datamodules import LengthRatioDataModule
+from comlrl_lightning.preference.madpo_iter import MADPOIter, text_pair_tokens
+from comlrl_lightning.preference.pairs import read_pairs
 
 server_factory = pytest.fixture(serving)
 K, BATCH, TRAIN, EPOCHS, PAIRS_PER_UPDATE = 3, 2, 4, 2, 3
@@ -85,7 +85,7 @@ def test_text_pair_tokens_end_with_eos_unless_clipped():
     model = _module()
     model.configure_model()
     tok = model.tokenizers[0]
-    from comlrl_lightning.core.pairs import PreferencePair
+    from comlrl_lightning.preference.pairs import PreferencePair
 
     long = " ".join(["word"] * 40)
     pair = PreferencePair(prompts=["Say hi", "Say hi"], chosen=["hi", long], rejected=[long, ""])

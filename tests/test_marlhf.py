@@ -10,7 +10,11 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from comlrl_lightning import IAC, MAAC, MAGRPO, MAREINFORCE, MARLHF, MARLOO, RewardModelConfig
-from comlrl_lightning.algorithms.joint_reward_model import (
+from comlrl_lightning.datamodules import LengthRatioDataModule
+from comlrl_lightning.envs.base import Episode
+from comlrl_lightning.envs.reward_model import JOINT_RESPONSE_TEMPLATE, RewardModelReward, sequence_logits
+from comlrl_lightning.infra.checkpoint_io import AtomicCheckpointIO
+from comlrl_lightning.preference.joint_reward_model import (
     RewardFitState,
     bradley_terry_loss,
     fit_reward_model,
@@ -18,11 +22,7 @@ from comlrl_lightning.algorithms.joint_reward_model import (
     pair_texts,
     save_reward_model,
 )
-from comlrl_lightning.core.pairs import PreferencePair, write_pairs
-from comlrl_lightning.datamodules import LengthRatioDataModule
-from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.envs.reward_model import JOINT_RESPONSE_TEMPLATE, RewardModelReward, sequence_logits
-from comlrl_lightning.infra.checkpoint_io import AtomicCheckpointIO
+from comlrl_lightning.preference.pairs import PreferencePair, write_pairs
 
 TINY = "builtin:tiny-gpt2"
 
@@ -208,7 +208,7 @@ def test_phase1_builds_pairs_from_rollouts_of_the_initial_policy(trainer_factory
     pl.seed_everything(0)
     m = marlhf(tmp_path, epochs=1)
     fit(trainer_factory, m, 1)
-    from comlrl_lightning.core.pairs import read_pairs
+    from comlrl_lightning.preference.pairs import read_pairs
 
     pairs = read_pairs(tmp_path / "rm" / "pairs.jsonl", 2)
     assert 0 < len(pairs) <= 4 * 2 and len(pairs) == m.reward_info["num_pairs"]

@@ -14,12 +14,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from local_http import chat_reply, serving
 
 from comlrl_lightning import IAC, MAGRPO, MARLHFIter
-from comlrl_lightning.algorithms.joint_reward_model import load_reward_backbone, pair_texts
 from comlrl_lightning.core import metrics as M
-from comlrl_lightning.core.pairs import read_pairs
 from comlrl_lightning.core.records import StepOutput
 from comlrl_lightning.datamodules import LengthRatioDataModule
 from comlrl_lightning.envs.reward_model import sequence_logits
+from comlrl_lightning.preference.joint_reward_model import load_reward_backbone, pair_texts
+from comlrl_lightning.preference.pairs import read_pairs
 
 TINY = "builtin:tiny-gpt2"
 server_factory = pytest.fixture(serving)

@@ -1,4 +1,4 @@
-"""The preference-pair record and its jsonl file (core/pairs.py)."""
+"""The preference-pair record and its jsonl file (preference/pairs.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from comlrl_lightning.core.pairs import PreferencePair, read_pairs, write_pairs
+from comlrl_lightning.preference.pairs import PreferencePair, read_pairs, write_pairs
 
 
 def _pair(**kw):

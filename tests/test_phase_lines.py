@@ -9,8 +9,8 @@ from test_madpo import _madpo
 from test_madpo_iter import BATCH, TRAIN, _module
 from test_marlhf import fit, marlhf, separable_pairs
 
-from comlrl_lightning.core.pairs import write_pairs
 from comlrl_lightning.datamodules import LengthRatioDataModule
+from comlrl_lightning.preference.pairs import write_pairs
 
 
 def infos(log):

@@ -1,4 +1,4 @@
-"""Preference pairs from a rollout (core/preference.py): selection rules and the builder."""
+"""Preference pairs from a rollout (preference/selection.py): selection rules and the builder."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from comlrl_lightning.core.preference import (
+from comlrl_lightning.preference.selection import (
     PAIR_SELECTION,
     build_preference_pairs,
     select_pair_indices,

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from comlrl_lightning.core.pairs import PreferencePair, read_pairs
-from comlrl_lightning.core.replay import PreferenceReplay, ReplayConfig, replay_weights
+from comlrl_lightning.preference.pairs import PreferencePair, read_pairs
+from comlrl_lightning.preference.replay import PreferenceReplay, ReplayConfig, replay_weights
 
 
 def pairs(round_index: int, n: int) -> list[PreferencePair]:

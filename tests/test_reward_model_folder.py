@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_marlhf import fit, marlhf, separable_pairs
 
-from comlrl_lightning.core.pairs import write_pairs
+from comlrl_lightning.preference.pairs import write_pairs
 
 
 def pair_file(tmp_path, name, n):

@@ -1,4 +1,4 @@
-"""The sandbox against each hazard of untrusted generated code (see comlrl_lightning.sandbox.api)."""
+"""The sandbox against each hazard of untrusted generated code (see comlrl_lightning.coding.sandbox.api)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from comlrl_lightning.sandbox.api import SandboxConfig, SandboxPool, TestJob, run_tests
+from comlrl_lightning.coding.sandbox.api import SandboxConfig, SandboxPool, TestJob, run_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0
@@ -119,7 +119,7 @@ def test_a_cleanup_that_overruns_is_retried_not_raised_out_of_the_reward(monkeyp
     # TimeoutExpired escaped the reward call, which would have crashed a training step
     import subprocess
 
-    from comlrl_lightning.sandbox import launch
+    from comlrl_lightning.coding.sandbox import launch
 
     calls = []
 
@@ -300,8 +300,8 @@ def test_pool_runs_in_parallel_and_keeps_order():
 
 
 def test_a_broken_sandbox_raises_instead_of_scoring_zero(monkeypatch):
-    import comlrl_lightning.sandbox.api as sandbox
-    import comlrl_lightning.sandbox.launch as launch
+    import comlrl_lightning.coding.sandbox.api as sandbox
+    import comlrl_lightning.coding.sandbox.launch as launch
 
     run_tests(ADD, ADD_TESTS, config=FAST)  # the backend probe runs with the real launcher
     monkeypatch.setattr(launch, "_RUNNER", "/nonexistent/sandbox_runner.py")

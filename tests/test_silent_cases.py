@@ -239,7 +239,7 @@ def test_a_finished_reward_model_reused_for_its_own_recipe_says_so(finished_fold
 # ------------------------------------------------------------------ MADPO's online mode
 def test_online_mode_says_once_that_it_ignores_num_train_epochs(recwarn):
     from comlrl_lightning import MADPO
-    from comlrl_lightning.core.dpo import DPOConfig
+    from comlrl_lightning.preference.dpo import DPOConfig
 
     given = DPOConfig(preference_mode="online", num_train_epochs=7)  # as jsonargparse builds it
     MADPO(agents="builtin:tiny-gpt2", num_agents=2, dpo=given)  # the module copies it
@@ -251,7 +251,7 @@ def test_online_mode_says_once_that_it_ignores_num_train_epochs(recwarn):
 def test_a_folder_of_an_earlier_version_is_used_with_a_line_naming_what_it_does_not_record(
     tmp_path, lightning_log
 ):
-    from comlrl_lightning.algorithms.reward_model_folder import check_recipe
+    from comlrl_lightning.preference.reward_model_folder import check_recipe
 
     recipe = {"source": "builtin:tiny-gpt2", "reward_model": {"reward_seed": 0}, "seed": 0, "prompts": "sha256:ab",
               "task_reward": {"functions": [{"name": "m.f"}], "weights": [1.0], "processor": None}}  # fmt: skip

@@ -169,18 +169,11 @@ def test_a_package_init_re_export_counts(tmp_path):
 
 
 FAMILIES = {
-    "preference": (
-        "comlrl_lightning.algorithms.madpo", "comlrl_lightning.algorithms.madpo_iter",
-        "comlrl_lightning.algorithms.marlhf", "comlrl_lightning.algorithms.marlhf_iter",
-        "comlrl_lightning.algorithms.joint_reward_model", "comlrl_lightning.algorithms.reward_model_folder",
-        "comlrl_lightning.algorithms.round_loop", "comlrl_lightning.comparator", "comlrl_lightning.core.dpo",
-        "comlrl_lightning.core.pairs", "comlrl_lightning.core.pair_batch", "comlrl_lightning.core.preference",
-        "comlrl_lightning.core.preference_config", "comlrl_lightning.core.replay",
-    ),
+    "preference": ("comlrl_lightning.preference",),
     "coordinator": ("comlrl_lightning.coordinator",),
-    "coding": ("comlrl_lightning.tasks.coding", "comlrl_lightning.sandbox"),
-}  # fmt: skip
-"""The opt-in families (a module or a package prefix each); everything else in ``comlrl_lightning`` is the
+    "coding": ("comlrl_lightning.coding",),
+}
+"""The opt-in families, one subpackage each (a package prefix); everything else in ``comlrl_lightning`` is the
 core (the Dec-POMDP protocol, team and agent kinds, generation, rollout, advantages, loss, the MAGRPO
 family, actor-critic, callbacks)."""
 FRONT_DOOR = (
@@ -219,12 +212,14 @@ def test_the_core_imports_no_family():
 
 
 def test_the_family_rule_flags_a_core_module_that_imports_a_family():
-    graph = {"comlrl_lightning.core.loss": {"comlrl_lightning.core.dpo"},
-             "comlrl_lightning.core.dpo": {"comlrl_lightning.core.loss"},
+    graph = {"comlrl_lightning.core.loss": {"comlrl_lightning.preference.dpo"},
+             "comlrl_lightning.preference.dpo": {"comlrl_lightning.core.loss"},
              "comlrl_lightning.cli": {"comlrl_lightning.coordinator.cli"},
-             "comlrl_lightning.sandbox.api": {"comlrl_lightning.core.loss"}}  # fmt: skip
-    assert core_to_family_imports(graph) == [("comlrl_lightning.core.loss", "comlrl_lightning.core.dpo")]
+             "comlrl_lightning.coding.sandbox.api": {"comlrl_lightning.core.loss"}}  # fmt: skip
+    assert core_to_family_imports(graph) == [
+        ("comlrl_lightning.core.loss", "comlrl_lightning.preference.dpo")
+    ]
     assert (
-        family_of("comlrl_lightning.comparator.config") == "preference"
+        family_of("comlrl_lightning.preference.comparator.config") == "preference"
         and family_of("comlrl_lightning.core") is None
     )

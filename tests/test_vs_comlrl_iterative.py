@@ -42,9 +42,14 @@ import comlrl.trainers.preference.madpo as madpo
 import pytest
 from local_http import chat_reply, serving
 
-from comlrl_lightning.comparator import ApiClient, ComparatorConfig, ComparatorError, comparison_order
-from comlrl_lightning.core.pairs import PreferencePair
-from comlrl_lightning.core.replay import PreferenceReplay, ReplayConfig, replay_weights
+from comlrl_lightning.preference.comparator import (
+    ApiClient,
+    ComparatorConfig,
+    ComparatorError,
+    comparison_order,
+)
+from comlrl_lightning.preference.pairs import PreferencePair
+from comlrl_lightning.preference.replay import PreferenceReplay, ReplayConfig, replay_weights
 from comlrl_lightning.team.centralized import TaggedAdapter, split_roles
 
 Trainer = iterative.MADPOIterTrainer
@@ -255,7 +260,7 @@ def test_comlrls_own_adapter_works_in_our_comparator_unchanged(server_factory):
         comparator_api_model="m",
         comparator_generation_mode="centralized",
     )
-    from comlrl_lightning.comparator.remote import ApiComparator
+    from comlrl_lightning.preference.comparator.remote import ApiComparator
 
     adapter = centralized.TaggedCentralizedComparatorAdapter()
     sample = ApiComparator(cfg, 2, 0, SAMPLING, adapter=adapter).sample([["p0"], ["p1"]], 2, [{"id": 1}])
@@ -428,8 +433,8 @@ def _their_episode_pairs(cur, cmp, prompts, mode, k, kc, limit):
 
 
 def _our_episode_pairs(cur, cmp, mode, k, kc, limit, rng):
-    from comlrl_lightning.comparator import ComparatorSample, build_candidates
     from comlrl_lightning.envs.base import DecPOMDP, Episode
+    from comlrl_lightning.preference.comparator import ComparatorSample, build_candidates
     from comlrl_lightning.team.agents import AgentSpec
 
     comparator = SimpleNamespace(sample=lambda prompts, n, episodes=None: ComparatorSample(cmp, [True], n))

@@ -11,7 +11,7 @@ Differences, each with its cause (asserted below where they show in numbers):
    its ``optimizer.step()`` runs on zero gradients, moving Adam's moments); here the loss is kept and
    ``on_nonfinite`` skips (or stops) the step (``core/nonfinite.py``).
 2. Temperature: CoMLRL's sequence log-probs are at temperature 1 whatever it sampled at; ours are
-   from ``logits / temperature`` (``core/dpo.py``). Same numbers at temperature 1.
+   from ``logits / temperature`` (``preference/dpo.py``). Same numbers at temperature 1.
 3. The last completion token: CoMLRL drops it (and cuts at the first pad id, which drops the EOS when
    pad = EOS); ours counts every completion token, EOS included (``core/loss.py``).
 4. Reference: CoMLRL is reference-free; ours subtracts the reference model's log-ratio by default
@@ -29,8 +29,8 @@ pytest.importorskip("comlrl")
 import torch  # noqa: E402
 from comlrl.trainers.preference.madpo import MADPOConfig, MADPOTrainer  # noqa: E402
 
-from comlrl_lightning.core.dpo import PairLogps, joint_dpo_losses  # noqa: E402
-from comlrl_lightning.core.preference import select_pair_indices  # noqa: E402
+from comlrl_lightning.preference.dpo import PairLogps, joint_dpo_losses  # noqa: E402
+from comlrl_lightning.preference.selection import select_pair_indices  # noqa: E402
 
 REWARD_LISTS = [
     [0.0, 1.0, 1.0, 0.5],

@@ -37,13 +37,13 @@ pytest.importorskip("comlrl")
 from comlrl.trainers.preference.madpo import PreferencePair as ComlrlPair  # noqa: E402
 from comlrl.trainers.preference.marlhf import JointRewardModel, MARLHFTrainer  # noqa: E402
 
-from comlrl_lightning.algorithms.joint_reward_model import bradley_terry_loss  # noqa: E402
 from comlrl_lightning.envs.base import Episode  # noqa: E402
 from comlrl_lightning.envs.reward_model import (  # noqa: E402
     JOINT_RESPONSE_TEMPLATE,
     RewardModelReward,
     sequence_logits,
 )
+from comlrl_lightning.preference.joint_reward_model import bradley_terry_loss  # noqa: E402
 from comlrl_lightning.team.agents import AgentSpec, load_agent  # noqa: E402
 
 PROMPTS = [

@@ -9,7 +9,7 @@ candidates. Stand-ins: its two generation calls return fixed texts (the same tex
 ``reward_model`` is our tiny sequence classifier's logit (CoMLRL's ``JointRewardModel`` head has a bias
 that cancels in every comparison; ``joint_reward_model.py``), its tokenizer is ours, right-padded
 (CoMLRL's ``AutoTokenizer`` default for GPT-2), and ``_preference_tensors_from_text`` (tokenisation
-only). Ours: :func:`~comlrl_lightning.comparator.candidates.build_candidates` with the env whose reward
+only). Ours: :func:`~comlrl_lightning.preference.comparator.candidates.build_candidates` with the env whose reward
 is the learned model (what ``MARLHFIter``'s build uses from round 1 on).
 
 Differences: none on these inputs. Scores are compared to 1e-5 (CoMLRL scores the current and the
@@ -26,10 +26,10 @@ import comlrl.trainers.preference.iterative as iterative  # the test extra insta
 import pytest
 import torch
 
-from comlrl_lightning.algorithms.joint_reward_model import load_reward_backbone
-from comlrl_lightning.comparator import ComparatorSample, build_candidates
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.envs.reward_model import JOINT_RESPONSE_TEMPLATE, RewardModelReward
+from comlrl_lightning.preference.comparator import ComparatorSample, build_candidates
+from comlrl_lightning.preference.joint_reward_model import load_reward_backbone
 from comlrl_lightning.team.agents import AgentSpec
 
 TINY = "builtin:tiny-gpt2"

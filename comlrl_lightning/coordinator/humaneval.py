@@ -19,16 +19,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from comlrl_lightning.coordinator.rounds import EpisodeSource
-from comlrl_lightning.envs.base import Episode
-from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
-from comlrl_lightning.sandbox.api import SandboxConfig
-from comlrl_lightning.tasks.coding.code_text import clean_completion, compiles
-from comlrl_lightning.tasks.coding.reward import load_humaneval_rows, train_val_split
-from comlrl_lightning.tasks.coding.single_agent import (
+from comlrl_lightning.coding.code_text import clean_completion, compiles
+from comlrl_lightning.coding.reward import load_humaneval_rows, train_val_split
+from comlrl_lightning.coding.sandbox.api import SandboxConfig
+from comlrl_lightning.coding.single_agent import (
     SingleAgentCodeReward,
     single_agent_program,
 )
+from comlrl_lightning.coordinator.rounds import EpisodeSource
+from comlrl_lightning.envs.base import Episode
+from comlrl_lightning.envs.rewards import PASS_AT_1, RewardResult
 
 
 class HumanEvalEpisodes(EpisodeSource):

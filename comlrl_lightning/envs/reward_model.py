@@ -16,8 +16,8 @@ fails before any weights are read. Its device is wherever its weights are: every
 (:class:`~comlrl_lightning.algorithms.base.CoMLRLModule`) lists it in ``reward_models`` and the
 strategy places it on ``reward_devices[i]`` (:mod:`comlrl_lightning.infra.strategy`). Its frozen
 weights are left out of Lightning checkpoints and reloaded from ``model`` on resume. It is never
-trained here: :class:`~comlrl_lightning.algorithms.marlhf.MARLHF` trains a joint reward model (a
-one-label sequence classifier, :mod:`comlrl_lightning.algorithms.joint_reward_model`) and scores
+trained here: :class:`~comlrl_lightning.preference.marlhf.MARLHF` trains a joint reward model (a
+one-label sequence classifier, :mod:`comlrl_lightning.preference.joint_reward_model`) and scores
 with it through this class, on the same text (:meth:`RewardModelReward.render`) and the same
 forward (:func:`sequence_logits`). Its weights are the one reward model a Lightning checkpoint keeps.
 """
@@ -255,7 +255,7 @@ def sequence_logits(
 ) -> torch.Tensor:
     """``[B, num_labels]`` float32 logits of a sequence classifier for ``B`` texts: right-padded, the
     first ``max_length`` tokens kept, read at the last non-pad token (the HF head's rule). The one
-    forward of scoring and of :mod:`~comlrl_lightning.algorithms.joint_reward_model`'s training
+    forward of scoring and of :mod:`~comlrl_lightning.preference.joint_reward_model`'s training
     (with grad there), so both read the same tokens."""
     enc = tokenizer(
         list(texts),
