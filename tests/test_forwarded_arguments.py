@@ -7,10 +7,20 @@ import inspect
 import pytest
 from jsonargparse import ArgumentParser
 
-from comlrl_lightning import IAC, MAAC, MADPO, MAGRPO, MARLOO, CentralizedMAGRPO, CoMLRLModule, MADPOIter
+from comlrl_lightning import (
+    IAC,
+    MAAC,
+    MADPO,
+    MAGRPO,
+    MARLOO,
+    CentralizedMAGRPO,
+    CoMLRLModule,
+    MADPOIter,
+    MARLHFIter,
+)
 
 BASE = ("optimizer", "scheduler", "learning_rate", "val_sampling", "env")
-FORWARDING = [MAGRPO, MARLOO, CentralizedMAGRPO, IAC, MAAC, MADPO, MADPOIter]
+FORWARDING = [MAGRPO, MARLOO, CentralizedMAGRPO, IAC, MAAC, MADPO, MADPOIter, MARLHFIter]
 
 
 @pytest.mark.parametrize("cls", FORWARDING, ids=lambda c: c.__name__)
@@ -33,3 +43,15 @@ def test_the_cli_lists_every_forwarded_argument_with_its_type_default_and_doc(cl
     assert "greedy decoding" in val.help and val._typehint is bool
     given = parser.parse_args(["--model.agents=builtin:tiny-gpt2", "--model.learning_rate=1e-4"])
     assert given.model.learning_rate == 1e-4
+
+
+def test_marlhf_iter_forwards_the_rl_module_arguments_but_not_the_pair_source():
+    """MARLHFIter declares only its own groups; MARLHF's RL arguments reach the CLI through ``**kwargs``,
+    and ``pair_source`` (the rounds make the pairs) is neither listed nor accepted."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(MARLHFIter, "model", fail_untyped=False)
+    dests = {a.dest.split(".")[1] for a in parser._actions if a.dest.startswith("model.")}
+    assert {"rollout", "advantage", "loss", "sampling", "placement", "critics", "critic", "rl_phase"} <= dests
+    assert "pair_source" not in dests
+    with pytest.raises(TypeError, match="'pair_source'"):
+        MARLHFIter(agents=["builtin:tiny-gpt2"] * 2, pair_source={"pairs_path": None})

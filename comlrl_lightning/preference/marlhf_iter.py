@@ -46,15 +46,7 @@ from dataclasses import asdict, fields, replace
 from typing import Any
 
 import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from comlrl_lightning.core.config import (
-    AdvantageConfig,
-    LossConfig,
-    PlacementConfig,
-    RolloutConfig,
-    SamplingConfig,
-)
 from comlrl_lightning.core.records import StepOutput
 from comlrl_lightning.envs.base import DecPOMDP, Episode
 from comlrl_lightning.preference.comparator.config import ComparatorConfig, RLPhaseConfig, RoundsConfig
@@ -85,7 +77,6 @@ from comlrl_lightning.preference.round_loop import (
     round_groups,
 )
 from comlrl_lightning.team.agents import AgentSpec
-from comlrl_lightning.team.critics import ActorCriticRolloutConfig, CriticConfig, CriticSpec
 
 _ITER_REWARD = RewardModelConfig(reward_num_train_epochs=2)
 _ITER_PREFERENCE = IterativePreferenceConfig(pair_selection="comparator_reward")
@@ -112,10 +103,12 @@ class MARLHFIter(RoundLoop, MARLHF):
         rounds, comparator, replay, seed: as ``MADPOIter``'s; ``rounds.preference_scoring_reward``:
             ``task`` or ``reward_model``.
         rl_phase: the RL steps per round (:class:`RLPhaseConfig`).
-        rollout, advantage, loss, sampling, placement, critics, critic, optimizer, scheduler,
-            learning_rate, val_sampling, env: the RL module's arguments, as in :class:`MARLHF`.
+        **kwargs: the RL module's arguments (``rollout``, ``advantage``, ``loss``, ``sampling``,
+            ``placement``, ``critics``, ``critic``, and :class:`CoMLRLModule`'s ``optimizer``,
+            ``scheduler``, ``learning_rate``, ``val_sampling``, ``env``), forwarded to :class:`MARLHF`.
 
     Raises:
+        TypeError: an argument not listed here or in :class:`MARLHF` (``pair_source`` included).
         ValueError: a bad value of any group (naming the field, the value and what is allowed), a
             group the RL module does not have, ``num_turns > 1``, a comparator knob that does not fit
             the team, or an unset ``comparator_api_key_env`` variable; all before any model loads.
@@ -132,38 +125,16 @@ class MARLHFIter(RoundLoop, MARLHF):
         comparator: ComparatorConfig = _COMPARATOR,
         replay: ReplayConfig = _REPLAY,
         rl_phase: RLPhaseConfig = _RL,
-        rollout: RolloutConfig | ActorCriticRolloutConfig | None = None,
-        advantage: AdvantageConfig | None = None,
-        loss: LossConfig | None = None,
-        sampling: SamplingConfig | None = None,
-        placement: PlacementConfig | None = None,
-        critics: list[CriticSpec] | CriticSpec | None = None,
-        critic: CriticConfig | None = None,
-        optimizer: OptimizerCallable | None = None,
-        scheduler: LRSchedulerCallable | None = None,
-        learning_rate: float = 5e-6,
-        val_sampling: bool = False,
         seed: int = 0,
-        env: DecPOMDP | None = None,
+        **kwargs: Any,
     ) -> None:
         groups = round_groups(rounds, comparator, replay, seed)
         phase = checked_group(RLPhaseConfig, rl_phase, "rl_phase")
-        rl = dict(rollout=rollout, advantage=advantage, loss=loss, sampling=sampling, placement=placement)
-        super().__init__(
-            agents,
-            num_agents,
-            rl_algorithm,
-            reward_model=reward_model,
-            preference=iterative_preference(preference),
-            critics=critics,
-            critic=critic,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            learning_rate=learning_rate,
-            val_sampling=val_sampling,
-            env=env,
-            **rl,
-        )
+        if "pair_source" in kwargs:
+            raise TypeError("MARLHFIter: unknown argument 'pair_source' (the rounds make the pairs)")
+        preference = iterative_preference(preference)
+        super().__init__(agents, num_agents, rl_algorithm, reward_model=reward_model, preference=preference,
+                         pair_source=None, **kwargs)  # fmt: skip
         self.rl_phase = phase
         self.hparams.pop("pair_source", None)  # not an argument here: the rounds make the pairs
         self.hparams["rl_phase"] = asdict(phase)
