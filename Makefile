@@ -61,28 +61,28 @@ bench: setup
 	$(PIP) install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/run.py
 
-cooperation: setup  ## joint / apart / shared / cross-play / swap x 3 seeds on the cooperation tasks, then the second block (benchmarks/cooperation.py; resumable)
+cooperation: setup  ## joint / apart / shared / cross-play / swap x 3 seeds on the cooperation tasks, then the second block (benchmarks/cooperation/cooperation.py; resumable)
 	$(PIP) install -q -r benchmarks/requirements.txt
-	for task in coordination division dependence; do $(PY) benchmarks/cooperation.py run $$task || exit 1; done
-	$(PY) benchmarks/cooperation.py second-block
+	for task in coordination division dependence; do $(PY) benchmarks/cooperation/cooperation.py run $$task || exit 1; done
+	$(PY) benchmarks/cooperation/cooperation.py second-block
 	$(PY) benchmarks/run.py --only cooperation --write
 
-learn: setup  ## held-out success before/after training, MAGRPO/IAC/MAAC and the coordinator x 3 seeds (benchmarks/learning.py; ~2-2.5 h on 2 shared cores)
+learn: setup  ## held-out success before/after training, MAGRPO/IAC/MAAC and the coordinator x 3 seeds (benchmarks/learning/learning.py; ~2-2.5 h on 2 shared cores)
 	$(PIP) install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/run.py --only learning --write
 
 # The GPU check (placement, learning and speed on one GPU) runs on a machine with its own torch/transformers/lightning and no network, so it
 # does not use the venv: `make gpu-assets` here fills the ignored .gpu/ (wheels, the SmolLM2 GGUF in two
-# parts); `make gpu-check` there installs them into .gpu/site and runs benchmarks/gpu_check.py.
+# parts); `make gpu-check` there installs them into .gpu/site and runs benchmarks/gpu/gpu_check.py.
 GPU_PY ?= python3
 GPU_OUT ?= gpu_check_out
 
 gpu-assets: setup
-	$(PY) benchmarks/gpu_assets.py prepare
+	$(PY) benchmarks/gpu/gpu_assets.py prepare
 
 gpu-check:
-	$(GPU_PY) benchmarks/gpu_assets.py install
-	PYTHONPATH=$(CURDIR)/.gpu/site$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/gpu_check.py --out $(GPU_OUT)
+	$(GPU_PY) benchmarks/gpu/gpu_assets.py install
+	PYTHONPATH=$(CURDIR)/.gpu/site$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) benchmarks/gpu/gpu_check.py --out $(GPU_OUT)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

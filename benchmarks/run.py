@@ -8,24 +8,29 @@ Sections (``--only`` names): ``vs_comlrl`` (CoMLRL MAGRPOTrainer + the floor, N=
 GRPOTrainer + the floor, N=1), ``memory`` (peak RSS and parameter bytes, separate vs shared weights,
 in child processes), ``scaling`` (N = 1, 2, 4 and K = 2, 4, 8, with the floor), ``smollm2`` (one
 SmolLM2-135M row with the floor), ``credit`` (credit-assignment modes on a three-agent task, several
-seeds; ``benchmarks/credit.py``), ``main_job`` (the main job's training batches without and with
-``stop_after_code_block``, back to back; ``benchmarks/main_job.py``, ~10 min), ``learning`` (held-out
-success of two SmolLM2 agents before and after MAGRPO/IAC/MAAC, several seeds; ``benchmarks/learning.py``,
-``make learn``; resumes from ``benchmarks/learning_runs.jsonl``), ``sharded`` (``strategy: fsdp2`` on 2 gloo ranks
-against 1 process: per-rank bytes, step time, the two rollout options; ``benchmarks/sharded.py``), ``lora`` (N=2, 4
+seeds; ``benchmarks/learning/credit.py``), ``main_job`` (the main job's training batches without and with
+``stop_after_code_block``, back to back; ``benchmarks/speed/main_job.py``, ~10 min), ``learning`` (held-out
+success of two SmolLM2 agents before and after MAGRPO/IAC/MAAC, several seeds; ``benchmarks/learning/learning.py``,
+``make learn``; resumes from ``benchmarks/learning/learning_runs.jsonl``), ``sharded`` (``strategy: fsdp2`` on 2 gloo ranks
+against 1 process: per-rank bytes, step time, the two rollout options; ``benchmarks/speed/sharded.py``), ``lora`` (N=2, 4
 SmolLM2 agents as LoRA adapters on one base against full fine-tuning: trained bytes, peak RSS, step time;
-``benchmarks/lora.py``), ``lora_learning`` (held-out success of LoRA adapters against the recorded
-full fine-tuning runs of the coordination task; ``benchmarks/lora_learning.py``), ``interrupt_memory`` (peak RSS of the main
-job and its LoRA team with and without ``InterruptCheckpoint``; ``benchmarks/interrupt_memory.py``), ``generation``
-(a colocated vLLM engine against HF ``generate`` on the main job's teams; ``benchmarks/generation.py``, run from
+``benchmarks/speed/lora.py``), ``lora_learning`` (held-out success of LoRA adapters against the recorded
+full fine-tuning runs of the coordination task; ``benchmarks/learning/lora_learning.py``), ``interrupt_memory`` (peak RSS of the main
+job and its LoRA team with and without ``InterruptCheckpoint``; ``benchmarks/speed/interrupt_memory.py``), ``generation``
+(a colocated vLLM engine against HF ``generate`` on the main job's teams; ``benchmarks/speed/generation.py``, run from
 ``.venv-vllm``), ``engine_fit`` (the main job trained through the engine against the HF run's interval;
-``benchmarks/engine_fit.py``, from ``.venv-vllm``). ``--only X --write`` replaces section X in ``results.json`` and
+``benchmarks/learning/engine_fit.py``, from ``.venv-vllm``). ``--only X --write`` replaces section X in ``results.json`` and
 regenerates RESULTS.md from every recorded section. Within a section every system trains on the same batch in turn
 (A B A B ...), from the same initial weights, in this one process; numbers are medians after two
 warm-up steps, ratios come from the same run.
 
-This file runs the sections and writes the results; ``run_sections.py`` holds the sections measured
-here (vs_comlrl ... smollm2) and ``run_report.py`` turns ``results.json`` into RESULTS.md.
+This file runs the sections and writes the results; ``speed/run_sections.py`` holds the sections measured
+here (vs_comlrl ... smollm2) and ``lib/run_report.py`` turns ``results.json`` into RESULTS.md. The scripts
+live by concern: ``speed/`` (step time, memory, generation, LoRA, sharding, interrupts), ``learning/``
+(held-out gains, credit, the engine's fit), ``cooperation/`` (the plan, its runs and report), ``gpu/``
+(the lent-device check), ``attacks/`` (the cooperation bonus's attack sweep and reward throughput),
+``ui/`` (the TensorBoard table in a browser), ``lib/`` (what several share; ``bench_paths.py`` puts every
+folder on ``sys.path``, so a script imports another by its name). Outputs stay here, beside this file.
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
+sys.path.insert(0, os.path.join(HERE, "lib"))
+import bench_paths  # noqa: E402,F401 - every benchmarks/<concern>/ on sys.path
 import torch  # noqa: E402
 from bench_lib import recorded_machine, recorded_sections  # noqa: E402
 from run_report import render, write_results  # noqa: E402

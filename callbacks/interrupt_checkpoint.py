@@ -46,9 +46,9 @@ class InterruptCheckpoint(pl.Callback):
       batch. The wait is the rest of one batch's update phase; the rollout and the reward are done
       by then (every trainer generates and scores a batch before its first optimizer step), so no
       generation or reward call can hold it up. Measured (first optimizer step to batch end,
-      ``benchmarks/interrupt_memory.py``, in RESULTS.md): the main job 13-26 s on 2 shared CPU cores
+      ``benchmarks/speed/interrupt_memory.py``, in RESULTS.md): the main job 13-26 s on 2 shared CPU cores
       at load 5-8 (one torch thread), its LoRA team 6-9 s, a tiny team 0.6 s
-      (``benchmarks/interrupt_latency.py``); on a GPU an update phase is far shorter. A scheduler
+      (``benchmarks/speed/interrupt_latency.py``); on a GPU an update phase is far shorter. A scheduler
       that kills a fixed time after SIGTERM (Slurm's ``KillWait``, 30 s by default) can be asked
       for the signal ahead of the time limit instead (``#SBATCH --signal=TERM@120``).
 

@@ -7,7 +7,7 @@ the first half of the bonus) for the wrapper classes, and ``"residual"`` for the
 limits, in which main checks an exact value of the helper it knows itself (they pay;
 docs/attacks.md gives their reach). ``reads_the_stand_in`` and ``handshake`` were residuals while
 the stand-ins ran in main's interpreter; in two sandboxes they earn no more than ``"solo"``. Used by ``tests/test_adversarial_coop.py``
-(a few problems) and ``benchmarks/coop_attacks.py`` (all 164).
+(a few problems) and ``benchmarks/attacks/coop_attacks.py`` (all 164).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--export", action="store_true", help="AgentCheckpoint at the end: OUT/agents/step_<n>")
     ap.add_argument("--val", action="store_true", help="one validation batch at each epoch end")
     ap.add_argument("--precision", default="32-true")
-    ap.add_argument("--accelerator", default="cpu", help="gpu: benchmarks/gpu_check.py's sharded part")
+    ap.add_argument("--accelerator", default="cpu", help="gpu: benchmarks/gpu/gpu_check.py's sharded part")
     ap.add_argument(
         "--optimizer", choices=["adamw", "sgd"], default="adamw", help="sgd: plain SGD at lr 1e-2"
     )

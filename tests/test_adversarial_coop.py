@@ -2,7 +2,7 @@
 imitates; the counterfactual's parts; hard-coded feedback; harness categories apart from names.
 
 The attacks are built from each problem's canonical solution (``tests/coop_attacks.py``);
-``benchmarks/coop_attacks.py`` runs the same list on all 164 problems (docs/attacks.md).
+``benchmarks/attacks/coop_attacks.py`` runs the same list on all 164 problems (docs/attacks.md).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def test_matplotlib_is_declared_for_make_bench():
         for line in (BENCH / "requirements.txt").read_text().splitlines()
     ]
     assert "matplotlib" in names
-    assert "import matplotlib" in (BENCH / "credit.py").read_text()  # the script that needs it
+    assert "import matplotlib" in (BENCH / "learning" / "credit.py").read_text()  # the script that needs it
 
 
 def test_one_section_rewritten_alone_keeps_the_recorded_machine_and_names_its_own(

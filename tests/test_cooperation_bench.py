@@ -1,10 +1,11 @@
-"""benchmarks/cooperation.py and cooperation_report.py: who is paired with whom, the task order rule,
+"""benchmarks/cooperation/cooperation.py and cooperation_report.py: who is paired with whom, the task order rule,
 and the joint − apart / cross-play differences computed from per-problem records."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "lib"))
+import bench_paths  # noqa: E402,F401 - every benchmarks/<concern>/ on sys.path
 import cooperation as C  # noqa: E402
 import cooperation_report as R  # noqa: E402
 

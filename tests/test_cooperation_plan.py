@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH / "lib"))
+import bench_paths  # noqa: E402,F401 - every benchmarks/<concern>/ on sys.path
 import cooperation as C  # noqa: E402
 import cooperation_contrasts as K  # noqa: E402
 import cooperation_plan as P  # noqa: E402
@@ -51,7 +52,7 @@ def test_swap_is_paired_by_seed_not_by_position():
 
 def test_the_recorded_division_runs_give_the_reviewers_seed_level_p_values():
     # issue 40, computed independently on the same seed means: Welch 0.054, permutation 0.069; IAC 0.018 / 0.024
-    runs = [json.loads(line) for line in open(BENCH / "cooperation_runs.jsonl")]
+    runs = [json.loads(line) for line in open(BENCH / "cooperation" / "cooperation_runs.jsonl")]
     sl = R.summarize_task([r for r in runs if r["task"] == "division" and r["config"] == C.CONFIG])[
         "seed_level"
     ]
@@ -92,6 +93,18 @@ def test_plan_commits_finds_the_commit_that_first_added_the_file(tmp_path):
     plan.write_text("id = 'c'\n")
     assert P.plan_commits(str(plan))["dirty"]
     assert P.plan_commits(str(tmp_path / "nowhere.toml"))["added"] is None
+    plan.write_text("id = 'b'\n")
+    (tmp_path / "moved").mkdir()
+    git("mv", "plan.toml", "moved/plan.toml"), git("commit", "-qm", "move")  # a move is no change
+    moved = P.plan_commits(str(tmp_path / "moved" / "plan.toml"))
+    assert moved["added"] == got["added"] and moved["changed"] == got["changed"] and not moved["dirty"]
+    (tmp_path / "moved" / "plan.toml").write_text("id = 'd'\n")
+    git("commit", "-qam", "edit after the move")
+    third = git("log", "-1", "--format=%h").strip()
+    assert [c.split()[0] for c in P.plan_commits(str(tmp_path / "moved" / "plan.toml"))["changed"]] == [
+        second,
+        third,
+    ]
 
 
 def test_the_shipped_plan_is_committed_and_fixes_the_primary_family():
@@ -153,7 +166,7 @@ def test_the_section_prints_the_plan_with_its_commit(monkeypatch):
     )
     text = R.render(R.section(quick=False))
     assert (
-        "**Pre-registered plan** (`benchmarks/cooperation_plan.toml`, id `plan-1`): first committed in `abc1234` (2026-12-05); changed since: never."
+        "**Pre-registered plan** (`benchmarks/cooperation/cooperation_plan.toml`, id `plan-1`): first committed in `abc1234` (2026-12-05); changed since: never."
         in text
     )
     assert "| division | joint - apart | 0 of 70 | not tested" in text

@@ -1,10 +1,11 @@
-"""benchmarks/engine_fit.py's reading of the fit summary and its verdict against the HF run's interval."""
+"""benchmarks/learning/engine_fit.py's reading of the fit summary and its verdict against the HF run's interval."""
 
 import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH / "lib"))
+import bench_paths  # noqa: E402,F401 - every benchmarks/<concern>/ on sys.path
 import engine_fit as E  # noqa: E402
 
 HF_LINE = "held-out team success: 0.300 -> 0.660; gain +0.360, 95% interval [+0.180, +0.520] paired over 50 problems (excludes 0)"

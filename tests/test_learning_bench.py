@@ -1,4 +1,4 @@
-"""benchmarks/learning.py (and its modules ``learning_*.py``): exact-match checking, the held-out
+"""benchmarks/learning/learning.py (and its modules ``learning_*.py``): exact-match checking, the held-out
 split, the bootstrap, the rows' budgets and quick runs."""
 
 import math
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "lib"))
+import bench_paths  # noqa: E402,F401 - every benchmarks/<concern>/ on sys.path
 import learning_comlrl  # noqa: E402
 import learning_config  # noqa: E402
 import learning_coordinator  # noqa: E402

@@ -281,12 +281,13 @@ def test_the_humaneval_config_runs_two_rounds_on_the_tiny_team(tmp_path):
 
 
 def test_the_learning_harness_row_spends_the_online_rows_sample_budget(monkeypatch):
-    """``benchmarks/learning.py``'s ``madpo_iter`` row: its budget (comparator samples counted) equals
+    """``benchmarks/learning/learning.py``'s ``madpo_iter`` row: its budget (comparator samples counted) equals
     the online rows' in the recorded config, and its quick run (tiny model) counts what it generated."""
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "lib"))
+    import bench_paths  # noqa: F401 - every benchmarks/<concern>/ on sys.path
     import learning_config
     import learning_runs
     import learning_tasks

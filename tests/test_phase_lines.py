@@ -15,7 +15,7 @@ from comlrl_lightning.preference.pairs import write_pairs
 
 def infos(log):
     """The INFO lines ``log`` (the conftest's ``lightning_log``: ``caplog`` that still sees Lightning's lines
-    after a module such as ``benchmarks/bench_lib.py`` raised Lightning's log level) captured."""
+    after a module such as ``benchmarks/lib/bench_lib.py`` raised Lightning's log level) captured."""
     return [r.getMessage() for r in log.records if r.levelno == logging.INFO]
 
 

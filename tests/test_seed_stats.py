@@ -1,4 +1,4 @@
-"""benchmarks/seed_stats.py: the seed-level tests on hand-counted values (each would differ were the
+"""benchmarks/lib/seed_stats.py: the seed-level tests on hand-counted values (each would differ were the
 enumeration, the tie rule, the df or the correction wrong)."""
 
 import math
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "lib"))
+import bench_paths  # noqa: E402,F401 - every benchmarks/<concern>/ on sys.path
 import seed_stats as S  # noqa: E402
 
 

@@ -24,7 +24,8 @@ FOLDERS = {
     "benchmarks": "",
 }
 """Source folder -> the package it is installed as (pyproject's package-dir); ``""``: the scripts in
-``benchmarks/`` import each other as top-level modules (the folder is put on ``sys.path``)."""
+``benchmarks/<concern>/`` import each other as top-level modules (``benchmarks/lib/bench_paths.py`` puts
+every folder on ``sys.path``)."""
 
 
 def sources() -> dict[str, Path]:
@@ -33,6 +34,8 @@ def sources() -> dict[str, Path]:
     for folder, package in FOLDERS.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if not package:  # a benchmark script is imported by its name, whichever folder holds it
+                parts = parts[-1:]
             if parts[-1] == "__init__":
                 parts.pop()
             out[".".join(p for p in [package, *parts] if p)] = path
@@ -223,3 +226,10 @@ def test_the_family_rule_flags_a_core_module_that_imports_a_family():
         family_of("comlrl_lightning.preference.comparator.config") == "preference"
         and family_of("comlrl_lightning.core") is None
     )
+
+
+def test_benchmark_scripts_have_one_name_each():
+    """``bench_paths`` puts every ``benchmarks/<concern>/`` on ``sys.path``: two files of one name would
+    shadow each other."""
+    names = [p.stem for p in (ROOT / "benchmarks").rglob("*.py")]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})

@@ -9,7 +9,7 @@ INTERNAL = re.compile(r"\b(?:GitHub )?issues? #?\d+", re.IGNORECASE)
 
 
 def user_facing_files():
-    for pattern in ("README.md", "Makefile", "docs/*.md", "benchmarks/*.md", "benchmarks/*.py", "configs/**/*.yaml",
+    for pattern in ("README.md", "Makefile", "docs/*.md", "benchmarks/*.md", "benchmarks/**/*.py", "configs/**/*.yaml",
                     "comlrl_lightning/**/*.py", "callbacks/*.py", "datamodules/*.py"):  # fmt: skip
         yield from ROOT.glob(pattern)
 

@@ -174,7 +174,7 @@ def test_a_run_resumed_with_the_engine_equals_the_uninterrupted_run_bit_for_bit(
 def test_an_engine_first_used_by_a_validation_rollout_takes_weight_pushes_after_it():
     # Lightning validates under torch.inference_mode; the main job validates before it trains, so its
     # engines started there: the first push after the first optimizer step failed with "Inplace update
-    # to inference tensor outside InferenceMode" (seen in benchmarks/engine_fit.py's first run)
+    # to inference tensor outside InferenceMode" (seen in benchmarks/learning/engine_fit.py's first run)
     team = team_of("vllm", [{"model": SMOL}], max_new_tokens=4)
     prompts = [render_prompt(team.tokenizers[0], [PROMPTS[0]], [], team.specs[0].chat_template)]
     try:

@@ -18,7 +18,7 @@ What the module sees:
   models stay whole on every rank;
 - a rollout gathers one agent's full weights at a time (:func:`gathered`, set as
   ``Team.rollout_context``): generation then runs with no collective per token, so ranks may
-  generate different numbers of tokens (benchmarks/sharded_generation.py measures both options).
+  generate different numbers of tokens (benchmarks/speed/sharded.py measures both options).
 
 Checkpoints are Lightning's for this strategy: a folder written with torch distributed checkpoint
 (one shard file per rank plus ``meta.pt``) and ``sharding.json``; it loads under another world size
