@@ -1,8 +1,8 @@
 """LightningDataModules that yield Dec-POMDP episodes (installed as ``comlrl_lightning.datamodules``).
 
 The generic one (:class:`DecPOMDPDataModule`: rows from the hub, a file or an object, plus formatters
-and a reward) lives here; each task's own lives in its folder, ``comlrl_lightning/tasks/<name>/``,
-and is registered below by one import line, which makes ``comlrl_lightning.datamodules.<Class>``
+and a reward) lives here; each task's own lives in its folder, ``comlrl_lightning/tasks/<name>/``
+(the coding task's in its family, ``comlrl_lightning/coding/``), and is registered below by one import line, which makes ``comlrl_lightning.datamodules.<Class>``
 its public path (the ``class_path`` configs use).
 """
 

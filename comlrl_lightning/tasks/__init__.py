@@ -2,8 +2,10 @@
 prompts, reward and transitions, and its DataModule in ``datamodule.py``.
 
 - :mod:`.toy`: length coordination, two tiny agents on CPU (``LengthRatioDataModule``).
-- :mod:`.coding`: cooperative coding on HumanEval, the sandboxed reward (``HumanEvalDataModule``).
 - :mod:`.cooperation`: coordination, division, dependence (``CooperationDataModule``).
+
+Cooperative coding on HumanEval (``HumanEvalDataModule``) is an opt-in family with its sandbox:
+:mod:`comlrl_lightning.coding`, laid out the same way.
 
 Adding a task is one folder here and one registration line: the DataModule's import in
 ``datamodules/__init__.py``, which makes ``comlrl_lightning.datamodules.<Class>`` its public path
