@@ -131,7 +131,9 @@ class MARLHFIter(RoundLoop, MARLHF):
         groups = round_groups(rounds, comparator, replay, seed)
         phase = checked_group(RLPhaseConfig, rl_phase, "rl_phase")
         if "pair_source" in kwargs:
-            raise TypeError("MARLHFIter: unknown argument 'pair_source' (the rounds make the pairs)")
+            raise TypeError(
+                "MARLHFIter.__init__() got an unexpected keyword argument 'pair_source' (the rounds make the pairs)"
+            )
         preference = iterative_preference(preference)
         super().__init__(agents, num_agents, rl_algorithm, reward_model=reward_model, preference=preference,
                          pair_source=None, **kwargs)  # fmt: skip
