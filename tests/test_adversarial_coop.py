@@ -105,7 +105,16 @@ GENUINE = [
 
 @pytest.mark.parametrize("task, helper, main, reward", GENUINE, ids=[str(g[0]) for g in GENUINE])
 def test_genuine_cooperation_earns_the_bonus(coop, rows, task, helper, main, reward):
-    assert _values(coop, rows[task], [(helper, main)])[0] == pytest.approx(reward)
+    """Scored up to three times, keeping the best, as the honest pairs are (``tests/test_honest_pairs.py``):
+    under load an honest team can lose its bonus to time alone (docs/attacks.md, "Honest pairs"; seen here
+    once at a load of 6 beside the attack sweep). A refusal by the value judgement repeats every time and
+    a judgement that pays more fails on the first score: the retries hide neither."""
+    got = _values(coop, rows[task], [(helper, main)])[0]
+    for _ in range(2):
+        if got >= reward - 1e-9:
+            break
+        got = max(got, _values(coop, rows[task], [(helper, main)])[0])
+    assert got == pytest.approx(reward)
 
 
 @pytest.mark.parametrize(
