@@ -27,7 +27,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "lib"))
-import bench_paths  # noqa: E402,F401 - every benchmarks/<concern>/ on sys.path
+import bench_paths  # noqa: E402 - every benchmarks/<concern>/ on sys.path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -53,7 +53,7 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["record"]:  # the recorded runs into results.json and RESULTS.md, running nothing
         import run as bench
 
-        json_path = os.path.join(os.path.dirname(HERE), "results.json")
+        json_path = os.path.join(bench_paths.BENCH, "results.json")
         with open(json_path) as fh:
             res = json.load(fh)
         res["learning"] = section(False, run=False)
@@ -76,7 +76,7 @@ if __name__ == "__main__":
         with open(json_path, "w") as fh:
             json.dump(res, fh, indent=1, default=str)
         code = bench.main(["--render"])  # the numbers first: a failing plot loses none
-        plot_section(res["learning"], os.path.join(os.path.dirname(HERE), PNG))
+        plot_section(res["learning"], os.path.join(bench_paths.BENCH, PNG))
         sys.exit(code)
     elif sys.argv[1:2] == ["probe"]:  # centralized MAGRPO: do sampled joint completions keep the tags?
         probe = central_parse_probe()  # measured before the file is opened: a failure leaves no empty file

@@ -8,9 +8,8 @@ import os
 from typing import Any
 
 from bench_lib import ran_lines
+from bench_paths import BENCH
 from run_sections import COMLRL_PNG, CREDIT_PNG, SECTIONS, _desc
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _r(x: float, nd: int = 3) -> str:
@@ -137,7 +136,7 @@ NOTES = """\
   target is judged on the Lightning-loop ratio (how users run it).
 """
 
-GPU_RESULTS = os.path.join(os.path.dirname(HERE), "gpu_results.md")
+GPU_RESULTS = os.path.join(BENCH, "gpu_results.md")
 GPU_PENDING = """\
 `make gpu-check` (`benchmarks/gpu/gpu_check.py`: the GPU-marked tests, the main job in bf16, `gpu_bench.py`'s
 CoMLRL/TRL/floor comparison and generation throughput per `generation_backend`) has not run on a GPU yet:

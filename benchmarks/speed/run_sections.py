@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from bench_lib import SMOLLM2, Setup, datamodule, first_last, fit_ours, med, paired, tokenizer_for
+from bench_paths import BENCH
 
 from comlrl_lightning.core.generation import has_chat_template, render_prompt
 
@@ -233,5 +234,5 @@ def _plot_vs_comlrl(res: dict[str, Any]) -> None:
     from credit import plot
 
     s = _setup({}, res["setup"])
-    plot({n: [c] for n, c in res["reward_curves"].items()}, s.samples_per_step, os.path.join(os.path.dirname(HERE), COMLRL_PNG),
+    plot({n: [c] for n, c in res["reward_curves"].items()}, s.samples_per_step, os.path.join(BENCH, COMLRL_PNG),
          f"vs CoMLRL: {_desc(res['setup'])}, one seed", None)  # fmt: skip
