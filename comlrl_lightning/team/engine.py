@@ -55,6 +55,10 @@ UNSERVED_LORA_OPTIONS = {
 """LoRA options vLLM cannot serve, with the only value it takes."""
 
 
+CPU_BLOCK_SIZE = 32
+"""KV-cache block size (tokens) of an engine on the CPU: vLLM's CPU attention takes multiples of 32."""
+
+
 def vllm_installed() -> bool:
     """Whether the ``vllm`` package can be imported here (looked up, not imported)."""
     return importlib.util.find_spec("vllm") is not None
@@ -177,9 +181,16 @@ class ColocatedEngine:
         )
         if on_cpu:
             kwargs["kv_cache_memory_bytes"] = int(sampling.vllm_cpu_kv_cache_gib * 2**30)
+            # the smallest KV block the CPU attention takes (its default is 128): the prefix cache shares
+            # only whole blocks, so the K samples of a prompt of a few dozen tokens share its prefill
+            kwargs["block_size"] = CPU_BLOCK_SIZE
         else:
             kwargs["gpu_memory_utilization"] = sampling.vllm_gpu_memory_utilization
         if lora_rank is not None:
+            if on_cpu:  # vLLM's CPU LoRA ops copy the adapter per token; ours group tokens by adapter
+                from comlrl_lightning.team import engine_lora_ops
+
+                engine_lora_ops.install()
             ranks = [r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= lora_rank]
             kwargs.update(
                 enable_lora=True, max_loras=max_loras, max_lora_rank=ranks[0] if ranks else lora_rank
@@ -208,15 +219,16 @@ class ColocatedEngine:
             set_rng_states(rng)
 
     def generate(
-        self, prompts: list[list[int]], params: dict[str, Any], lora: Any = None
+        self, prompts: list[list[int]], params: list[dict[str, Any]], lora: list[Any]
     ) -> list[list[tuple[list[int], list[float]]]]:
-        """Per prompt, ``params["n"]`` completions as ``(token ids, their log-probs)``, in sample order.
+        """Per prompt, its ``params[i]["n"]`` completions as ``(token ids, their log-probs)``, in sample order.
 
-        Args: prompts: token ids without padding; params: ``vllm.SamplingParams`` fields; lora: a
-        ``LoRARequest`` or None (the base model).
+        Args: prompts: token ids without padding; params: per prompt its ``vllm.SamplingParams`` fields;
+        lora: per prompt a ``LoRARequest`` or None (the base model). One call schedules every prompt
+        together, whichever adapter it names.
         """
         vllm = _vllm()
-        sp = vllm.SamplingParams(**params, logprobs=0)
+        sp = [vllm.SamplingParams(**p, logprobs=0) for p in params]
         items = [{"prompt_token_ids": p} for p in prompts]
         outs = self.llm.generate(items, sp, lora_request=lora, use_tqdm=False)
         result = []

@@ -12,6 +12,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -149,6 +150,76 @@ class EnginePool:
         Raises:
             ValueError: ``max_new_tokens`` not below the engine's context.
         """
+        return self.generate_joint([agent], [prompt_texts], num_generations, [chat_rendered], greedy)[0]
+
+    def joint_groups(self) -> list[list[int]]:
+        """The agents that share an engine, in agent order, for the groups of two or more (a LoRA team on
+        one base, agents sharing weights): :meth:`generate_joint` rolls each group out in one call."""
+        groups: dict[Hashable, list[int]] = {}
+        for i in range(self.team.num_agents):
+            if self.team.sampling[i].generation_backend == "vllm":
+                groups.setdefault(self.key(i), []).append(i)
+        return [g for g in groups.values() if len(g) > 1]
+
+    def generate_joint(
+        self,
+        agents: Sequence[int],
+        prompt_texts: Sequence[Sequence[str]],
+        num_generations: int,
+        chat_rendered: Sequence[bool],
+        greedy: bool,
+    ) -> list[Generation]:
+        """:meth:`generate` for agents that share one engine, in one engine call: every agent's requests
+        (its prompts, its sampling knobs and seed, its adapter) are scheduled together, so each decode
+        step runs the base model once for the whole team instead of once per agent. Per agent the same
+        Generation as :meth:`generate` gives; the seeds are drawn in ``agents``' order, as one call per
+        agent in that order draws them.
+
+        Args:
+            agents: agent indices, all on one engine (:meth:`key`).
+            prompt_texts: per agent its ``B_i`` prompt texts.
+            num_generations: ``K``.
+            chat_rendered: per agent whether its texts are chat-rendered.
+            greedy: greedy decoding (evaluation) instead of sampling.
+
+        Returns: per agent a Generation of ``B_i·K`` rows.
+
+        Raises:
+            ValueError: agents on different engines; ``max_new_tokens`` not below an engine's context.
+        """
+        keys = {self.key(a) for a in agents}
+        if len(keys) != 1:
+            raise ValueError(f"agents: got {list(agents)}, which roll out on {len(keys)} engines; allowed: one")
+        parts = [
+            self._requests(a, texts, num_generations, chat, greedy)
+            for a, texts, chat in zip(agents, prompt_texts, chat_rendered, strict=True)
+        ]
+        with self._lock:
+            fresh = keys.pop() not in self.engines
+            loras = [self.sync(a) for a in agents]
+            prompts = [p for part in parts for p in part.prompts]
+            params = [part.params for part in parts for _ in part.prompts]
+            lora = [req for req, part in zip(loras, parts) for _ in part.prompts]
+            t0 = time.perf_counter()
+            outs = self.engine(agents[0]).generate(prompts, params, lora)
+            spent = time.perf_counter() - t0
+        gens, start = [], 0
+        for a, part in zip(agents, parts):
+            rows = [r for per_prompt in outs[start : start + len(part.prompts)] for r in per_prompt]
+            start += len(part.prompts)
+            self.stats.tokens += sum(len(t) for t, _ in rows)
+            gens.append(_as_generation(rows, part.ids, part.mask, num_generations, self.team.tokenizers[a], part.eos))
+        if fresh:
+            self.stats.first_call_s += spent
+        else:
+            self.stats.generate_s += spent
+        return gens
+
+    def _requests(
+        self, agent: int, prompt_texts: Sequence[str], num_generations: int, chat_rendered: bool, greedy: bool
+    ) -> _Requests:
+        """``agent``'s prompts as the engine takes them (token ids, truncated as the HF path truncates) and
+        its sampling parameters (drawing the call's seed)."""
         team = self.team
         tok, sampling, model = team.tokenizers[agent], team.sampling[agent], team.agents[agent]
         ids, mask = tokenize_prompts(tok, prompt_texts, chat_rendered, sampling.max_prompt_length)
@@ -161,19 +232,23 @@ class EnginePool:
         eos_ids = [eos] if isinstance(eos, int) else list(eos)
         params = _sampling_params(sampling, num_generations, eos_ids, greedy)
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
-        with self._lock:
-            fresh = self.key(agent) not in self.engines
-            lora = self.sync(agent)
-            t0 = time.perf_counter()
-            outs = self.engine(agent).generate(prompts, params, lora)
-            spent = time.perf_counter() - t0
-        rows = [r for per_prompt in outs for r in per_prompt]
-        self.stats.tokens += sum(len(t) for t, _ in rows)
-        if fresh:
-            self.stats.first_call_s += spent
-        else:
-            self.stats.generate_s += spent
-        return _as_generation(rows, ids, mask, num_generations, tok, eos)
+        return _Requests(ids, mask, eos, params, prompts)
+
+
+@dataclass
+class _Requests:
+    """One agent's part of an engine call."""
+
+    ids: torch.Tensor
+    """``[B, P]`` prompt token ids, left-padded (as the HF path builds them)."""
+    mask: torch.Tensor
+    """``[B, P]`` their attention mask."""
+    eos: int | list[int]
+    """The end-of-sequence id(s) the completion mask stops at."""
+    params: dict[str, Any]
+    """``vllm.SamplingParams`` fields for each of the agent's prompts."""
+    prompts: list[list[int]]
+    """Per prompt its token ids without padding."""
 
 
 def _sampling_params(sampling: SamplingConfig, n: int, eos_ids: list[int], greedy: bool) -> dict[str, Any]:

@@ -193,10 +193,38 @@ class Team:
         self, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool = False
     ) -> list[Generation]:
         """One batched ``generate`` per agent; ``prompts[i]`` are agent i's ``B`` prompt texts. Returns
-        per agent a Generation of ``B·K`` rows (see :func:`comlrl_lightning.core.generation.generate`)."""
-        return self.map(
-            partial(self._generate, prompts=prompts, num_generations=num_generations, greedy=greedy)
-        )
+        per agent a Generation of ``B·K`` rows (see :func:`comlrl_lightning.core.generation.generate`).
+
+        Agents that share an inference engine (``generation_backend: vllm``: LoRA adapters on one base,
+        agents sharing weights) roll out together in one engine call
+        (:meth:`~comlrl_lightning.team.engine_pool.EnginePool.generate_joint`), the others one call each,
+        in agent order."""
+        joint = self._engine_groups()
+        if not joint:
+            return self.map(
+                partial(self._generate, prompts=prompts, num_generations=num_generations, greedy=greedy)
+            )
+        out: dict[int, Generation] = {}
+        for i in range(self.num_agents):
+            if i in out:
+                continue
+            if i not in joint:
+                out[i] = self.generate_one(i, prompts[i], num_generations, greedy)
+                continue
+            group = joint[i]
+            texts, chat = [prompts[a] for a in group], [self._chat(a) for a in group]
+            out.update(zip(group, self.engine_pool().generate_joint(group, texts, num_generations, chat, greedy)))
+        return [out[i] for i in range(self.num_agents)]
+
+    def _engine_groups(self) -> dict[int, list[int]]:
+        """Each agent that shares an inference engine with another, mapped to all agents on it."""
+        if all(s.generation_backend != "vllm" for s in self.sampling):
+            return {}
+        return {a: group for group in self.engine_pool().joint_groups() for a in group}
+
+    def _chat(self, agent: int) -> bool:
+        """Whether ``agent``'s prompts are rendered in its chat template (it asks for one and has one)."""
+        return bool(self.specs[agent].chat_template and has_chat_template(self.tokenizers[agent]))
 
     def _generate(
         self, agent: int, prompts: Sequence[Sequence[str]], num_generations: int, greedy: bool
@@ -208,8 +236,7 @@ class Team:
     ) -> Generation:
         """Agent ``agent``'s ``num_generations`` completions of each of its ``B`` ``prompts`` (``B·K``
         rows): for actors where agents act one after another (no thread, see :meth:`generate`)."""
-        tok = self.tokenizers[agent]
-        chat = self.specs[agent].chat_template and has_chat_template(tok)
+        tok, chat = self.tokenizers[agent], self._chat(agent)
         sampling = self.sampling[agent]
         if sampling.generation_backend == "vllm":  # the agent's inference engine (team/engine.py)
             return self.engine_pool().generate(agent, prompts, num_generations, chat, greedy)

