@@ -25,6 +25,8 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAPES = {"main": 3, "long": 128}
 """Shape name -> new tokens (2 episodes, K=4, as the main job's training batch)."""
+REPS = {"main": 6, "long": 3}
+"""A B rounds per shape: a main-shape rollout takes about a second, so more of them."""
 KINDS = ("full", "lora")
 CONFIGS = {"full": "configs/coop_coordination.yaml", "lora": "configs/coop_coordination_lora.yaml"}
 
@@ -96,7 +98,7 @@ def section(quick: bool) -> dict[str, Any]:
 
     import torch
 
-    reps = 1 if quick else 2
+    reps = {shape: 1 for shape in SHAPES} if quick else REPS
     out: dict[str, Any] = {"loadavg_start": os.getloadavg(), "threads": torch.get_num_threads(), "kinds": {}}
     for kind in KINDS:
         rss0 = _rss_mb()
@@ -114,7 +116,7 @@ def section(quick: bool) -> dict[str, Any]:
             if shape == "main":
                 row["engine_build_s"], row["rss_after_engines_mb"] = pool.stats.build_s, _rss_mb()
             rec: dict[str, list[tuple[float, int]]] = {"hf": [], "engine": []}
-            for rep in range(reps):
+            for rep in range(reps[shape]):
                 torch.manual_seed(rep)
                 rec["hf"].append(_generate(hf, prompts, tokens))
                 torch.manual_seed(rep)
