@@ -216,7 +216,9 @@ def test_a_lora_team_rolls_out_in_one_engine_call_as_it_would_agent_by_agent():
             assert joint[i].texts == apart[i].texts, i
             assert torch.equal(joint[i].completion_ids, apart[i].completion_ids)
             # batched with the other agent's rows the kernels sum in another order: within the stated fp32 gap
-            torch.testing.assert_close(joint[i].engine_logprobs, apart[i].engine_logprobs, atol=GAP_TOLERANCE, rtol=0)
+            torch.testing.assert_close(
+                joint[i].engine_logprobs, apart[i].engine_logprobs, atol=GAP_TOLERANCE, rtol=0
+            )
         assert joint[0].texts != joint[1].texts  # each agent decoded through its own adapter
         assert calls > 0
     finally:

@@ -79,7 +79,9 @@ def test_the_grouped_ops_equal_the_per_token_reference(case, prefill):
     got = _via_ops(ops, x, a, b, slots, 0.5, prefill)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
     if -1 not in slots:  # vLLM's own ops agree where they are right (they give -1 the last slot's adapter)
-        torch.testing.assert_close(_via_ops(upstream, x, a, b, slots, 0.5, prefill), got, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(
+            _via_ops(upstream, x, a, b, slots, 0.5, prefill), got, rtol=1e-5, atol=1e-4
+        )
 
 
 class _Wrapper(punica_cpu.PunicaWrapperCPU):

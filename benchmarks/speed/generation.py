@@ -73,7 +73,8 @@ def _generate(module: Any, prompts: list[list[str]], tokens: int) -> tuple[float
     team = module.team
     for s in team.sampling:
         s.max_new_tokens = tokens
-    if team.sampling[0].generation_backend == "vllm":  # as after a training step's weight push: nothing cached
+    # as after a training step's weight push: nothing cached
+    if team.sampling[0].generation_backend == "vllm":
         for engine in team.engine_pool().engines.values():
             engine.reset_prefix_cache()
     t0 = time.perf_counter()

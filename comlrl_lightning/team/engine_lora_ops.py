@@ -68,8 +68,10 @@ def _plan(*key: torch.Tensor, expand: bool = False) -> _Plan:
     """The plan for per-token slots ``key[0]`` (``expand``: per-sequence slots ``key[0]`` with
     per-sequence token counts ``key[1]``), reused while the slots are equal."""
     last = _last["key"]
-    if last is not None and len(last) == len(key) and all(
-        a.shape == b.shape and torch.equal(a, b) for a, b in zip(last, key)
+    if (
+        last is not None
+        and len(last) == len(key)
+        and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(last, key))
     ):
         return _last["plan"]
     if expand:

@@ -189,7 +189,9 @@ class EnginePool:
         """
         keys = {self.key(a) for a in agents}
         if len(keys) != 1:
-            raise ValueError(f"agents: got {list(agents)}, which roll out on {len(keys)} engines; allowed: one")
+            raise ValueError(
+                f"agents: got {list(agents)}, which roll out on {len(keys)} engines; allowed: one"
+            )
         parts = [
             self._requests(a, texts, num_generations, chat, greedy)
             for a, texts, chat in zip(agents, prompt_texts, chat_rendered, strict=True)
@@ -208,7 +210,9 @@ class EnginePool:
             rows = [r for per_prompt in outs[start : start + len(part.prompts)] for r in per_prompt]
             start += len(part.prompts)
             self.stats.tokens += sum(len(t) for t, _ in rows)
-            gens.append(_as_generation(rows, part.ids, part.mask, num_generations, self.team.tokenizers[a], part.eos))
+            gens.append(
+                _as_generation(rows, part.ids, part.mask, num_generations, self.team.tokenizers[a], part.eos)
+            )
         if fresh:
             self.stats.first_call_s += spent
         else:

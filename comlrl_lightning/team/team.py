@@ -213,7 +213,9 @@ class Team:
                 continue
             group = joint[i]
             texts, chat = [prompts[a] for a in group], [self._chat(a) for a in group]
-            out.update(zip(group, self.engine_pool().generate_joint(group, texts, num_generations, chat, greedy)))
+            out.update(
+                zip(group, self.engine_pool().generate_joint(group, texts, num_generations, chat, greedy))
+            )
         return [out[i] for i in range(self.num_agents)]
 
     def _engine_groups(self) -> dict[int, list[int]]:
