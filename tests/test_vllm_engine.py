@@ -190,7 +190,7 @@ def test_an_engine_first_used_by_a_validation_rollout_takes_weight_pushes_after_
         team.engine_pool().close()
 
 
-def test_a_lora_team_rolls_out_in_one_engine_call_as_it_would_agent_by_agent():
+def test_a_lora_team_rolls_out_in_one_engine_call_as_it_would_agent_by_agent(monkeypatch):
     # two adapters on one base, made different (a fresh adapter's B is zero: both would be the base);
     # the joint call schedules both agents' requests together, each with its own adapter and seed
     team = team_of("vllm", [{"model": SMOL, "adapter": ADAPTER},
@@ -202,24 +202,30 @@ def test_a_lora_team_rolls_out_in_one_engine_call_as_it_would_agent_by_agent():
                 if "lora_B" in name:  # each agent is its own PeftModel with one adapter
                     p.copy_(0.5 * torch.randn(p.shape, generator=gen))
     pool = team.engine_pool()
+    texts = [render_prompt(team.tokenizers[0], [p], [], True) for p in PROMPTS]
+    # each agent's call gets the seed of its turn (agent 0: 11, agent 1: 22), jointly or apart (one call per
+    # agent would draw agent 1's seed after vLLM's own use of torch's generator in agent 0's call)
+    seeds, sampling_params = [], engine_pool._sampling_params
+    monkeypatch.setattr(
+        engine_pool, "_sampling_params", lambda *a: {**sampling_params(*a), "seed": seeds.pop(0)}
+    )
     try:
         assert pool.joint_groups() == [[0, 1]]
-        texts = [[render_prompt(team.tokenizers[i], [p], [], True) for p in PROMPTS[i::2]] for i in range(2)]
-        torch.manual_seed(0)
-        joint = team.generate(texts, 1, greedy=True)
-        after_joint = torch.randint(0, 2**31 - 1, ()).item()
-        calls = pool.stats.first_call_s + pool.stats.generate_s
-        torch.manual_seed(0)
-        apart = [team.generate_one(i, texts[i], 1, greedy=True) for i in range(2)]
-        assert torch.randint(0, 2**31 - 1, ()).item() == after_joint  # the same seeds drawn, in agent order
-        for i in range(2):
-            assert joint[i].texts == apart[i].texts, i
-            assert torch.equal(joint[i].completion_ids, apart[i].completion_ids)
-            # batched with the other agent's rows the kernels sum in another order: within the stated fp32 gap
-            torch.testing.assert_close(
-                joint[i].engine_logprobs, apart[i].engine_logprobs, atol=GAP_TOLERANCE, rtol=0
-            )
-        assert joint[0].texts != joint[1].texts  # each agent decoded through its own adapter
-        assert calls > 0
+        for k, greedy in ((1, True), (2, False)):  # sampled: each request's seed decides its tokens
+            seeds[:] = [11, 22]
+            joint = team.generate([texts, texts], k, greedy=greedy)
+            pool.engine(0).reset_prefix_cache()  # the calls below compute their prompts again
+            seeds[:] = [11, 22]
+            apart = [team.generate_one(i, texts, k, greedy=greedy) for i in range(2)]
+            for i in range(2):
+                assert joint[i].texts == apart[i].texts, (k, i)
+                assert torch.equal(joint[i].completion_ids, apart[i].completion_ids)
+                # batched with the other agent's rows the kernels sum in another order: within the fp32 gap
+                torch.testing.assert_close(
+                    joint[i].engine_logprobs, apart[i].engine_logprobs, atol=GAP_TOLERANCE, rtol=0
+                )
+            assert (
+                joint[0].texts != joint[1].texts
+            )  # the same prompts: each agent decoded through its own adapter
     finally:
         pool.close()

@@ -10,8 +10,7 @@ tokens). The engine is warmed first (its build and first call per shape are reco
 then HF and engine alternate, A B A B, and tok/s is completion tokens (EOS included) over wall
 seconds, summed over the rounds. Weight sync: one in-place change of every trainable parameter
 (what an optimizer step does), then the push to the engines before the next rollout, timed
-(``EngineStats.sync_s``; for LoRA the adapter's save, its reload happens inside the next call and is
-timed as the first call after it). Memory: resident set size after each team is built (psutil), and
+(``EngineStats.sync_s``; for LoRA the adapter's save and its reload into its slot). Memory: resident set size after each team is built (psutil), and
 the process's peak. The load average is read at the start and the end. End to end
 (:func:`end_to_end`): the main job's training batch time under each backend, in child runs of
 ``comlrl-lightning fit`` (``main_job.py``'s), A B A B per team.
@@ -238,11 +237,13 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"| {name} >= {want} | {got:.2f} | {'yes' if got >= want else 'no'} |")
     if "end_to_end" in res:
         lines += ["", "| team | HF `generate`: training batch (median) | engine: training batch (median) "
-                  "| HF / engine | first batch, HF / engine (each run) | load start, end (each run) |",
+                  "| engine speed-up (HF time / engine time) | first batch, HF / engine (each run) "
+                  "| load start, end (each run, in run order) |",
                   "|---|---|---|---|---|---|"]  # fmt: skip
         for kind, row in res["end_to_end"].items():
             med, first = row["median_batch_s"], row["first_batch_s"]
-            loads = " / ".join(str(r["loadavg_start_end"]) for b in BACKENDS for r in row["runs"][b])
+            order = [runs[r] for r in range(len(row["runs"]["hf"])) for runs in row["runs"].values()]
+            loads = " / ".join(str(r["loadavg_start_end"]) for r in order)
             lines.append(f"| {kind} (`{CONFIGS[kind]}`) | {med['hf']:.2f} s | {med['engine']:.2f} s | "
                          f"**{row['ratio']:.2f}** | {', '.join(map(str, first['hf']))} s / "
                          f"{', '.join(map(str, first['engine']))} s | {loads} |")  # fmt: skip

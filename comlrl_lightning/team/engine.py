@@ -252,6 +252,11 @@ class ColocatedEngine:
             )
         self.llm.reset_prefix_cache()
 
+    def load_adapter(self, request: Any) -> None:
+        """Load (or, with ``load_inplace``, reload) the adapter ``request`` names into its slot now."""
+        with torch.inference_mode(False):  # a push from a validation rollout must leave normal tensors too
+            self.llm.llm_engine.add_lora(request)
+
     def close(self) -> None:
         """Shut the engine down (its weights and KV cache are freed once nothing refers to it). vLLM's
         shutdown also tears down its in-process distributed state: close every engine of a process

@@ -62,27 +62,23 @@ class _Plan:
             self.rows = {k: torch.tensor(v) for k, v in by_slot.items() if k >= 0}
 
 
-_last: dict[str, Any] = {"key": None, "plan": None}
-"""The most recent plan and the index tensors it was made from (compared by value: a plan is only
-reused for equal slots)."""
+_last: list[Any] = [((), None)]
+"""``[(index tensors, plan)]``: the most recent plan and what it was made from (compared by value: a
+plan is only reused for equal slots), replaced as one item."""
 
 
 def _plan(*key: torch.Tensor, expand: bool = False) -> _Plan:
     """The plan for per-token slots ``key[0]`` (``expand``: per-sequence slots ``key[0]`` with
     per-sequence token counts ``key[1]``), reused while the slots are equal."""
-    last = _last["key"]
-    if (
-        last is not None
-        and len(last) == len(key)
-        and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(last, key))
-    ):
-        return _last["plan"]
+    last, plan = _last[0]
+    if len(last) == len(key) and all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(last, key)):
+        return plan
     if expand:
         slots = [s for s, n in zip(key[0].tolist(), key[1].tolist()) for _ in range(n)]
     else:
         slots = key[0].tolist()
     plan = _Plan(slots)
-    _last["key"], _last["plan"] = tuple(k.clone() for k in key), plan
+    _last[0] = (tuple(k.clone() for k in key), plan)
     return plan
 
 
@@ -280,7 +276,7 @@ def _fused(
     lora_a_stacked: tuple[torch.Tensor, ...], lora_b_stacked: tuple[torch.Tensor, ...], slot: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Slot ``slot``'s adapter in one layer as two matrices: ``A^T`` of every slice side by side
-    (``[in, Σr]``, fp32) and ``B^T`` block-diagonal (``[Σr, Σsize]``), so that ``x @ A^T @ B^T`` is the
+    (``[in, Σr]``) and ``B^T`` block-diagonal (``[Σr, Σsize]``), both fp32, so that ``x @ A^T @ B^T`` is the
     layer's whole LoRA output. Kept on the layer's first ``A`` tensor, per slot, and remade when any
     of the layer's LoRA tensors is written (a new adapter in a slot, a reload): their in-place versions
     and the layer's two tuples of them are its key. Holds about ``1 + S`` times the adapter's bytes
@@ -293,7 +289,7 @@ def _fused(
     if held is not None and held[0] == stamp:
         return held[1], held[2]
     a = [w[slot].reshape(w.shape[-2], w.shape[-1]).to(torch.float32) for w in lora_a_stacked]
-    b = [w[slot].reshape(w.shape[-2], w.shape[-1]).T for w in lora_b_stacked]
+    b = [w[slot].reshape(w.shape[-2], w.shape[-1]).T.to(torch.float32) for w in lora_b_stacked]
     a_t = torch.cat(a).T.contiguous()
     b_t = (b[0] if len(b) == 1 else torch.block_diag(*b)).contiguous()
     cache[slot] = (stamp, a_t, b_t)

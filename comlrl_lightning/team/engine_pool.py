@@ -128,16 +128,21 @@ class EnginePool:
         adapter_key = ("adapter", agent)
         now = _fingerprint(team.trainable_parameters(agent))
         folder = Path(self._dir.name) / f"adapter_{agent}"
-        stale = self._synced.get(adapter_key) != now
-        if stale:
+        request = LoRARequest(f"agent_{agent}", agent + 1, str(folder))
+        if self._synced.get(adapter_key) != now:
             t0 = time.perf_counter()
             model.save_pretrained(folder)  # PEFT writes the adapter only (adapter_config + safetensors)
+            # loaded once, here, under the same id (load_inplace); the rollout's requests then name it
+            # without load_inplace: vLLM re-adds a step's adapters at every step and would re-read a
+            # request's load_inplace adapter from disk each time
+            engine.load_adapter(
+                LoRARequest(request.lora_name, request.lora_int_id, str(folder), load_inplace=True)
+            )
             if adapter_key in self._synced:
                 engine.reset_prefix_cache()
             self._synced[adapter_key], self.stats.syncs = now, self.stats.syncs + 1
             self.stats.sync_s += time.perf_counter() - t0
-        # load_inplace: the same id, re-read from the folder (an adapter already served is kept otherwise)
-        return LoRARequest(f"agent_{agent}", agent + 1, str(folder), load_inplace=stale)
+        return request
 
     def generate(
         self, agent: int, prompt_texts: Sequence[str], num_generations: int, chat_rendered: bool, greedy: bool
@@ -172,8 +177,9 @@ class EnginePool:
         """:meth:`generate` for agents that share one engine, in one engine call: every agent's requests
         (its prompts, its sampling knobs and seed, its adapter) are scheduled together, so each decode
         step runs the base model once for the whole team instead of once per agent. Per agent the same
-        Generation as :meth:`generate` gives; the seeds are drawn in ``agents``' order, as one call per
-        agent in that order draws them.
+        Generation as :meth:`generate` gives for the same seed; the seeds are drawn in ``agents``' order
+        before the call (one call per agent would draw each after the previous call, which itself uses
+        torch's generator).
 
         Args:
             agents: agent indices, all on one engine (:meth:`key`).

@@ -196,22 +196,14 @@ class Team:
         per agent a Generation of ``B·K`` rows (see :func:`comlrl_lightning.core.generation.generate`).
 
         Agents that share an inference engine (``generation_backend: vllm``: LoRA adapters on one base,
-        agents sharing weights) roll out together in one engine call
-        (:meth:`~comlrl_lightning.team.engine_pool.EnginePool.generate_joint`), the others one call each,
-        in agent order."""
+        agents sharing weights) roll out together in one engine call per engine
+        (:meth:`~comlrl_lightning.team.engine_pool.EnginePool.generate_joint`, its seeds drawn in agent
+        order), after the other agents, which roll out as without it (:meth:`map`)."""
         joint = self._engine_groups()
-        if not joint:
-            return self.map(
-                partial(self._generate, prompts=prompts, num_generations=num_generations, greedy=greedy)
-            )
-        out: dict[int, Generation] = {}
-        for i in range(self.num_agents):
-            if i in out:
-                continue
-            if i not in joint:
-                out[i] = self.generate_one(i, prompts[i], num_generations, greedy)
-                continue
-            group = joint[i]
+        singles = [i for i in range(self.num_agents) if i not in joint]
+        call = partial(self._generate, prompts=prompts, num_generations=num_generations, greedy=greedy)
+        out = dict(zip(singles, self.map(call, singles) if singles else []))
+        for group in {id(g): g for g in joint.values()}.values():
             texts, chat = [prompts[a] for a in group], [self._chat(a) for a in group]
             out.update(
                 zip(group, self.engine_pool().generate_joint(group, texts, num_generations, chat, greedy))
