@@ -252,12 +252,8 @@ def add_lora_linear(
         plan = _plan(slots, seq_lens, expand=True)
     else:
         plan = _plan(self.token_lora_indices)
-    if plan.rows:
-        return _UPSTREAM["add_lora_linear"](
-            self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs
-        )
     y2, x2 = y.view(-1, y.shape[-1]), x.view(-1, x.shape[-1])
-    if sum(output_slices) != y2.shape[1]:  # an output wider than its slices: upstream's per-slice ops
+    if plan.rows or sum(output_slices) != y2.shape[1]:  # interleaved, or wider than its slices: per slice
         return _UPSTREAM["add_lora_linear"](
             self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs
         )

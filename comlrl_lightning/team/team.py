@@ -199,22 +199,22 @@ class Team:
         agents sharing weights) roll out together in one engine call per engine
         (:meth:`~comlrl_lightning.team.engine_pool.EnginePool.generate_joint`, its seeds drawn in agent
         order), after the other agents, which roll out as without it (:meth:`map`)."""
-        joint = self._engine_groups()
-        singles = [i for i in range(self.num_agents) if i not in joint]
+        groups = self._engine_groups()
+        singles = [i for i in range(self.num_agents) if not any(i in g for g in groups)]
         call = partial(self._generate, prompts=prompts, num_generations=num_generations, greedy=greedy)
-        out = dict(zip(singles, self.map(call, singles) if singles else []))
-        for group in {id(g): g for g in joint.values()}.values():
+        out = dict(zip(singles, self.map(call, singles)))
+        for group in groups:
             texts, chat = [prompts[a] for a in group], [self._chat(a) for a in group]
             out.update(
                 zip(group, self.engine_pool().generate_joint(group, texts, num_generations, chat, greedy))
             )
         return [out[i] for i in range(self.num_agents)]
 
-    def _engine_groups(self) -> dict[int, list[int]]:
-        """Each agent that shares an inference engine with another, mapped to all agents on it."""
+    def _engine_groups(self) -> list[list[int]]:
+        """The groups of agents that share an inference engine (none without ``generation_backend: vllm``)."""
         if all(s.generation_backend != "vllm" for s in self.sampling):
-            return {}
-        return {a: group for group in self.engine_pool().joint_groups() for a in group}
+            return []
+        return self.engine_pool().joint_groups()
 
     def _chat(self, agent: int) -> bool:
         """Whether ``agent``'s prompts are rendered in its chat template (it asks for one and has one)."""
