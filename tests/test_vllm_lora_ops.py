@@ -101,10 +101,18 @@ class _Wrapper(punica_cpu.PunicaWrapperCPU):
         return self._meta[:6]
 
 
+@pytest.fixture(params=["dense", "by runs"])
+def form(request, monkeypatch):
+    """The fused layer op's two forms for steps of several runs: these small layers take the dense one
+    only when its share is unbounded, and never at 0."""
+    monkeypatch.setattr(ops, "DENSE_MAX_SHARE", float("inf") if request.param == "dense" else 0.0)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("prefill", [False, True], ids=["decode", "prefill"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_fused_layer_op_equals_the_reference_and_adds_to_the_base_output(case, prefill, dtype):
+def test_the_fused_layer_op_equals_the_reference_and_adds_to_the_base_output(case, prefill, dtype, form):
     gen = torch.Generator().manual_seed(1)
     slots = CASES[case]
     a, b = _weights(gen)
@@ -119,10 +127,11 @@ def test_the_fused_layer_op_equals_the_reference_and_adds_to_the_base_output(cas
     torch.testing.assert_close((y.double() - base.double()), _reference(x, a, b, slots, 1.0), **tol)
 
 
-def test_an_output_wider_than_its_slices_goes_through_the_per_slice_ops():
-    # vLLM pads some outputs: the fused layout assumes the slices fill the row, so it hands such a layer on
+@pytest.mark.parametrize("case", ["two runs", "interleaved"])
+def test_an_output_wider_than_its_slices_is_written_from_column_0_and_no_further(case, form):
+    # upstream's semantics: the slices from offset 0; the columns past them keep what they held
     gen = torch.Generator().manual_seed(3)
-    slots = CASES["two runs"]
+    slots = CASES[case]
     a, b = _weights(gen)
     x = torch.randn(len(slots), IN, generator=gen)
     y = torch.zeros(len(slots), sum(SLICES) + 5)
@@ -133,10 +142,11 @@ def test_an_output_wider_than_its_slices_goes_through_the_per_slice_ops():
     assert torch.equal(y[:, sum(SLICES) :], torch.zeros(len(slots), 5))
 
 
-def test_the_fused_layer_op_follows_an_adapter_written_into_its_slot():
+@pytest.mark.parametrize("case", ["one adapter", "two runs"])
+def test_the_fused_layer_op_follows_an_adapter_written_into_its_slot(case, form):
     # the engine reloads a trained adapter into the same slot in place: the fused copy must not go stale
     gen = torch.Generator().manual_seed(2)
-    slots = [1] * 4
+    slots = [1] * 4 if case == "one adapter" else [1, 1, 0, 0]
     a, b = _weights(gen)
     x = torch.randn(len(slots), IN, generator=gen)
     wrapper = _Wrapper(slots, False)
@@ -148,3 +158,11 @@ def test_the_fused_layer_op_follows_an_adapter_written_into_its_slot():
     wrapper.add_lora_linear(second, x, a, b, 1.0, SLICES)
     torch.testing.assert_close(second.double(), _reference(x, a, b, slots, 1.0), rtol=1e-5, atol=1e-4)
     assert not torch.allclose(first, second)
+
+
+def test_the_main_jobs_lora_team_takes_the_dense_form_and_many_large_adapters_do_not():
+    # SmolLM2-135M (hidden 576, q/k/v 576 -> 960, gate/up 576 -> 2 x 1536, down 1536 -> 576), 2 slots, r=8
+    assert ops.dense_affordable(2, 3 * 8, 576, 960)
+    assert ops.dense_affordable(2, 2 * 8, 576, 3072)
+    assert ops.dense_affordable(2, 8, 1536, 576)
+    assert not ops.dense_affordable(8, 3 * 64, 576, 960)  # 8 agents at r=64: ~17x the budget, by runs

@@ -11,9 +11,13 @@ bmm took 0.66 s of a 1.6 s rollout, more than the base model's own matmuls. Here
   ``output[..] (+)= x @ B.T``, with the same slicing and padding rules) but split the tokens by
   adapter: one ``mm`` per run of consecutive tokens on one adapter (a LoRA agent's own call is one
   run), or per adapter on its gathered rows when requests interleave;
-- :func:`add_lora_linear` replaces the wrapper's per-slice shrink/expand loop: per run, one ``mm``
-  through the layer's slices' ``A`` side by side and one ``addmm_`` through their ``B``
-  block-diagonal (2 ops where a q/k/v layer took 6 op calls of several ops each).
+- :func:`add_lora_linear` replaces the wrapper's per-slice shrink/expand loop: one ``mm`` through the
+  layer's slices' ``A`` side by side and one ``addmm_`` through their ``B`` block-diagonal (2 ops where
+  a q/k/v layer took 6 op calls of several ops each), per run of tokens on one adapter, or, for a team
+  whose requests interleave on one engine, through every slot's matrices at once with the other
+  slots' columns masked (3 ops per layer whatever the order; :data:`DENSE_MAX_SHARE` bounds its extra
+  work). A LoRA team (2 agents, K=4, 128 tokens) on one engine: 73 -> 67.5 ms per decode step against
+  the per-run form, A B in one process (load 1.2-1.6; ``benchmarks`` has the section's ratios).
 
 Tokens with index ``-1`` (a request without an adapter) get no LoRA delta, as vLLM's Triton kernels
 give them (the upstream torch ops gather ``weights[-1]``, the last slot's adapter, instead; vLLM
@@ -42,10 +46,13 @@ MAX_RUNS = 16
 
 class _Plan:
     """How a step's tokens split by adapter slot: runs of consecutive tokens on one slot, and, when there
-    are many runs, each slot's rows. Every LoRA layer of a step gets the same slots, so the plan is made
-    once per step (:func:`_plan`) and reused by each op."""
+    are many runs, each slot's rows; for the dense form (:func:`add_lora_linear`), the slots present and
+    per-token column masks. Every LoRA layer of a step gets the same slots, so the plan is made once per
+    step (:func:`_plan`) and reused by each op."""
 
     def __init__(self, slots: list[int]) -> None:
+        self.slots = slots
+        """Per token its slot (``-1``: no adapter)."""
         self.runs: list[tuple[int, int, int]] = []
         """``(start, stop, slot)`` per run of consecutive tokens on one slot."""
         for t, slot in enumerate(slots):
@@ -60,6 +67,19 @@ class _Plan:
             for t, slot in enumerate(slots):
                 by_slot.setdefault(slot, []).append(t)
             self.rows = {k: torch.tensor(v) for k, v in by_slot.items() if k >= 0}
+        self._masks: dict[tuple[int, int], torch.Tensor] = {}
+
+    def mask(self, slots: int, rank: int) -> torch.Tensor:
+        """``[T, slots * rank]`` fp32: row ``t`` is 1 on the ``rank`` columns of token ``t``'s slot (columns
+        in blocks of ``rank``, slot by slot), 0 elsewhere; 0 everywhere for a ``-1`` token."""
+        held = self._masks.get((slots, rank))
+        if held is None:
+            onehot = torch.zeros(len(self.slots), slots)
+            for t, slot in enumerate(self.slots):
+                if slot >= 0:
+                    onehot[t, slot] = 1.0
+            held = self._masks[(slots, rank)] = onehot.repeat_interleave(rank, dim=1)
+        return held
 
 
 _last: list[Any] = [((), None)]
@@ -223,6 +243,19 @@ def sgmv_expand_slice(
     )  # fmt: skip
 
 
+DENSE_MAX_SHARE = 0.25
+"""The dense form of :func:`add_lora_linear` (every slot's adapter on every token, masked) runs when its
+multiply-adds per token, ``L * Σr * (in + out)`` for ``L`` slots, are at most this share of the base
+layer's ``in * out``: an all-linear r=8 adapter on SmolLM2-135M with 2 slots is about 0.1 of it on q/k/v,
+larger ranks or many slots go by runs instead."""
+
+
+def dense_affordable(slots: int, rank: int, n_in: int, n_out: int) -> bool:
+    """Whether a layer of ``n_in -> n_out`` features with ``slots`` adapter slots of ``rank`` (the slices'
+    ranks summed) takes the dense form (:data:`DENSE_MAX_SHARE`)."""
+    return slots * rank * (n_in + n_out) <= DENSE_MAX_SHARE * n_in * n_out
+
+
 def add_lora_linear(
     self: Any,
     y: torch.Tensor,
@@ -235,16 +268,21 @@ def add_lora_linear(
     buffer: tuple[torch.Tensor, ...] | None = None,
     **kwargs: Any,
 ) -> None:
-    """``PunicaWrapperCPU.add_lora_linear`` with its slices fused: per run of tokens on one adapter, one
-    ``mm`` through every slice's ``A`` side by side and one ``addmm_`` through their ``B`` block-diagonal
-    (:func:`_fused`), instead of a shrink and an expand op per slice. The same semantics (upstream's
-    docstring)::
+    """``PunicaWrapperCPU.add_lora_linear`` with its slices fused (upstream's semantics and docstring)::
 
         y[t, off_i : off_i + size_i] += scale * x[t] @ A_i[slot_t].T @ B_i[slot_t].T
 
-    for each slice ``i`` and each token ``t`` with ``slot_t >= 0``; a prefill with no adapter in the batch
-    adds nothing. ``x``: ``[T, in]``; ``y``: ``[T, sum(output_slices)]``, written in place. Steps whose
-    tokens interleave over ``MAX_RUNS`` runs go through the per-slice ops (:data:`OPS`)."""
+    for each slice ``i`` (offsets from 0) and each token ``t`` with ``slot_t >= 0``; a prefill with no
+    adapter in the batch adds nothing. ``x``: ``[T, in]``; ``y``: ``[T, >= sum(output_slices)]``, written in
+    place. Every slice's ``A`` side by side and their ``B`` block-diagonal (:func:`_fused`) make the layer's
+    whole LoRA output two matmuls; the tokens go through them
+
+    - in one run (one adapter, e.g. an agent's own call): ``x @ A^T``, then ``addmm_``;
+    - densely, when affordable (:data:`DENSE_MAX_SHARE`): through every slot's matrices at once, the
+      ``x @ A^T`` of the other slots' columns zeroed by the step's mask, so three ops whatever the order of
+      the tokens (a team's requests on one engine interleave as they finish);
+    - else per run of consecutive tokens on one slot, or, over ``MAX_RUNS`` runs, per slot on its gathered
+      rows (``index_add_`` back)."""
     if self.is_prefill:
         if self.no_lora:
             return
@@ -253,47 +291,62 @@ def add_lora_linear(
     else:
         plan = _plan(self.token_lora_indices)
     y2, x2 = y.view(-1, y.shape[-1]), x.view(-1, x.shape[-1])
-    if plan.rows or sum(output_slices) != y2.shape[1]:  # interleaved, or wider than its slices: per slice
-        return _UPSTREAM["add_lora_linear"](
-            self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs
-        )
+    width = sum(output_slices)
+    out = y2 if width == y2.shape[1] else y2[:, :width]
     fp32 = x2.dtype == y2.dtype == torch.float32  # no conversions (each costs a call per layer and run)
-    for start, stop, slot in plan.runs:
-        if slot < 0:
-            continue
-        a_t, b_t = _fused(lora_a_stacked, lora_b_stacked, slot)
-        h = (x2[start:stop] if fp32 else x2[start:stop].to(torch.float32)) @ a_t
+    xf = x2 if fp32 else x2.to(torch.float32)
+
+    def lora(h: torch.Tensor, b_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``h`` scaled and ``b_t`` in the output's dtype."""
         if scale != 1.0:
             h.mul_(scale)
-        y2[start:stop].addmm_(h if fp32 else h.to(y2.dtype), b_t if fp32 else b_t.to(y2.dtype))
+        return (h, b_t) if fp32 else (h.to(y2.dtype), b_t.to(y2.dtype))
+
+    slots, rank = lora_a_stacked[0].shape[0], lora_a_stacked[0].shape[-2] * len(output_slices)
+    if len(plan.runs) > 1 and dense_affordable(slots, rank, x2.shape[1], width):
+        a_t, b_t = _fused(lora_a_stacked, lora_b_stacked, None)
+        h = (xf @ a_t).mul_(plan.mask(slots, rank))
+        out.addmm_(*lora(h, b_t))
+        return
+    if plan.rows:
+        for slot, rows in plan.rows.items():
+            a_t, b_t = _fused(lora_a_stacked, lora_b_stacked, slot)
+            h, b = lora(xf.index_select(0, rows) @ a_t, b_t)
+            out.index_add_(0, rows, h @ b)
+        return
+    for start, stop, slot in plan.runs:
+        if slot >= 0:
+            a_t, b_t = _fused(lora_a_stacked, lora_b_stacked, slot)
+            out[start:stop].addmm_(*lora(xf[start:stop] @ a_t, b_t))
 
 
 def _fused(
-    lora_a_stacked: tuple[torch.Tensor, ...], lora_b_stacked: tuple[torch.Tensor, ...], slot: int
+    lora_a_stacked: tuple[torch.Tensor, ...], lora_b_stacked: tuple[torch.Tensor, ...], slot: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Slot ``slot``'s adapter in one layer as two matrices: ``A^T`` of every slice side by side
     (``[in, Σr]``) and ``B^T`` block-diagonal (``[Σr, Σsize]``), both fp32, so that ``x @ A^T @ B^T`` is the
-    layer's whole LoRA output. Kept on the layer's first ``A`` tensor, per slot, and remade when any
-    of the layer's LoRA tensors is written (a new adapter in a slot, a reload): their in-place versions
-    and the layer's two tuples of them are its key. Holds about ``1 + S`` times the adapter's bytes
-    (``S`` slices, at most 3)."""
+    layer's whole LoRA output. ``slot=None``: every slot's, slot by slot: ``[in, L * Σr]`` and
+    ``[L * Σr, Σsize]`` (the dense form). Kept on the layer's first ``A`` tensor, per slot, and remade when
+    any of the layer's LoRA tensors is written (a new adapter in a slot, a reload): their in-place versions
+    and the layer's two tuples of them are its key. Holds about ``2 + S`` times the adapters' bytes (``S``
+    slices, at most 3)."""
     # vLLM writes a slot in place (a version bump) and would replace a tensor only with a new tuple
     stamp = (id(lora_a_stacked), id(lora_b_stacked), *[t._version for t in lora_a_stacked],
              *[t._version for t in lora_b_stacked])  # fmt: skip
-    cache: dict[int, Any] = lora_a_stacked[0].__dict__.setdefault("_comlrl_fused", {})
+    cache: dict[int | None, Any] = lora_a_stacked[0].__dict__.setdefault("_comlrl_fused", {})
     held = cache.get(slot)
     if held is not None and held[0] == stamp:
         return held[1], held[2]
-    a = [w[slot].reshape(w.shape[-2], w.shape[-1]).to(torch.float32) for w in lora_a_stacked]
-    b = [w[slot].reshape(w.shape[-2], w.shape[-1]).T.to(torch.float32) for w in lora_b_stacked]
-    a_t = torch.cat(a).T.contiguous()
-    b_t = (b[0] if len(b) == 1 else torch.block_diag(*b)).contiguous()
+    if slot is None:
+        each = [_fused(lora_a_stacked, lora_b_stacked, i) for i in range(lora_a_stacked[0].shape[0])]
+        a_t, b_t = torch.cat([a for a, _ in each], dim=1), torch.cat([b for _, b in each])
+    else:
+        a = [w[slot].reshape(w.shape[-2], w.shape[-1]).to(torch.float32) for w in lora_a_stacked]
+        b = [w[slot].reshape(w.shape[-2], w.shape[-1]).T.to(torch.float32) for w in lora_b_stacked]
+        a_t = torch.cat(a).T.contiguous()
+        b_t = (b[0] if len(b) == 1 else torch.block_diag(*b)).contiguous()
     cache[slot] = (stamp, a_t, b_t)
     return a_t, b_t
-
-
-_UPSTREAM: dict[str, Any] = {}
-"""``PunicaWrapperCPU``'s own ``add_lora_linear``, kept for the many-runs case."""
 
 
 def install() -> None:
@@ -305,7 +358,4 @@ def install() -> None:
         return
     for name in OPS:
         setattr(punica_cpu, name, globals()[name])
-    wrapper = punica_cpu.PunicaWrapperCPU
-    if wrapper.add_lora_linear is not add_lora_linear:
-        _UPSTREAM["add_lora_linear"] = wrapper.add_lora_linear
-        wrapper.add_lora_linear = add_lora_linear
+    punica_cpu.PunicaWrapperCPU.add_lora_linear = add_lora_linear
