@@ -104,8 +104,10 @@ class _Wrapper(punica_cpu.PunicaWrapperCPU):
 @pytest.fixture(params=["dense", "by runs"])
 def form(request, monkeypatch):
     """The fused layer op's two forms for steps of several runs: these small layers take the dense one
-    only when its share is unbounded, and never at 0."""
-    monkeypatch.setattr(ops, "DENSE_MAX_SHARE", float("inf") if request.param == "dense" else 0.0)
+    only when its share and run length are unbounded, and never at a share of 0."""
+    dense = request.param == "dense"
+    monkeypatch.setattr(ops, "DENSE_MAX_SHARE", float("inf") if dense else 0.0)
+    monkeypatch.setattr(ops, "DENSE_MAX_RUN", 10**6 if dense else 4)
     return request.param
 
 

@@ -250,9 +250,15 @@ layer's ``in * out``: an all-linear r=8 adapter on SmolLM2-135M with 2 slots is 
 larger ranks or many slots go by runs instead."""
 
 
+DENSE_MAX_RUN = 4
+"""The dense form runs only for steps whose runs of tokens on one adapter average at most this many tokens
+(decode steps of interleaved requests, where the ops' fixed cost dominates); a prefill's long runs go
+run by run (measured on the main job's prompts: the dense form 2% slower there)."""
+
+
 def dense_affordable(slots: int, rank: int, n_in: int, n_out: int) -> bool:
     """Whether a layer of ``n_in -> n_out`` features with ``slots`` adapter slots of ``rank`` (the slices'
-    ranks summed) takes the dense form (:data:`DENSE_MAX_SHARE`)."""
+    ranks summed) may take the dense form (:data:`DENSE_MAX_SHARE`)."""
     return slots * rank * (n_in + n_out) <= DENSE_MAX_SHARE * n_in * n_out
 
 
@@ -278,9 +284,10 @@ def add_lora_linear(
     whole LoRA output two matmuls; the tokens go through them
 
     - in one run (one adapter, e.g. an agent's own call): ``x @ A^T``, then ``addmm_``;
-    - densely, when affordable (:data:`DENSE_MAX_SHARE`): through every slot's matrices at once, the
-      ``x @ A^T`` of the other slots' columns zeroed by the step's mask, so three ops whatever the order of
-      the tokens (a team's requests on one engine interleave as they finish);
+    - densely, for steps of short runs (:data:`DENSE_MAX_RUN`) when affordable (:data:`DENSE_MAX_SHARE`):
+      through every slot's matrices at once, the ``x @ A^T`` of the other slots' columns zeroed by the
+      step's mask, so three ops whatever the order of the tokens (a team's requests on one engine
+      interleave in decode as they finish);
     - else per run of consecutive tokens on one slot, or, over ``MAX_RUNS`` runs, per slot on its gathered
       rows (``index_add_`` back)."""
     if self.is_prefill:
@@ -303,7 +310,8 @@ def add_lora_linear(
         return (h, b_t) if fp32 else (h.to(y2.dtype), b_t.to(y2.dtype))
 
     slots, rank = lora_a_stacked[0].shape[0], lora_a_stacked[0].shape[-2] * len(output_slices)
-    if len(plan.runs) > 1 and dense_affordable(slots, rank, x2.shape[1], width):
+    runs = len(plan.runs)
+    if 1 < runs and x2.shape[0] <= DENSE_MAX_RUN * runs and dense_affordable(slots, rank, x2.shape[1], width):
         a_t, b_t = _fused(lora_a_stacked, lora_b_stacked, None)
         h = (xf @ a_t).mul_(plan.mask(slots, rank))
         out.addmm_(*lora(h, b_t))
