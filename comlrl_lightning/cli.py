@@ -331,7 +331,7 @@ def main(args: list[str] | None = None) -> None:
 
         coordinate(argv[1:])
         return
-    CoMLRLCLI(
+    cli = CoMLRLCLI(
         CoMLRLModule,  # any algorithm: model.class_path names it (MAGRPO, its aliases, ...)
         DecPOMDPDataModule,
         subclass_mode_model=True,
@@ -348,6 +348,12 @@ def main(args: list[str] | None = None) -> None:
         },
         args=args,  # None: parsed from sys.argv
     )
+    # a vLLM engine (generation_backend: vllm) set up process groups of its own in this process and
+    # tears them down at its shutdown: shut it down first, or its exit handler finds them gone (the
+    # default group destroyed below) and prints a traceback per engine
+    team = getattr(cli.model, "team", None)
+    if hasattr(team, "close_engines"):
+        team.close_engines()
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

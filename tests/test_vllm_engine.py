@@ -171,6 +171,29 @@ def test_a_run_resumed_with_the_engine_equals_the_uninterrupted_run_bit_for_bit(
     assert any(not torch.equal(straight[k], first[k]) for k in straight)
 
 
+def test_a_cli_fit_of_a_team_with_two_engines_exits_without_a_traceback(tmp_path):
+    # the CLI destroys the default process group at its end; the engines' own groups went with it, and
+    # each engine's exit handler then printed "ValueError: Invalid process group specified"
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run(
+        [sys.executable, "-m", "comlrl_lightning", "fit", "--config", f"{root}/configs/coop_coordination.yaml",
+         f"--trainer.max_steps={MAGRPO.max_steps_for(1, 2)}", f"--trainer.default_root_dir={tmp_path}",
+         "--validate_before_fit=false", "--trainer.limit_val_batches=0",
+         "--model.init_args.sampling.generation_backend=vllm",
+         "--model.init_args.sampling.vllm_cpu_kv_cache_gib=0.25",
+         "--model.init_args.sampling.vllm_max_model_length=512"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": root},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "`Trainer.fit` stopped" in run.stdout + run.stderr  # it trained
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
 def test_an_engine_first_used_by_a_validation_rollout_takes_weight_pushes_after_it():
     # Lightning validates under torch.inference_mode; the main job validates before it trains, so its
     # engines started there: the first push after the first optimizer step failed with "Inplace update

@@ -117,12 +117,12 @@ def section(quick: bool) -> dict[str, Any]:
         for shape, tokens in SHAPES.items():
             torch.manual_seed(0)
             warm_s, _ = _generate(engine, prompts, tokens)  # the build (first shape) and the first call
+            if shape == "main":
+                row["engine_build_s"], row["rss_after_engines_mb"] = pool.stats.build_s, _rss_mb()
             # HF's first call of a shape is slower too (a LoRA team merges its adapters then: 3.5 s against
             # 1.6 s at the main shape, 2026-12-05 20:09): a warm-up of its own, not timed with the rounds
             torch.manual_seed(0)
             hf_warm_s, _ = _generate(hf, prompts, tokens)
-            if shape == "main":
-                row["engine_build_s"], row["rss_after_engines_mb"] = pool.stats.build_s, _rss_mb()
             rec: dict[str, list[tuple[float, int]]] = {"hf": [], "engine": []}
             for rep in range(reps[shape]):
                 torch.manual_seed(rep)

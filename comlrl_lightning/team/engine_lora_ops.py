@@ -309,9 +309,14 @@ def add_lora_linear(
             h.mul_(scale)
         return (h, b_t) if fp32 else (h.to(y2.dtype), b_t.to(y2.dtype))
 
-    slots, rank = lora_a_stacked[0].shape[0], lora_a_stacked[0].shape[-2] * len(output_slices)
-    runs = len(plan.runs)
-    if 1 < runs and x2.shape[0] <= DENSE_MAX_RUN * runs and dense_affordable(slots, rank, x2.shape[1], width):
+    slots, rank = lora_a_stacked[0].shape[0], sum(w.shape[-2] for w in lora_a_stacked)
+    runs, tokens = len(plan.runs), x2.shape[0]
+    if (
+        1 < runs
+        and tokens == len(plan.slots)  # the mask covers every row (runs would leave extra rows alone)
+        and tokens <= DENSE_MAX_RUN * runs
+        and dense_affordable(slots, rank, x2.shape[1], width)
+    ):
         a_t, b_t = _fused(lora_a_stacked, lora_b_stacked, None)
         h = (xf @ a_t).mul_(plan.mask(slots, rank))
         out.addmm_(*lora(h, b_t))

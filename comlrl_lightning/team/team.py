@@ -246,6 +246,12 @@ class Team:
             self._engine_pool = EnginePool(self)
         return self._engine_pool
 
+    def close_engines(self) -> None:
+        """Shut the team's inference engines down if any were built (a later engine rollout builds them
+        again)."""
+        if self._engine_pool is not None:
+            self._engine_pool.close()
+
     # ------------------------------------------------------------ threads
     def _groups(self, agents: Sequence[int]) -> list[list[int]]:
         """``agents`` grouped by device (by distinct model when ``concurrent`` is True); agents sharing
