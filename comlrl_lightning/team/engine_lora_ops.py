@@ -46,8 +46,8 @@ MAX_RUNS = 16
 
 class _Plan:
     """How a step's tokens split by adapter slot: runs of consecutive tokens on one slot, and, when there
-    are many runs, each slot's rows; for the dense form (:func:`add_lora_linear`), the slots present and
-    per-token column masks. Every LoRA layer of a step gets the same slots, so the plan is made once per
+    are many runs, each slot's rows; for the dense form (:func:`add_lora_linear`), per-token column
+    masks. Every LoRA layer of a step gets the same slots, so the plan is made once per
     step (:func:`_plan`) and reused by each op."""
 
     def __init__(self, slots: list[int]) -> None:
