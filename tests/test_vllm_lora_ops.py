@@ -162,6 +162,19 @@ def test_the_fused_layer_op_follows_an_adapter_written_into_its_slot(case, form)
     assert not torch.allclose(first, second)
 
 
+def test_a_non_finite_adapter_in_one_slot_leaves_the_other_slots_tokens_alone(form):
+    # the dense form multiplies every slot's columns (masked) for every token: 0 * nan would be nan
+    gen = torch.Generator().manual_seed(4)
+    slots = [0, 1, -1, 0, 1, -1]
+    a, b = _weights(gen)
+    for w in (*a, *b):
+        w[2].fill_(float("nan"))  # a diverged adapter in slot 2, which no token of the step uses
+    x = torch.randn(len(slots), IN, generator=gen)
+    y = torch.zeros(len(slots), sum(SLICES))
+    _Wrapper(slots, False).add_lora_linear(y, x, a, b, 1.0, SLICES)
+    torch.testing.assert_close(y.double(), _reference(x, a, b, slots, 1.0), rtol=1e-5, atol=1e-4)
+
+
 def test_the_main_jobs_lora_team_takes_the_dense_form_and_many_large_adapters_do_not():
     # SmolLM2-135M (hidden 576, q/k/v 576 -> 960, gate/up 576 -> 2 x 1536, down 1536 -> 576), 2 slots, r=8
     assert ops.dense_affordable(2, 3 * 8, 576, 960)

@@ -318,9 +318,10 @@ def add_lora_linear(
         and dense_affordable(slots, rank, x2.shape[1], width)
     ):
         a_t, b_t = _fused(lora_a_stacked, lora_b_stacked, None)
-        h = (xf @ a_t).mul_(plan.mask(slots, rank))
-        out.addmm_(*lora(h, b_t))
-        return
+        if a_t.numel():  # empty: a slot holds a non-finite adapter (masked columns would still carry it)
+            h = (xf @ a_t).mul_(plan.mask(slots, rank))
+            out.addmm_(*lora(h, b_t))
+            return
     if plan.rows:
         for slot, rows in plan.rows.items():
             a_t, b_t = _fused(lora_a_stacked, lora_b_stacked, slot)
@@ -339,7 +340,8 @@ def _fused(
     """Slot ``slot``'s adapter in one layer as two matrices: ``A^T`` of every slice side by side
     (``[in, Σr]``) and ``B^T`` block-diagonal (``[Σr, Σsize]``), both fp32, so that ``x @ A^T @ B^T`` is the
     layer's whole LoRA output. ``slot=None``: every slot's, slot by slot: ``[in, L * Σr]`` and
-    ``[L * Σr, Σsize]`` (the dense form). Kept on the layer's first ``A`` tensor, per slot, and remade when
+    ``[L * Σr, Σsize]`` (the dense form), or two empty tensors when any slot holds a NaN or inf (the
+    dense form would spread it to every token: ``0 * nan`` is nan; the runs keep agents apart). Kept on the layer's first ``A`` tensor, per slot, and remade when
     any of the layer's LoRA tensors is written (a new adapter in a slot, a reload): their in-place versions
     and the layer's two tuples of them are its key. Holds about ``2 + S`` times the adapters' bytes (``S``
     slices, at most 3)."""
@@ -353,6 +355,8 @@ def _fused(
     if slot is None:
         each = [_fused(lora_a_stacked, lora_b_stacked, i) for i in range(lora_a_stacked[0].shape[0])]
         a_t, b_t = torch.cat([a for a, _ in each], dim=1), torch.cat([b for _, b in each])
+        if not (bool(torch.isfinite(a_t).all()) and bool(torch.isfinite(b_t).all())):
+            a_t, b_t = a_t.new_empty(0), b_t.new_empty(0)
     else:
         a = [w[slot].reshape(w.shape[-2], w.shape[-1]).to(torch.float32) for w in lora_a_stacked]
         b = [w[slot].reshape(w.shape[-2], w.shape[-1]).T.to(torch.float32) for w in lora_b_stacked]

@@ -63,12 +63,19 @@ class EnginePool:
         self.stats = EngineStats()
 
     def close(self) -> None:
-        """Shut every engine down and free its memory; the next rollout builds them again."""
+        """Shut every engine down and free its memory; the next rollout builds them again. Every engine
+        is shut down even when one raises (the first error is raised after)."""
+        errors = []
         for engine in self.engines.values():
-            engine.close()
+            try:
+                engine.close()
+            except Exception as err:  # noqa: BLE001 - the others still close; raised below
+                errors.append(err)
         self.engines.clear()
         self._synced.clear()
         gc.collect()  # the engines' weights and KV caches sit in reference cycles
+        if errors:
+            raise errors[0]
 
     def _is_lora(self, agent: int) -> bool:
         return isinstance(self.team.kinds[agent], LoraAdapter)

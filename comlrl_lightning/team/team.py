@@ -248,7 +248,8 @@ class Team:
 
     def close_engines(self) -> None:
         """Shut the team's inference engines down if any were built (a later engine rollout builds them
-        again)."""
+        again). vLLM's shutdown also tears down the process's default process group (its own, in
+        process): call it once the run's collective work is done."""
         if self._engine_pool is not None:
             self._engine_pool.close()
 
