@@ -351,7 +351,7 @@ def main(args: list[str] | None = None) -> None:
     # a vLLM engine (generation_backend: vllm) set up process groups of its own in this process and
     # tears them down at its shutdown: shut it down first, or its exit handler finds them gone (the
     # default group destroyed below) and prints a traceback per engine
-    team = getattr(cli.model, "team", None)
+    team = getattr(getattr(cli, "model", None), "team", None)
     if hasattr(team, "close_engines"):
         team.close_engines()
     import torch.distributed as dist
