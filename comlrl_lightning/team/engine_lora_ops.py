@@ -73,12 +73,9 @@ class _Plan:
         """``[T, slots * rank]`` fp32: row ``t`` is 1 on the ``rank`` columns of token ``t``'s slot (columns
         in blocks of ``rank``, slot by slot), 0 elsewhere; 0 everywhere for a ``-1`` token."""
         held = self._masks.get((slots, rank))
-        if held is None:
-            onehot = torch.zeros(len(self.slots), slots)
-            for t, slot in enumerate(self.slots):
-                if slot >= 0:
-                    onehot[t, slot] = 1.0
-            held = self._masks[(slots, rank)] = onehot.repeat_interleave(rank, dim=1)
+        if held is None:  # one-hot over slot + 1 with the -1 column dropped: -1 tokens get a zero row
+            onehot = torch.nn.functional.one_hot(torch.tensor(self.slots) + 1, slots + 1)[:, 1:]
+            held = self._masks[(slots, rank)] = onehot.to(torch.float32).repeat_interleave(rank, dim=1)
         return held
 
 
