@@ -252,3 +252,50 @@ def test_a_lora_team_rolls_out_in_one_engine_call_as_it_would_agent_by_agent(mon
             )  # the same prompts: each agent decoded through its own adapter
     finally:
         pool.close()
+
+
+def test_the_samples_of_a_block_aligned_prompt_share_its_prefill_and_score_as_the_trainer_does(monkeypatch):
+    # K samples of one prompt are K requests sharing its KV blocks; a prompt of whole blocks used to recompute
+    # its last block per sample (vLLM's hit stops one token short, rounded down to a block): engine_prefill
+    # lets the later samples compute their last token alone, writing it into the shared block
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from comlrl_lightning.core.loss import completion_logprobs
+    from comlrl_lightning.team.engine import CPU_BLOCK_SIZE
+
+    team, k = team_of("vllm", [{"model": SMOL}], max_new_tokens=6), 4
+    tok = team.tokenizers[0]
+
+    def of_length(word: str, tokens: int) -> str:
+        return next(
+            t for n in range(200) if len(tok(t := f"{word}:" + f" {word}" * n)["input_ids"]) == tokens
+        )
+
+    # a prompt of exactly one KV block, one of exactly two, without a common prefix
+    texts = [of_length("one", CPU_BLOCK_SIZE), of_length("two", 2 * CPU_BLOCK_SIZE)]
+    steps, schedule = [], Scheduler.schedule
+
+    def counted(self, *args, **kwargs):
+        out = schedule(self, *args, **kwargs)
+        steps.append(out.total_num_scheduled_tokens)
+        return out
+
+    monkeypatch.setattr(Scheduler, "schedule", counted)
+    try:
+        torch.manual_seed(0)
+        gen = team.generate_one(0, texts, k)
+    finally:
+        team.engine_pool().close()
+    assert gen.prompt_mask.sum(1).tolist() == [CPU_BLOCK_SIZE] * k + [2 * CPU_BLOCK_SIZE] * k
+    # the first step: each prompt once, then one token per further sample (vLLM's rule: 4 x 32 + 64 + 3 x 32)
+    assert steps[0] == 3 * CPU_BLOCK_SIZE + 2 * (k - 1), steps
+    # the recomputed last token's K/V went where every sample reads it: each sample's tokens score as the
+    # trainer scores them (a stale or missing slot there moves the log-probs by far more than the fp32 gap)
+    trainer = completion_logprobs(
+        team.agents[0], gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask,
+        temperature=team.sampling[0].temperature,
+    )  # fmt: skip
+    assert gen.completion_mask.sum() >= 2 * k  # every sample has tokens to compare
+    gap = (trainer - gen.engine_logprobs).abs() * gen.completion_mask
+    assert float(gap.max()) < GAP_TOLERANCE, gap.max()
+    assert len(set(gen.texts)) > 1  # sampled, not one completion K times

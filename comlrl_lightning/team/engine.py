@@ -7,7 +7,8 @@ Features:
   it served as its own ``LoRARequest`` (the base held once). Agents on one engine roll out in one
   call (:meth:`~comlrl_lightning.team.engine_pool.EnginePool.generate_joint`); on the CPU its LoRA
   layers go through :mod:`comlrl_lightning.team.engine_lora_ops` and its KV blocks are
-  ``CPU_BLOCK_SIZE`` tokens, so the K samples of a prompt share its prefill.
+  ``CPU_BLOCK_SIZE`` tokens, so the K samples of a prompt share its prefill (a block-aligned prompt's
+  too: :mod:`comlrl_lightning.team.engine_prefill`).
 - Weights reach the engine before each rollout that follows a change: a full model through vLLM's
   in-place reload (``collective_rpc("reload_weights")``: the layer-wise path that redoes the CPU
   kernels' weight packing, where a bare ``model.load_weights`` fails with ``'Parameter' object has no
@@ -187,6 +188,9 @@ class ColocatedEngine:
             # the smallest KV block the CPU attention takes (its default is 128): the prefix cache shares
             # only whole blocks, so the K samples of a prompt of a few dozen tokens share its prefill
             kwargs["block_size"] = CPU_BLOCK_SIZE
+            from comlrl_lightning.team import engine_prefill
+
+            engine_prefill.install()  # and those of a block-aligned prompt recompute one token, not a block
         else:
             kwargs["gpu_memory_utilization"] = sampling.vllm_gpu_memory_utilization
         if lora_rank is not None:
