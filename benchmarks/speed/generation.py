@@ -28,8 +28,10 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHAPES = {"main": 3, "long": 128}
 """Shape name -> new tokens (2 episodes, K=4, as the main job's training batch)."""
-REPS = {"main": 6, "long": 3}
-"""A B rounds per shape: a main-shape rollout takes about a second, so more of them."""
+REPS = {"main": 6, "long": 5}
+"""A B rounds per shape. The samples are the same in every run (seeded), but HF's time for the same
+long rollout varied 26-32 s within one run (2026-12-05 22:41, load 1.2-1.8): 3 rounds moved the
+128-token ratios by 10% between runs (2.75 / 2.48), hence 5."""
 KINDS = ("full", "lora")
 CONFIGS = {"full": "configs/coop_coordination.yaml", "lora": "configs/coop_coordination_lora.yaml"}
 
