@@ -284,8 +284,17 @@ def test_the_samples_of_a_block_aligned_prompt_share_its_prefill_and_score_as_th
     try:
         torch.manual_seed(0)
         gen = team.generate_one(0, texts, k)
+        first_call = list(steps)
+        # the later samples write the shared slot in the same step as the first: the same call draws the
+        # same tokens and log-probs bit for bit (a seeded run and its resume sample alike)
+        team.engine_pool().engine(0).reset_prefix_cache()
+        torch.manual_seed(0)
+        again = team.generate_one(0, texts, k)
     finally:
         team.engine_pool().close()
+    steps = first_call
+    assert torch.equal(again.completion_ids, gen.completion_ids)
+    assert torch.equal(again.engine_logprobs, gen.engine_logprobs)
     assert gen.prompt_mask.sum(1).tolist() == [CPU_BLOCK_SIZE] * k + [2 * CPU_BLOCK_SIZE] * k
     # the first step: each prompt once, then one token per further sample (vLLM's rule: 4 x 32 + 64 + 3 x 32)
     assert steps[0] == 3 * CPU_BLOCK_SIZE + 2 * (k - 1), steps

