@@ -300,10 +300,11 @@ def test_the_samples_of_a_block_aligned_prompt_share_its_prefill_and_score_as_th
     assert steps[0] == 3 * CPU_BLOCK_SIZE + 2 * (k - 1), steps
     # the recomputed last token's K/V went where every sample reads it: each sample's tokens score as the
     # trainer scores them (a stale or missing slot there moves the log-probs by far more than the fp32 gap)
-    trainer = completion_logprobs(
-        team.agents[0], gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask,
-        temperature=team.sampling[0].temperature,
-    )  # fmt: skip
+    with torch.no_grad():
+        trainer = completion_logprobs(
+            team.agents[0], gen.prompt_ids, gen.prompt_mask, gen.completion_ids, gen.completion_mask,
+            temperature=team.sampling[0].temperature,
+        )  # fmt: skip
     assert gen.completion_mask.sum() >= 2 * k  # every sample has tokens to compare
     gap = (trainer - gen.engine_logprobs).abs() * gen.completion_mask
     assert float(gap.max()) < GAP_TOLERANCE, gap.max()
