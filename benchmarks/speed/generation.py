@@ -172,8 +172,12 @@ load 0-1.6: 7.5-8.8 s in batches 2-4, 5.5-6.1 s in 9-12; HF 5.1-6.0 s throughout
 an engine's first call of a new batch shape is slower), so the last half is also reported apart."""
 
 
-def _median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
+def _medians(runs: dict[str, list[dict[str, Any]]], start: int) -> dict[str, float]:
+    """Per backend the median training batch time over its runs' batches from ``start`` on."""
+    return {
+        b: sorted(v := [s for r in rs for s in r["train_batch_s"][start:]])[len(v) // 2]
+        for b, rs in runs.items()
+    }
 
 
 def end_to_end(rounds: int = 2) -> dict[str, Any]:
@@ -194,11 +198,7 @@ def end_to_end(rounds: int = 2) -> dict[str, Any]:
                 runs[name].append({k: r[k] for k in ("train_batch_s", "fit_s", "loadavg_start_end")})
                 print(f"end to end, {kind} {name}: batches {r['train_batch_s']} s; load "
                       f"{r['loadavg_start_end']}", flush=True)  # fmt: skip
-        median = {b: _median([s for r in rs for s in r["train_batch_s"][1:]]) for b, rs in runs.items()}
-        late = {
-            b: _median([s for r in rs for s in r["train_batch_s"][E2E_BATCHES // 2 :]])
-            for b, rs in runs.items()
-        }
+        median, late = _medians(runs, 1), _medians(runs, E2E_BATCHES // 2)
         out[kind] = {"runs": runs, "median_batch_s": median, "late_median_batch_s": late, "first_batch_s": {
             b: [r["train_batch_s"][0] for r in rs] for b, rs in runs.items()}, "ratio": median["hf"] / median["engine"],
             "late_ratio": late["hf"] / late["engine"]}  # fmt: skip

@@ -338,9 +338,10 @@ def _fused(
     (``[in, Σr]``) and ``B^T`` block-diagonal (``[Σr, Σsize]``), both fp32, so that ``x @ A^T @ B^T`` is the
     layer's whole LoRA output. ``slot=None``: every slot's, slot by slot: ``[in, L * Σr]`` and
     ``[L * Σr, Σsize]`` (the dense form), or two empty tensors when any slot holds a NaN or inf (the
-    dense form would spread it to every token: ``0 * nan`` is nan; the runs keep agents apart). Kept on the layer's first ``A`` tensor, per slot, and remade when
-    any of the layer's LoRA tensors is written (a new adapter in a slot, a reload): their in-place versions
-    and the layer's two tuples of them are its key. Holds about ``2 + S`` times the adapters' bytes (``S``
+    dense form would spread it to every token: ``0 * nan`` is nan; the runs keep agents apart). Kept on
+    the layer's first ``A`` tensor, per slot, and remade when any of the layer's LoRA tensors is written
+    (a new adapter in a slot, a reload): their in-place versions and the layer's two tuples of them are
+    its key. Holds about ``2 + S`` times the adapters' bytes (``S``
     slices, at most 3)."""
     # vLLM writes a slot in place (a version bump) and would replace a tensor only with a new tuple
     stamp = (id(lora_a_stacked), id(lora_b_stacked), *[t._version for t in lora_a_stacked],

